@@ -27,9 +27,11 @@ from trace_lib.store import StoreError
 COMMAND_MODULES: tuple[str, ...] = (
     "trace_lib.ingest.commands",
     "trace_lib.demo",
+    "trace_lib.explore.commands",
     "trace_lib.diagnose.commands",
     "trace_lib.envs.commands",
     "trace_lib.train.commands",
+    "trace_lib.train.serve_commands",
     "trace_lib.compose.commands",
 )
 

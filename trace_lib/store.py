@@ -267,8 +267,23 @@ LEFT JOIN latest_label_edits e
 WHERE l.value IS NOT NULL OR e.value IS NOT NULL;
 """
 
+# V2 (diagnose): undo of a label edit is itself an appended row (`undoes` = the edit it
+# reverts); the latest edit ignores undo rows and undone edits, so undo falls back to
+# the previous edit or to the majority over runs.
+_V2 = """
+ALTER TABLE label_edits ADD COLUMN undoes BIGINT;
+CREATE OR REPLACE VIEW latest_label_edits AS
+SELECT trajectory_id, capability, new AS value, editor, note, edited_at, id AS edit_id
+FROM (
+    SELECT *, row_number() OVER (PARTITION BY trajectory_id, capability ORDER BY id DESC) AS rn
+    FROM label_edits
+    WHERE undoes IS NULL
+      AND id NOT IN (SELECT undoes FROM label_edits WHERE undoes IS NOT NULL)
+) WHERE rn = 1;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
-MIGRATIONS: list[str] = [_V1]
+MIGRATIONS: list[str] = [_V1, _V2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,276 @@
+"""Trajectories: filter, chart, cluster and read the agent's logged runs.
+
+Thin page: every number comes from `trace_lib.explore`; this file only lays out widgets.
+Reads use short read-only connections (closed before the script ends) so a CLI writer is
+blocked for milliseconds at most; uploads and embedding open a short read-write one.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.explore import charts, clusters, embeddings, queries, transcript
+from trace_lib.explore.queries import TrajectoryFilter
+
+st.set_page_config(page_title="Trajectories · TRACE", page_icon="🧭", layout="wide")
+st.title("Trajectories")
+
+DB = store.default_db_path()
+OUTCOME_CHOICES = {"all": (), "failures": ("failure",), "successes": ("success",),
+                   "unknown": ("unknown",)}
+
+
+# ------------------------------------------------------------------------- upload
+def _upload() -> None:
+    files = st.file_uploader("Import trajectory files", accept_multiple_files=True,
+                             type=["json", "jsonl", "traj"], key="upload_files")
+    skip = st.checkbox("Skip invalid records (report them instead of failing)",
+                       key="upload_skip")
+    if st.button("Import", disabled=not files, key="upload_go"):
+        from trace_lib.ingest import ingest_bytes  # imported on use: parsers are not light
+
+        bar = st.progress(0.0, text="importing")
+        for i, f in enumerate(files or []):
+            try:
+                report = ingest_bytes(f.name, f.getvalue(), db=DB, skip_invalid=skip)
+            except UserInputError as exc:
+                st.error(str(exc))
+            except store.StoreError as exc:
+                st.error(str(exc))
+            else:
+                st.success(f"imported {report.trajectories} trajectories")
+                st.code(report.summary(), language=None)
+            bar.progress((i + 1) / len(files), text=f"imported {i + 1}/{len(files)}")
+
+
+with st.sidebar.expander("Upload", expanded=not DB.exists()):
+    _upload()
+
+if not DB.exists():
+    st.info(
+        f"No database at `{DB}` yet. Load the demo with `make demo` "
+        "(or `python -m trace_lib demo build`), import files with "
+        "`python -m trace_lib ingest PATH...`, or upload files in the sidebar."
+    )
+    st.stop()
+
+try:
+    with store.connect(DB, read_only=True) as con:
+        options = queries.filter_options(con)
+except store.StoreError as exc:
+    st.error(str(exc))
+    st.stop()
+
+if options.empty:
+    st.info(
+        "The store holds no trajectories yet. Load the demo with `make demo`, import files "
+        "with `python -m trace_lib ingest PATH...`, or upload files in the sidebar."
+    )
+    st.stop()
+
+
+# ------------------------------------------------------------------------- filters
+def _choices(field: str) -> dict[str, str]:
+    sub = options[options.field == field]
+    unit = " calls" if field == "tool" else ""
+    return {str(v): f"{lbl} ({n}{unit})" for v, lbl, n in zip(sub.value, sub.label, sub.n,
+                                                                strict=True)}
+
+
+def _multi(label: str, field: str) -> tuple[str, ...]:
+    choices = _choices(field)
+    picked = st.sidebar.multiselect(label, list(choices), format_func=choices.get,
+                                    key=f"f_{field}")
+    return tuple(picked)
+
+
+st.sidebar.header("Filters")
+outcome = st.sidebar.radio("Outcome", list(OUTCOME_CHOICES), horizontal=True, key="f_outcome")
+flt = TrajectoryFilter(
+    datasets=_multi("Dataset", "dataset"),
+    domains=_multi("Domain", "domain"),
+    agent_models=_multi("Agent model", "agent_model"),
+    outcomes=OUTCOME_CHOICES[outcome],
+    terminations=_multi("Termination reason", "termination"),
+    tools_used=_multi("Tool used", "tool"),
+    tool_error={"any": None, "with tool errors": True, "without": False}[
+        st.sidebar.radio("Tool errors", ["any", "with tool errors", "without"],
+                         horizontal=True, key="f_tool_error")],
+    error_kinds=_multi("Tool error kind", "error_kind"),
+    text=st.sidebar.text_input("Text contains", key="f_text"),
+)
+
+with store.connect(DB, read_only=True) as con:
+    summary = queries.outcome_summary(con, flt).iloc[0]
+    by_domain = queries.success_by_domain_agent(con, flt)
+    terms = queries.termination_counts(con, flt)
+    hist = queries.tool_call_histogram(con, flt)
+    errs = queries.tool_error_kinds(con, flt)
+    listing = queries.list_trajectories(con, flt, limit=500)
+
+c1, c2, c3, c4, c5 = st.columns(5)
+c1.metric("Trajectories", int(summary.n_trajectories))
+rate = summary.success_rate
+c2.metric("Success rate", "—" if rate != rate or rate is None else f"{rate:.1%}")
+c3.metric("Failures", int(summary.n_failure))
+c4.metric("Tasks", int(summary.n_tasks))
+c5.metric("Tool errors", int(summary.n_tool_errors))
+
+def _db_version() -> float:
+    # DuckDB writes land in the .wal first; either file changing means new data.
+    wal = DB.with_name(DB.name + ".wal")
+    return DB.stat().st_mtime + (wal.stat().st_mtime if wal.exists() else 0.0)
+
+
+@st.cache_data(show_spinner="computing failure signatures", max_entries=16)
+def _signatures(db: str, version: float, f: TrajectoryFilter):
+    # Signatures join expected actions with every call: ~1 s at 100k trajectories, so
+    # they are cached per (store version, filter) rather than recomputed on each rerun.
+    with store.connect(db, read_only=True) as con:
+        return clusters.signature_counts(con, f)
+
+
+sigs = _signatures(str(DB), _db_version(), flt)
+open_key = "open_trajectory"
+
+
+def _open_on_change(source: str, tid: str | None) -> None:
+    # Selections persist across reruns; apply one only when it changes, so a later pick in
+    # the Trajectory selectbox is not overridden by a stale chart or table selection.
+    last = f"_last_{source}"
+    if tid and st.session_state.get(last) != tid:
+        st.session_state[open_key] = tid
+    st.session_state[last] = tid
+
+
+tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic clusters"])
+
+with tab_charts:
+    a, b = st.columns(2)
+    a.plotly_chart(charts.success_rate_chart(by_domain), width="stretch")
+    b.plotly_chart(charts.termination_chart(terms), width="stretch")
+    a, b = st.columns(2)
+    a.plotly_chart(charts.tool_calls_chart(hist), width="stretch")
+    b.plotly_chart(charts.tool_errors_chart(errs), width="stretch")
+
+with tab_sig:
+    st.caption(
+        "Each failure's signature: termination reason › first tool that returned an error › "
+        "that error's kind › first expected action the agent did not reproduce."
+    )
+    if sigs.empty:
+        st.info("No failures in this filter.")
+    else:
+        st.plotly_chart(charts.signature_treemap(sigs), width="stretch")
+        labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
+        pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
+        with store.connect(DB, read_only=True) as con:
+            members = clusters.signature_members(con, flt, path=pick.split(clusters.PATH_SEP))
+        st.dataframe(members, hide_index=True, width="stretch")
+        if st.button("Open the first member", key="sig_open") and not members.empty:
+            st.session_state[open_key] = members.trajectory_id.iloc[0]
+
+with tab_sem:
+    failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
+    with store.connect(DB, read_only=True) as con:
+        n_missing = embeddings.missing_embeddings(con, flt, failures_only=failures_only)
+    if n_missing:
+        st.write(f"{n_missing} trajectories in this filter have no up-to-date embedding.")
+        if st.button(f"Embed {n_missing} trajectories", key="sem_embed"):
+            bar = st.progress(0.0, text="embedding")
+
+            def _tick(done: int, total: int) -> None:
+                bar.progress(done / total if total else 1.0, text=f"embedded {done}/{total}")
+
+            with store.connect(DB) as con:
+                rep = embeddings.ensure_embeddings(con, flt, failures_only=failures_only,
+                                                   progress=_tick)
+            st.success(f"embedded {rep.n_computed}, reused {rep.n_cached}")
+            st.rerun()
+    k = st.slider("Clusters (0 = choose by silhouette)", 0, 12, 0, key="sem_k")
+
+    @st.cache_data(show_spinner="clustering", max_entries=8)
+    def _semantic(db: str, mtime: float, f: TrajectoryFilter, k: int, fo: bool):
+        with store.connect(db, read_only=True) as con:
+            return embeddings.semantic_clusters(con, f, k=k or None, failures_only=fo)
+
+    smap = _semantic(str(DB), _db_version(), flt, k, failures_only)
+    if smap.points.empty:
+        st.info("Nothing embedded in this filter yet.")
+    else:
+        st.caption(f"k = {smap.k}" + (f", silhouette {smap.silhouette:.2f}"
+                                      if smap.silhouette is not None else ""))
+        event = st.plotly_chart(charts.semantic_map(smap.points), on_select="rerun",
+                                selection_mode="points", key="sem_map", width="stretch")
+        pts = (event.selection.points if event and event.selection else []) or []
+        _open_on_change("map", pts[0]["customdata"][0] if pts and pts[0].get("customdata")
+                        else None)
+        st.dataframe(smap.clusters, hide_index=True, width="stretch")
+        cid = st.selectbox("Typical members of cluster", smap.clusters.cluster.tolist(),
+                           key="sem_cluster")
+        typical = smap.points[smap.points.cluster == cid].sort_values("typical_rank").head(5)
+        for _, row in typical.iterrows():
+            st.text(f"{row.trajectory_id} · task {row.task_id} · {row.outcome}\n{row.text}")
+
+st.subheader(f"Trajectories ({len(listing)}{'+' if len(listing) >= 500 else ''})")
+picked = st.dataframe(listing, hide_index=True, width="stretch", key="listing",
+                      on_select="rerun", selection_mode="single-row")
+rows_sel = picked.selection.rows if picked and picked.selection else []
+_open_on_change("listing", listing.id.iloc[rows_sel[0]] if rows_sel else None)
+
+# ------------------------------------------------------------------ transcript viewer
+st.subheader("Transcript")
+ids = listing.id.tolist()
+wanted = st.session_state.get(open_key)
+if "_deep_link_done" not in st.session_state:  # ?trajectory=ID opens it once
+    st.session_state["_deep_link_done"] = True
+    wanted = wanted or st.query_params.get("trajectory")
+if wanted and wanted not in ids:
+    ids = [wanted, *ids]
+if wanted:
+    st.session_state["trajectory_pick"] = wanted
+    st.session_state[open_key] = None
+if not ids:
+    st.info("No trajectories match the filter.")
+    st.stop()
+tid = st.selectbox("Trajectory", ids, key="trajectory_pick")
+st.query_params["trajectory"] = tid
+try:
+    with store.connect(DB, read_only=True) as con:
+        tr = transcript.load_transcript(con, tid)
+        pair = transcript.contrast_pair(con, tid)
+except UserInputError as exc:
+    st.error(str(exc))
+    st.stop()
+
+meta = tr.trajectory
+st.caption(
+    f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
+    f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
+    f"termination {meta.get('termination')}"
+)
+left, right = st.columns([3, 2])
+with left:
+    st.html(transcript.render_transcript_html(tr))
+with right:
+    st.markdown("**Expected vs actual actions**")
+    if tr.expected:
+        rows = transcript.expected_vs_actual(tr)
+        st.html(transcript.render_alignment_html(rows, "expected", "agent"))
+    else:
+        st.caption("The benchmark ships no expected actions for this task.")
+
+if pair is not None:
+    with st.expander("Passed vs failed trial of the same task, aligned on tool calls",
+                     expanded=False):
+        with store.connect(DB, read_only=True) as con:
+            passed = transcript.load_transcript(con, pair[0])
+            failed = transcript.load_transcript(con, pair[1])
+        rows = transcript.align_calls(passed.agent_calls(), failed.agent_calls())
+        st.html(transcript.render_alignment_html(rows, f"passed {passed.id}",
+                                                 f"failed {failed.id}"))
+        pl, fr = st.columns(2)
+        pl.html(transcript.render_transcript_html(passed))
+        fr.html(transcript.render_transcript_html(failed))

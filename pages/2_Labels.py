@@ -1,0 +1,230 @@
+"""Labels: trajectories x capabilities, with the transcript and its evidence beside them.
+
+Thin page: `trace_lib.diagnose.labels` reads and writes, `trace_lib.diagnose.labeling`
+runs labelers, `trace_lib.diagnose.capabilities` keeps the menu. An edit in the grid is
+saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
+on its next run. Trajectory text is untrusted: it is shown with st.text/st.code only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import streamlit as st
+
+from trace_lib import store
+from trace_lib.diagnose import capabilities as capmod
+from trace_lib.diagnose import labels as lb
+from trace_lib.errors import UserInputError
+from trace_lib.models import LABEL_VALUES
+
+st.set_page_config(page_title="Labels · TRACE", page_icon="🧭", layout="wide")
+st.title("Labels")
+
+DB = store.default_db_path()
+if not DB.exists():
+    st.info(f"No database at `{DB}` yet: import trajectories first "
+            "(`python -m trace_lib demo build` or the Trajectories page).")
+    st.stop()
+
+ss = st.session_state
+ss.setdefault("grid_version", 0)
+
+
+def _guard(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (UserInputError, store.StoreError) as exc:
+        st.error(str(exc))
+        return None
+
+
+# ------------------------------------------------------------------------ sidebar
+with st.sidebar:
+    editor = st.text_input("Your name (recorded with every edit)",
+                           value=os.environ.get("USER", "analyst"), key="editor")
+    st.header("Run a labeler")
+    labeler = st.selectbox("Labeler", ["heuristic", "anthropic", "openai"], key="labeler",
+                           help="heuristic: offline, rules over tool calls and expected "
+                                "actions. anthropic: needs ANTHROPIC_API_KEY. openai: any "
+                                "OpenAI-compatible server (vLLM).")
+    n_runs = st.number_input("Independent runs", 1, 20, 1, key="n_runs")
+    model = base_url = None
+    if labeler != "heuristic":
+        model = st.text_input("Model (blank: from the environment)", key="model") or None
+    if labeler == "openai":
+        base_url = st.text_input("Base URL (blank: TRACE_OPENAI_BASE_URL)",
+                                 key="base_url") or None
+    if st.button("Label all trajectories", key="run_labeler"):
+        from trace_lib.diagnose.labeling import run_labeling
+
+        bar = st.progress(0.0, text="labeling")
+        cfg = {"model": model, "base_url": base_url} if labeler != "heuristic" else {}
+        out = _guard(run_labeling, DB, labeler, runs=int(n_runs),
+                     progress=lambda d, t: bar.progress(d / t, text=f"labeled {d}/{t}"), **cfg)
+        if out:
+            st.success("; ".join(f"{s.run_id}: {s.n_labels} labels, {s.n_failed} failed"
+                                 for s in out))
+            ss.grid_version += 1
+
+tab_grid, tab_queue, tab_history, tab_caps, tab_io = st.tabs(
+    ["Grid", "Review queue", "History", "Capabilities", "Import / export"])
+
+# --------------------------------------------------------------------------- grid
+with tab_grid:
+    all_caps = [c.name for c in capmod.list_capabilities(DB) if c.status != "rejected"]
+    f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
+    shown = f1.multiselect("Capabilities", all_caps, default=[c for c in capmod.CORE
+                                                              if c in all_caps] or all_caps,
+                           key="f_caps")
+    outcome = f2.selectbox("Outcome", ["all", "failed", "passed"], key="f_outcome")
+    value = f3.selectbox("Has value", ["any", *LABEL_VALUES], key="f_value")
+    search = f4.text_input("Search id / task", key="f_search")
+    flt = lb.LabelFilter(capabilities=shown or None,
+                         success={"all": None, "failed": False, "passed": True}[outcome],
+                         value=None if value == "any" else value, search=search or None)
+    grid = _guard(lb.label_grid, DB, flt)
+    if grid is None or grid.empty:
+        st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
+    else:
+        left, right = st.columns([3, 2])
+        with left:
+            cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES))
+                    for c in grid.columns if c not in ("trajectory_id", "task_id", "domain",
+                                                       "success")}
+            edited = st.data_editor(
+                grid, column_config=cols, hide_index=True, width="stretch",
+                disabled=["trajectory_id", "task_id", "domain", "success"],
+                key=f"grid_{ss.grid_version}")
+            changes = lb.grid_changes(grid, edited)
+            if changes:
+                ids = _guard(lb.edit_labels, DB, changes, editor=editor, note="grid edit")
+                if ids:
+                    st.toast(f"saved {len(ids)} edit(s)")
+                    ss.grid_version += 1
+                    st.rerun()
+            with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):
+                b1, b2 = st.columns(2)
+                bulk_value = b1.selectbox("Set every shown label to", LABEL_VALUES,
+                                          key="bulk_value")
+                bulk_note = b2.text_input("Note", key="bulk_note")
+                if st.button("Apply bulk edit", key="bulk_go"):
+                    ids = _guard(lb.bulk_edit, DB, flt, bulk_value, editor=editor,
+                                 note=bulk_note or "bulk edit")
+                    if ids:
+                        st.success(f"{len(ids)} edits saved")
+                        ss.grid_version += 1
+                        st.rerun()
+        with right:
+            tid = st.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
+            cap = st.selectbox("Evidence for", shown or all_caps, key="t_cap")
+            view = _guard(lb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
+            if view:
+                st.caption(f"task {view['task_id']} · "
+                           f"{'passed' if view['success'] else 'failed'} · evidence at "
+                           f"{view['highlight'] or 'no message'}")
+                for e in view["evidence"]:
+                    if e["error"]:
+                        st.error(f"{e['run']}: labeler failed: {e['error']}")
+                with st.container(height=620):
+                    for m in view["messages"]:
+                        head = f"[{m['idx']}] {m['role']}" + (f" · {m['name']}" if m["name"] else "")
+                        if m["evidence"]:
+                            st.warning(head + " — evidence: " + " | ".join(m["evidence"]))
+                        else:
+                            st.caption(head)
+                        if m["content"]:
+                            st.text(m["content"][:4000])
+                        for c in m["calls"]:
+                            st.code(c, language=None)
+
+# ------------------------------------------------------------------------- queue
+with tab_queue:
+    st.caption("Pairs where the labeling runs disagree most and no person has decided yet.")
+    queue = _guard(lb.review_queue, DB, 100)
+    if queue is None or queue.empty:
+        st.info("No disagreements between runs (label with several runs to get a queue).")
+    else:
+        st.dataframe(queue, hide_index=True, key="queue_table")
+        q1, q2, q3 = st.columns(3)
+        pick = q1.selectbox("Pair", [f"{r.trajectory_id} · {r.capability}"
+                                     for r in queue.itertuples()], key="q_pick")
+        decision = q2.selectbox("Decision", LABEL_VALUES, key="q_value")
+        note = q3.text_input("Note", key="q_note")
+        if st.button("Save decision", key="q_go") and pick:
+            t_id, c_name = pick.split(" · ")
+            if _guard(lb.edit_label, DB, t_id, c_name, decision, editor=editor, note=note):
+                ss.grid_version += 1
+                st.rerun()
+
+# ----------------------------------------------------------------------- history
+with tab_history:
+    hist = _guard(lb.edit_history, DB, limit=500)
+    if hist is None or hist.empty:
+        st.info("No edits yet.")
+    else:
+        st.dataframe(hist, hide_index=True, key="history_table")
+        live = hist[hist["undoes"].isna() & ~hist["undone"].astype(bool)]
+        if not live.empty:
+            eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
+            if st.button("Undo", key="undo_go"):
+                if _guard(lb.undo_edit, DB, editor=editor, edit_id=int(eid)):
+                    ss.grid_version += 1
+                    st.rerun()
+
+# ------------------------------------------------------------------ capabilities
+with tab_caps:
+    caps = capmod.list_capabilities(DB)
+    st.dataframe(pd.DataFrame([c.model_dump() for c in caps]), hide_index=True,
+                 key="caps_table")
+    c1, c2, c3 = st.columns(3)
+    name = c1.selectbox("Capability", [c.name for c in caps], key="cap_pick")
+    if c2.button("Accept", key="cap_accept"):
+        _guard(capmod.set_status, DB, name, "accepted")
+        st.rerun()
+    if c3.button("Reject", key="cap_reject"):
+        _guard(capmod.set_status, DB, name, "rejected")
+        st.rerun()
+    with st.form("add_cap"):
+        new_name = st.text_input("New capability (snake_case)", key="new_cap_name")
+        new_desc = st.text_area("Description", key="new_cap_desc")
+        if st.form_submit_button("Add"):
+            if _guard(capmod.add_capability, DB, new_name, new_desc):
+                st.rerun()
+    with st.expander("Propose capabilities with an LLM (contrastive pairs)"):
+        provider = st.selectbox("Provider", ["anthropic", "openai"], key="prop_provider")
+        if st.button("Propose", key="prop_go"):
+            from trace_lib.llm import LLMError, get_provider
+
+            try:
+                llm = get_provider(provider, model=model, base_url=base_url)
+                added = capmod.propose_capabilities(DB, llm)
+            except (LLMError, UserInputError) as exc:
+                st.error(str(exc))
+            else:
+                st.success(f"proposed: {', '.join(c.name for c in added) or 'nothing new'}")
+
+# ---------------------------------------------------------------- import/export
+with tab_io:
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "labels.csv"
+        n = _guard(lb.export_labels, DB, path)
+        if n is not None:
+            st.download_button(f"Export {n} effective labels (CSV)", path.read_bytes(),
+                               file_name="labels.csv", mime="text/csv", key="export_csv")
+    up = st.file_uploader("Import labels CSV (trajectory_id,capability,value)", type=["csv"],
+                          key="import_csv")
+    run_name = st.text_input("As label run", value="imported", key="import_run")
+    if st.button("Import", disabled=up is None, key="import_go") and up is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / up.name
+            path.write_bytes(up.getvalue())
+            n = _guard(lb.import_labels, DB, path, run_name)
+        if n:
+            st.success(f"imported {n} labels as run {run_name}")
+            ss.grid_version += 1
+    st.dataframe(_guard(lb.label_runs, DB), hide_index=True, key="runs_table")

@@ -1,0 +1,79 @@
+"""Labels: CSV export/import (ids and source ids, all-or-nothing), bulk edit, grid, queue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synthetic import make_store
+
+from trace_lib import store
+from trace_lib.diagnose import labels as lb
+from trace_lib.errors import UserInputError
+
+OUT = {"a": False, "b": False, "c": True}
+
+
+def test_export_import_round_trip_with_source_ids(db_path: Path, tmp_path: Path) -> None:
+    make_store(db_path, OUT, {"r1": {"tool_calling_precision": ["lacking", "present", "na"]}})
+    csv_path = tmp_path / "labels.csv"
+    assert lb.export_labels(db_path, csv_path) == 3
+    assert csv_path.read_text().splitlines()[0] == "trajectory_id,capability,value"
+    ext = tmp_path / "ext.csv"
+    ext.write_text("trajectory_id,capability,value\nsrc-a,upselling,lacking\nb,upselling,NA\n")
+    assert lb.import_labels(db_path, ext, "human-1") == 2
+    with store.connect(db_path) as con:
+        rows = con.execute("SELECT trajectory_id, value FROM labels WHERE run_id = 'human-1' "
+                           "ORDER BY 1").fetchall()
+    assert rows == [("a", "lacking"), ("b", "na")]
+    with pytest.raises(UserInputError, match="already exists"):
+        lb.import_labels(db_path, ext, "human-1")
+
+
+def test_bad_import_names_lines_and_imports_nothing(db_path: Path, tmp_path: Path) -> None:
+    make_store(db_path, OUT, {})
+    bad = tmp_path / "bad.csv"
+    bad.write_text("trajectory_id,capability,value\n"
+                   "a,upselling,lacking\n"
+                   "zzz,upselling,lacking\n"
+                   "b,not_a_cap,present\n"
+                   "c,upselling,maybe\n")
+    with pytest.raises(UserInputError) as info:
+        lb.import_labels(db_path, bad, "r-bad")
+    msg = str(info.value)
+    assert "bad.csv" in msg and "nothing imported" in msg
+    assert "line 3: trajectory_id 'zzz'" in msg and "line 4: capability 'not_a_cap'" in msg
+    assert "line 5: value 'maybe'" in msg
+    with store.connect(db_path) as con:
+        assert con.execute("SELECT count(*) FROM labels").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM label_runs").fetchone()[0] == 0
+    header = tmp_path / "header.csv"
+    header.write_text("id,cap,value\nx,y,z\n")
+    with pytest.raises(UserInputError, match="missing column"):
+        lb.import_labels(db_path, header, "r2")
+
+
+def test_grid_changes_bulk_edit_and_review_queue(db_path: Path) -> None:
+    make_store(db_path, OUT, {
+        "r1": {"tool_calling_precision": ["lacking", "present", "present"]},
+        "r2": {"tool_calling_precision": ["present", "present", "present"]},
+        "r3": {"tool_calling_precision": ["lacking", "present", "na"]},
+    })
+    grid = lb.label_grid(db_path, lb.LabelFilter(capabilities=["tool_calling_precision"]))
+    assert list(grid["tool_calling_precision"]) == ["lacking", "present", "present"]
+    edited = grid.copy()
+    edited.loc[edited["trajectory_id"] == "b", "tool_calling_precision"] = "lacking"
+    changes = lb.grid_changes(grid, edited)
+    assert changes == [("b", "tool_calling_precision", "lacking")]
+    queue = lb.review_queue(db_path)
+    assert list(queue["trajectory_id"])[:2] == ["a", "c"]  # 2 of 3 agree: most disagreement
+    ids = lb.bulk_edit(db_path, lb.LabelFilter(capabilities=["tool_calling_precision"],
+                                               success=False), "na", editor="bob", note="bulk")
+    assert len(ids) == 2
+    grid2 = lb.label_grid(db_path, lb.LabelFilter(capabilities=["tool_calling_precision"]))
+    assert list(grid2["tool_calling_precision"]) == ["na", "na", "present"]
+    assert "a" not in set(lb.review_queue(db_path)["trajectory_id"])  # decided by a person
+    with pytest.raises(UserInputError, match="expected one of"):
+        lb.edit_label(db_path, "a", "tool_calling_precision", "bad", editor="x")
+    with pytest.raises(UserInputError, match="unknown trajectory"):
+        lb.edit_label(db_path, "nope", "tool_calling_precision", "na", editor="x")

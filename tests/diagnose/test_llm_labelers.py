@@ -1,0 +1,99 @@
+"""LLM labelers through the real SDKs against local wire-format servers: one call per
+trajectory, N runs stored separately, malformed answers repaired or recorded as failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from synthetic import make_store
+from wire_server import Reply, WireServer, anthropic_tool_reply, error_reply, openai_reply
+
+from trace_lib import store
+from trace_lib.diagnose.labeling import run_labeling
+
+CAPS = ["tool_calling_precision", "precondition_verification"]
+
+
+def _store(db: Path) -> None:
+    make_store(db, {"a": False, "b": True}, {})
+    with store.connect(db) as con:
+        for tid in ("a", "b"):
+            con.execute("INSERT INTO messages (trajectory_id, idx, role, content) VALUES "
+                        "(?, 0, 'user', 'cancel my trip'), (?, 1, 'assistant', 'cancelled')",
+                        [tid, tid])
+
+
+def _answer(schema_props: list[str], value: str = "lacking") -> dict:
+    return {c: {"value": value, "evidence": [{"message_idx": 1, "text": "cancelled blindly"}],
+                "confidence": 0.8} for c in schema_props}
+
+
+def test_anthropic_labeler_runs_cache_and_cost(db_path: Path) -> None:
+    _store(db_path)
+
+    def respond(path, body, n):
+        if n == 1:
+            return error_reply(429)  # backoff inside the SDK, then success
+        props = list(body["tools"][0]["input_schema"]["properties"])
+        return anthropic_tool_reply("record_labels", _answer(props), input_tokens=40,
+                                    output_tokens=30, cache_read=1000)
+
+    with WireServer(respond) as srv:
+        summaries = run_labeling(db_path, "anthropic", runs=2, capabilities=CAPS,
+                                 run_prefix="claude", api_key="k", base_url=srv.url,
+                                 model="claude-sonnet-4-5", concurrency=2)
+    assert [s.run_id for s in summaries] == ["claude-r0", "claude-r1"]
+    label_calls = [b for p, b in srv.requests if p == "/v1/messages"]
+    assert len(label_calls) == 2 * 2 + 1  # one per trajectory per run, plus the 429
+    first = label_calls[0]
+    assert first["system"][0]["cache_control"] == {"type": "ephemeral"}
+    assert "tool_calling_precision" in first["system"][0]["text"]
+    assert "cancel my trip" in first["messages"][0]["content"]
+    assert "reward" not in first["messages"][0]["content"].lower()  # outcome hidden
+    with store.connect(db_path) as con:
+        n, vals = con.execute("SELECT count(*), list(DISTINCT value) FROM labels").fetchone()
+        cost = json.loads(con.execute("SELECT cost FROM label_runs WHERE id = 'claude-r0'"
+                                      ).fetchone()[0])
+        ev = json.loads(con.execute("SELECT evidence FROM labels LIMIT 1").fetchone()[0])
+    assert n == 2 * 2 * 2 and vals == ["lacking"]
+    assert cost["input_tokens"] == 80 and cost["cache_read_tokens"] == 2000
+    assert cost["cost_usd"] > 0 and cost["n_failed_pairs"] == 0
+    assert ev == [{"message_idx": 1, "text": "cancelled blindly"}]
+
+
+def test_openai_labeler_repairs_then_records_failures(db_path: Path) -> None:
+    _store(db_path)
+    seen_seeds = []
+
+    def respond(path, body, n):
+        seen_seeds.append(body.get("seed"))
+        props = list(body["response_format"]["json_schema"]["schema"]["properties"])
+        user = body["messages"][1]["content"]
+        if "Trajectory a" in user:
+            if len(body["messages"]) == 2:
+                return openai_reply("{truncated")  # repaired on the second try
+            return openai_reply(json.dumps(_answer(props, "present")))
+        # Trajectory b: always missing a capability -> recorded as failed, not `na`.
+        return openai_reply(json.dumps(_answer(props[:1])))
+
+    with WireServer(respond) as srv:
+        [s] = run_labeling(db_path, "openai", capabilities=CAPS, run_prefix="vllm",
+                           base_url=srv.url + "/v1", model="qwen", api_key="x", concurrency=1)
+    assert s.n_failed == 2 and seen_seeds[0] == 0
+    with store.connect(db_path) as con:
+        rows = con.execute("SELECT trajectory_id, value, error FROM labels ORDER BY 1, 2").fetchall()
+    assert [(r[0], r[1]) for r in rows if r[0] == "a"] == [("a", "present"), ("a", "present")]
+    failed = [r for r in rows if r[0] == "b"]
+    assert all(r[1] is None and "precondition_verification" in r[2] for r in failed)
+
+
+def test_timeouts_after_retries_are_recorded_as_failed(db_path: Path) -> None:
+    _store(db_path)
+    with WireServer(lambda p, b, n: Reply(sleep=1.0, body={})) as srv:
+        [s] = run_labeling(db_path, "openai", capabilities=CAPS[:1], run_prefix="slow",
+                           base_url=srv.url + "/v1", model="m", timeout=0.2, max_retries=0)
+    assert s.n_failed == 2
+    with store.connect(db_path) as con:
+        errors = [r[0] for r in con.execute("SELECT error FROM labels").fetchall()]
+    assert all("call failed" in e and "Timeout" in e for e in errors)

@@ -1,0 +1,98 @@
+"""The multi-turn rollout loop: token bookkeeping, masks and hint stripping.
+
+The policy here is scripted (it always calls `lookup` and then answers), so that the exact
+token layout can be checked; it renders prompts with the real tiny tokenizer and the real
+chat template, i.e. what the policy server does. The same loop against the real server
+is covered by test_trainer.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from toy_env import LookupEnv  # noqa: E402
+
+from trace_lib.train.chat_format import IM_END, format_assistant, render_prompt  # noqa: E402
+from trace_lib.train.models import load_tokenizer  # noqa: E402
+from trace_lib.train.rollout import RolloutConfig, Sample, run_group  # noqa: E402
+
+
+class ScriptedPolicy:
+    """Turn 1: call lookup(key); turn 2: answer with the tool's value."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.prompts: list[str] = []
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def chat(self, messages, tools, *, model, n, max_tokens, temperature, seed):
+        prompt = render_prompt(messages, tools)
+        self.prompts.append(prompt)
+        tool_msgs = [m for m in messages if m["role"] == "tool"]
+        if not tool_msgs:
+            key = re.search(r"value of (k\d+)\?", messages[1]["content"]).group(1)
+            call = {"id": "call_1", "type": "function",
+                    "function": {"name": "lookup", "arguments": json.dumps({"key": key})}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        else:
+            value = json.loads(tool_msgs[-1]["content"])["value"]
+            message = {"role": "assistant", "content": f"The value is {value}."}
+        text = format_assistant(message.get("content"), message.get("tool_calls")) + IM_END
+        ids = self._ids(text)
+        return [Sample(message=message, prompt_token_ids=self._ids(prompt), token_ids=ids,
+                       logprobs=[-0.5] * len(ids), finish_reason="stop") for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("tiny")  # built once into data/models/tiny (about a second)
+
+
+def test_multi_turn_sequence_masks_only_sampled_tokens(tokenizer):
+    policy = ScriptedPolicy(tokenizer)
+    rollouts = run_group(LookupEnv, 3, policy, RolloutConfig(max_turns=4), model="m",
+                         group_size=2)
+    assert len(rollouts) == 2
+    r = rollouts[0]
+    assert r.passed and r.reward == 1.0 and r.turns == 2 and r.prefix_mismatches == 0
+    assert len(r.token_ids) == len(r.loss_mask) == len(r.sampler_logprobs)
+    # The training sequence is exactly the final conversation rendered by the template.
+    final = render_prompt(r.messages, LookupEnv().tool_schemas, add_generation_prompt=False)
+    assert tokenizer.decode(r.token_ids) == final.rstrip("\n")
+    # Masked text = system, user, tool; unmasked text = what the policy produced.
+    pairs = list(zip(r.token_ids, r.loss_mask, strict=True))
+    sampled = tokenizer.decode([t for t, m in pairs if m])
+    assert "<tool_call>" in sampled and "The value is v10." in sampled
+    context = tokenizer.decode([t for t, m in pairs if not m])
+    assert "<tool_response>" in context and "What is the value of k3?" in context
+    assert "<tool_response>" not in sampled and "What is the value" not in sampled
+    assert all((lp is None) == (m == 0) for lp, m in zip(r.sampler_logprobs, r.loss_mask, strict=True))
+
+
+def test_hint_is_seen_in_rollout_but_stripped_before_training(tokenizer):
+    policy = ScriptedPolicy(tokenizer)
+    rollouts = run_group(LookupEnv, 5, policy, RolloutConfig(), model="m", group_size=4,
+                         n_hinted=2)
+    hinted = [r for r in rollouts if r.hinted]
+    plain = [r for r in rollouts if not r.hinted]
+    assert len(hinted) == 2 and len(plain) == 2
+    assert "Hint: call lookup first" in hinted[0].messages[1]["content"]
+    assert any("Hint: call lookup first" in p for p in policy.prompts)
+    # After stripping, a hinted rollout trains on the same tokens as a plain one.
+    assert hinted[0].token_ids == plain[0].token_ids
+    assert hinted[0].loss_mask == plain[0].loss_mask
+    assert "Hint" not in tokenizer.decode(hinted[0].token_ids)
+
+
+def test_max_turns_truncates(tokenizer):
+    policy = ScriptedPolicy(tokenizer)
+    r = run_group(LookupEnv, 1, policy, RolloutConfig(max_turns=1), model="m", group_size=2)[0]
+    assert r.truncated and r.turns == 1 and r.reward == 0.0

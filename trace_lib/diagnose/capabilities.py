@@ -1,0 +1,336 @@
+"""The capability catalog: a built-in menu, user edits, and LLM proposals from contrast.
+
+Design decisions
+- A capability is a row in `capabilities` (name, description, applies_when, source,
+  status). The built-in menu is seeded on first use with status `accepted`: it is
+  vetted text, and it deliberately contains distractors (tone, fluency, format,
+  hallucinated tools, upselling) that a sound ranking must NOT keep; accepting them
+  for labeling is how that is tested, not a statement that they matter.
+- Status changes and edits are ordinary updates; labels and edits are keyed by name,
+  so renaming is not offered (add a new one and reject the old).
+- Proposals come from contrastive pairs: a failed and a passed trial of the same task
+  when both exist, else of the most similar task in the same domain (Jaccard overlap
+  of expected tool names). The LLM sees only those pairs and the current menu, and
+  proposes up to 10 new capabilities that land as `proposed` for a person to accept;
+  names that already exist are skipped, never overwritten.
+- Only `accepted` capabilities are labeled and selected by default; `rejected` ones
+  keep their labels (history) but drop out of the ranking's selection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.models import Capability
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
+PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+
+
+@dataclass(frozen=True)
+class BuiltinCapability:
+    name: str
+    description: str
+    applies_when: str
+    distractor: bool = False  # in the menu on purpose; a sound ranking should not keep it
+
+
+BUILTIN: tuple[BuiltinCapability, ...] = (
+    BuiltinCapability(
+        "structured_data_reasoning",
+        "Reads nested records returned by tools correctly: picks the right field of the "
+        "right item (payment method ids, item ids, flight segments, dates, prices) and "
+        "carries the exact values into later calls and answers.",
+        "A tool returned structured data (JSON with nested lists or objects) that later "
+        "arguments or claims depend on."),
+    BuiltinCapability(
+        "multi_step_task_completion",
+        "Carries a task with several required actions through to the end: performs every "
+        "write the request needs, in a workable order, and does not stop or hand back "
+        "while required actions are still pending.",
+        "The task needs two or more state-changing actions, or one action after several "
+        "look-ups."),
+    BuiltinCapability(
+        "precondition_verification",
+        "Checks what the policy requires before acting: looks up the user, the order or "
+        "the reservation and verifies eligibility (status, dates, membership, ownership) "
+        "before any state-changing call, and refuses when a precondition fails.",
+        "The agent performs, or is asked to perform, a state-changing action governed by "
+        "policy conditions."),
+    BuiltinCapability(
+        "tool_calling_precision",
+        "Calls the right tool with the right arguments: correct tool names, argument "
+        "names, types and values, no redundant or malformed calls, and recovers cleanly "
+        "when a call returns an error.",
+        "The agent makes tool calls."),
+    BuiltinCapability(
+        "adversarial_policy_compliance",
+        "Holds to the policy when the user pushes against it: refuses out-of-policy "
+        "requests, is not talked into exceptions by pressure, false claims or repeated "
+        "asking, and does not reveal or bend rules.",
+        "The user asks for something the policy forbids or misstates facts to get it."),
+    BuiltinCapability(
+        "information_gathering",
+        "Asks for the information a task needs and only that: identifies what is missing "
+        "(ids, choices, confirmations), asks for it clearly, and confirms the user's "
+        "explicit consent before consequential actions.",
+        "The request is under-specified, or the policy requires explicit confirmation."),
+    BuiltinCapability(
+        "numeric_calculation",
+        "Computes amounts correctly: refunds, price differences, totals, compensation and "
+        "fees, using the calculator tool or careful arithmetic on the exact values.",
+        "The answer or an action argument depends on arithmetic over retrieved values."),
+    BuiltinCapability(
+        "error_recovery",
+        "Recovers from failed tool calls and dead ends: reads the error, corrects the "
+        "call or the plan, and does not loop on the same failing action.",
+        "A tool call returned an error or an empty result."),
+    BuiltinCapability(
+        "escalation_judgment",
+        "Transfers to a human exactly when the policy says so (out-of-scope requests, "
+        "explicit user demand) and not as a way to avoid a task it could complete.",
+        "A transfer to a human was made, requested, or required by policy."),
+    BuiltinCapability(
+        "tone_empathy",
+        "Responds with a warm, empathetic and professional tone.",
+        "Any user-facing reply.", distractor=True),
+    BuiltinCapability(
+        "language_fluency",
+        "Writes grammatical, fluent, natural-sounding text.",
+        "Any user-facing reply.", distractor=True),
+    BuiltinCapability(
+        "format_compliance",
+        "Formats replies as requested (lists, markdown, length limits).",
+        "The user or the system asks for a specific output format.", distractor=True),
+    BuiltinCapability(
+        "hallucinated_tools",
+        "Avoids calling tools that do not exist in the provided tool list.",
+        "The agent makes tool calls.", distractor=True),
+    BuiltinCapability(
+        "upselling",
+        "Proactively offers upgrades, insurance or additional products.",
+        "A booking or purchase conversation.", distractor=True),
+)
+CORE = ("structured_data_reasoning", "multi_step_task_completion", "precondition_verification",
+        "tool_calling_precision")
+DISTRACTORS = tuple(b.name for b in BUILTIN if b.distractor)
+
+
+# ----------------------------------------------------------------------------- CRUD
+
+def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
+    """Insert the built-in menu where missing (never overwrites a user's edits)."""
+    before = con.execute("SELECT count(*) FROM capabilities").fetchone()[0]
+    con.executemany(
+        "INSERT INTO capabilities (name, description, applies_when, source, status) "
+        "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
+        [[b.name, b.description, b.applies_when] for b in BUILTIN])
+    return con.execute("SELECT count(*) FROM capabilities").fetchone()[0] - before
+
+
+def list_capabilities(db: str | Path | None = None, *, status: str | None = None
+                      ) -> list[Capability]:
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        return _list(con, status)
+
+
+def _list(con: duckdb.DuckDBPyConnection, status: str | None = None) -> list[Capability]:
+    sql = ("SELECT name, description, applies_when, source, status, examples FROM capabilities"
+           + (" WHERE status = ?" if status else "") + " ORDER BY source = 'builtin' DESC, name")
+    rows = con.execute(sql, [status] if status else []).fetchall()
+    return [Capability(name=r[0], description=r[1], applies_when=r[2], source=r[3], status=r[4],
+                       examples=json.loads(r[5]) if r[5] else []) for r in rows]
+
+
+def _check_name(name: str) -> None:
+    if not NAME_RE.match(name or ""):
+        raise UserInputError(
+            f"capability name {name!r}: expected snake_case (a-z, 0-9, _), 2-64 characters, "
+            "starting with a letter")
+
+
+def add_capability(db: str | Path | None, name: str, description: str, *,
+                   applies_when: str | None = None, source: str = "user",
+                   status: str = "accepted", examples: list[str] | None = None) -> Capability:
+    _check_name(name)
+    if not description or not description.strip():
+        raise UserInputError(f"capability {name!r}: description: expected non-empty text")
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        if con.execute("SELECT 1 FROM capabilities WHERE name = ?", [name]).fetchone():
+            raise UserInputError(f"capability {name!r} already exists; edit it instead")
+        con.execute(
+            "INSERT INTO capabilities (name, description, applies_when, source, status, examples) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [name, description.strip(), applies_when, source, status, json.dumps(examples or [])])
+        return _get(con, name)
+
+
+def _get(con: duckdb.DuckDBPyConnection, name: str) -> Capability:
+    caps = [c for c in _list(con) if c.name == name]
+    if not caps:
+        known = ", ".join(c.name for c in _list(con))
+        raise UserInputError(f"unknown capability {name!r}; known: {known}")
+    return caps[0]
+
+
+def set_status(db: str | Path | None, name: str, status: str) -> Capability:
+    if status not in ("proposed", "accepted", "rejected"):
+        raise UserInputError(f"status {status!r}: expected proposed, accepted or rejected")
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        _get(con, name)
+        con.execute("UPDATE capabilities SET status = ?, updated_at = current_timestamp "
+                    "WHERE name = ?", [status, name])
+        return _get(con, name)
+
+
+def update_capability(db: str | Path | None, name: str, *, description: str | None = None,
+                      applies_when: str | None = None) -> Capability:
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        _get(con, name)
+        if description is not None:
+            if not description.strip():
+                raise UserInputError(f"capability {name!r}: description: expected non-empty text")
+            con.execute("UPDATE capabilities SET description = ?, updated_at = current_timestamp "
+                        "WHERE name = ?", [description.strip(), name])
+        if applies_when is not None:
+            con.execute("UPDATE capabilities SET applies_when = ?, updated_at = current_timestamp "
+                        "WHERE name = ?", [applies_when, name])
+        return _get(con, name)
+
+
+def capability_block(caps: list[Capability]) -> str:
+    """The fixed capability menu text shared by the LLM labeler prompts (cached block)."""
+    lines = []
+    for c in caps:
+        lines.append(f"- {c.name}: {c.description}")
+        if c.applies_when:
+            lines.append(f"  Applies when: {c.applies_when}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ proposals
+
+@dataclass
+class ContrastPair:
+    task_id: str
+    failed_id: str
+    passed_id: str
+    same_task: bool
+
+
+def contrastive_pairs(con: duckdb.DuckDBPyConnection, max_pairs: int = 8) -> list[ContrastPair]:
+    """Failed vs passed trials of the same task, else of the most similar task."""
+    rows = con.execute("""
+        SELECT t.id, t.task_id, t.domain, t.success,
+               list(DISTINCT e.name) FILTER (WHERE e.name IS NOT NULL) AS names
+        FROM trajectories t
+        LEFT JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id
+        WHERE t.success IS NOT NULL
+        GROUP BY ALL ORDER BY t.task_id, t.id
+    """).fetchall()
+    failed = [r for r in rows if r[3] is False]
+    passed = [r for r in rows if r[3] is True]
+    pairs: list[ContrastPair] = []
+    used_passed: set[str] = set()
+    for f in failed:
+        same = [p for p in passed if p[1] == f[1] and p[0] not in used_passed]
+        if same:
+            pairs.append(ContrastPair(str(f[1]), f[0], same[0][0], True))
+            used_passed.add(same[0][0])
+    for f in failed:
+        if len(pairs) >= max_pairs:
+            break
+        if any(p.failed_id == f[0] for p in pairs):
+            continue
+        fn = set(f[4] or [])
+        cands = [p for p in passed if p[2] == f[2] and p[0] not in used_passed]
+        if not cands:
+            continue
+        best = max(cands, key=lambda p: (len(fn & set(p[4] or [])) / max(1, len(fn | set(p[4] or []))),
+                                         p[0]))
+        pairs.append(ContrastPair(str(f[1]), f[0], best[0], False))
+        used_passed.add(best[0])
+    return pairs[:max_pairs]
+
+
+PROPOSAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "capabilities": {
+            "type": "array", "maxItems": 10,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "pattern": NAME_RE.pattern},
+                    "description": {"type": "string", "minLength": 20},
+                    "example_task_ids": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["name", "description", "example_task_ids"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["capabilities"],
+    "additionalProperties": False,
+}
+
+
+def proposal_prompt(con: duckdb.DuckDBPyConnection, pairs: list[ContrastPair],
+                    max_chars_per_transcript: int = 6000) -> tuple[str, str]:
+    """(system, user) for the proposal call."""
+    from trace_lib.diagnose.transcript import load_transcript, render_transcript
+
+    system = (PROMPTS / "propose_capabilities.md").read_text(encoding="utf-8")
+    menu = capability_block([c for c in _list(con) if c.status != "rejected"])
+    parts = [f"## Current capability menu\n{menu}\n"]
+    for i, p in enumerate(pairs, 1):
+        kind = "same task" if p.same_task else "similar task"
+        parts.append(f"## Pair {i} ({kind}; failed task id {p.task_id})")
+        for label, tid in (("FAILED", p.failed_id), ("PASSED", p.passed_id)):
+            t = load_transcript(con, tid)
+            parts.append(f"### {label} trajectory {tid} (task {t.task_id})\n"
+                         + render_transcript(t, max_chars=max_chars_per_transcript))
+    return system, "\n\n".join(parts)
+
+
+def propose_capabilities(db: str | Path | None, provider: Any, *, max_pairs: int = 8,
+                         max_new: int = 10) -> list[Capability]:
+    """Ask an LLM for up to `max_new` capabilities from contrastive pairs; store as proposed."""
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        pairs = contrastive_pairs(con, max_pairs)
+        if not pairs:
+            raise UserInputError("no contrastive pairs: the store needs both failed and passed "
+                                 "trajectories with known outcomes")
+        system, user = proposal_prompt(con, pairs)
+    result = provider.complete_json(system, user, PROPOSAL_SCHEMA, schema_name="propose")
+    added: list[Capability] = []
+    with store.connect(db) as con:
+        existing = {c.name for c in _list(con)}
+        for item in result.data["capabilities"][:max_new]:
+            if item["name"] in existing:
+                continue
+            con.execute(
+                "INSERT INTO capabilities (name, description, source, status, examples) "
+                "VALUES (?, ?, 'llm', 'proposed', ?)",
+                [item["name"], item["description"].strip(), json.dumps(item["example_task_ids"])])
+            existing.add(item["name"])
+            added.append(_get(con, item["name"]))
+    return added
+
+
+def prompt_sha256(*texts: str) -> str:
+    return hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()

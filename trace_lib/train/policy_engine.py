@@ -1,0 +1,299 @@
+"""The sampling engine behind the CPU policy server: batched decoding with LoRA selection.
+
+Design decisions
+- Our own decode loop over a transformers model with a KV cache, not `generate()`: it keeps
+  only the sampled token's logprob and the top-k per step (never a vocab-sized tensor per
+  step, which for SmolLM2 is 49k floats x steps x rows), computes prefill logits for the
+  last position only (`logits_to_keep=1`), and stops each row on its own EOS or limit.
+- Logprobs are the model's raw distribution (log-softmax of the logits before temperature
+  and top-p), as vLLM reports them by default (`logprobs_mode=raw_logprobs`): at
+  temperature 1 they are exactly the behaviour policy's logprobs GRPO needs.
+- Dynamic batching: one worker thread owns the model; requests queue up and the worker
+  decodes together every waiting request with the same adapter and sampling settings
+  (left-padded, positions from the attention mask), so G concurrent rollouts cost about one
+  decode instead of G. A request with a `seed` runs alone with its own `torch.Generator`,
+  so the same seed gives the same tokens whatever else is queued.
+- LoRA adapters via peft multi-adapter on one frozen base: `load_adapter(name, path)` as
+  vLLM's `/v1/load_lora_adapter` (same name again only with `load_inplace`), selection by
+  name per batch, `disable_adapter()` for the base model. Adapters change only between
+  batches (the worker does both), so a hot-swap never lands mid-generation.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_BATCH_ROWS = 32
+
+
+class EngineError(Exception):
+    """A request the engine refuses; `status` is the HTTP code the server answers with."""
+
+    def __init__(self, message: str, status: int = 400, type_: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    top_logprobs: int = 0
+    seed: int | None = None
+
+    def batch_key(self) -> tuple:
+        return (self.temperature, self.top_p)
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str  # "stop" (EOS sampled) or "length"
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    n: int
+    params: SamplingParams
+    adapter: str | None
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class _AdapterJob:
+    action: str  # "load" | "unload"
+    name: str
+    path: str = ""
+    load_inplace: bool = False
+    future: Future = field(default_factory=Future)
+
+
+class PolicyEngine:
+    """Owns a model and its adapters; `submit` samples, `load/unload_adapter` hot-swap."""
+
+    def __init__(self, model: Any, tokenizer: Any, eos_ids: list[int], max_model_len: int):
+        import torch
+
+        self.model = model  # a transformers model; becomes a PeftModel on the first adapter
+        self.tokenizer = tokenizer
+        self.eos_ids = sorted(set(eos_ids))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+        self.max_model_len = max_model_len
+        self.adapters: dict[str, str] = {}  # name -> path
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        self._worker = threading.Thread(target=self._run, name="policy-engine", daemon=True)
+        self._worker.start()
+
+    # ---- public API (thread-safe: everything goes through the worker's queue) ----------
+    def submit(self, prompt_ids: list[int], n: int, params: SamplingParams,
+               adapter: str | None) -> Future:
+        if adapter is not None and adapter not in self.adapters:
+            raise EngineError(f"The model `{adapter}` does not exist.", 404, "NotFoundError")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise EngineError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {len(prompt_ids)} input tokens.")
+        params = SamplingParams(params.temperature, params.top_p,
+                                min(params.max_tokens, room), params.top_logprobs, params.seed)
+        job = _Job(list(prompt_ids), n, params, adapter)
+        self._queue.put(job)
+        return job.future
+
+    def load_adapter(self, name: str, path: str, load_inplace: bool = False) -> Future:
+        job = _AdapterJob("load", name, path, load_inplace)
+        self._queue.put(job)
+        return job.future
+
+    def unload_adapter(self, name: str) -> Future:
+        job = _AdapterJob("unload", name)
+        self._queue.put(job)
+        return job.future
+
+    def close(self) -> None:
+        self._stop.set()
+        self._queue.put(None)
+        self._worker.join(timeout=30)
+
+    # ---- worker ------------------------------------------------------------------------
+    def _run(self) -> None:
+        pending: list[Any] = []
+        while not self._stop.is_set():
+            job = pending.pop(0) if pending else self._queue.get()
+            if job is None:
+                break
+            if isinstance(job, _AdapterJob):
+                self._do_adapter(job)
+                continue
+            batch = [job]
+            rows = job.n
+            if job.params.seed is None:
+                while True:  # gather every compatible request already waiting
+                    try:
+                        other = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if (other is not None and isinstance(other, _Job)
+                            and other.params.seed is None and other.adapter == job.adapter
+                            and other.params.batch_key() == job.params.batch_key()
+                            and rows + other.n <= MAX_BATCH_ROWS):
+                        batch.append(other)
+                        rows += other.n
+                    else:
+                        pending.append(other)
+                        if other is None or isinstance(other, _AdapterJob):
+                            break  # keep order: an adapter swap waits for this batch only
+            try:
+                results = self._generate(batch)
+            except Exception as exc:  # the worker must survive a bad request
+                for j in batch:
+                    j.future.set_exception(exc)
+                continue
+            for j, res in zip(batch, results, strict=True):
+                j.future.set_result(res)
+
+    def _do_adapter(self, job: _AdapterJob) -> None:
+        try:
+            if job.action == "load":
+                self._load(job.name, job.path, job.load_inplace)
+                job.future.set_result(f"Success: LoRA adapter '{job.name}' added successfully.")
+            else:
+                if job.name not in self.adapters:
+                    raise EngineError(f"The lora adapter '{job.name}' cannot be found.", 404,
+                                      "NotFoundError")
+                self.model.delete_adapter(job.name)
+                del self.adapters[job.name]
+                job.future.set_result(
+                    f"Success: LoRA adapter '{job.name}' removed successfully.")
+        except Exception as exc:
+            job.future.set_exception(exc)
+
+    def _load(self, name: str, path: str, load_inplace: bool) -> None:
+        from peft import PeftModel
+
+        if not name or not path:
+            raise EngineError("Both 'lora_name' and 'lora_path' must be provided.")
+        if name in self.adapters and not load_inplace:
+            raise EngineError(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                "adapter in place, set 'load_inplace' to True.")
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            raise EngineError(f"Loading lora {name} failed: No adapter found for {path}", 404,
+                              "NotFoundError")
+        try:
+            if name in self.adapters:
+                self.model.delete_adapter(name)
+                del self.adapters[name]
+            if not isinstance(self.model, PeftModel):
+                self.model = PeftModel.from_pretrained(self.model, str(folder), adapter_name=name)
+            else:
+                self.model.load_adapter(str(folder), adapter_name=name)
+        except Exception as exc:
+            raise EngineError(f"Loading lora {name} from {path} failed: {exc}") from exc
+        self.model.eval()
+        self.adapters[name] = str(folder)
+
+    def _generate(self, batch: list[_Job]) -> list[list[Sample]]:
+        import contextlib
+
+        import torch
+        from peft import PeftModel
+
+        params = batch[0].params
+        prompts = [j.prompt_ids for j in batch for _ in range(j.n)]
+        limits = [j.params.max_tokens for j in batch for _ in range(j.n)]
+        top_k = max(j.params.top_logprobs for j in batch)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every row's next token is at the end
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        gen = self._rng
+        if params.seed is not None:
+            gen = torch.Generator().manual_seed(params.seed)
+
+        adapter = batch[0].adapter
+        if isinstance(self.model, PeftModel):
+            if adapter is None:
+                ctx = self.model.disable_adapter()
+            else:
+                self.model.set_adapter(adapter)
+                ctx = contextlib.nullcontext()
+        else:
+            ctx = contextlib.nullcontext()
+
+        rows = len(prompts)
+        out_ids: list[list[int]] = [[] for _ in range(rows)]
+        out_lp: list[list[float]] = [[] for _ in range(rows)]
+        out_top: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        done = torch.zeros(rows, dtype=torch.bool)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        step_ids, step_pos = ids, positions
+        with ctx, torch.inference_mode():
+            for _ in range(max(limits)):
+                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = out.past_key_values
+                logits = out.logits[:, -1, :].float()
+                logp = torch.log_softmax(logits, dim=-1)
+                nxt = self._sample(logits, params, gen)
+                chosen = logp.gather(1, nxt[:, None])[:, 0]
+                tops = logp.topk(top_k, dim=-1) if top_k else None
+                for i in range(rows):
+                    if done[i]:
+                        continue
+                    tok = int(nxt[i])
+                    out_ids[i].append(tok)
+                    out_lp[i].append(float(chosen[i]))
+                    if tops is not None:
+                        out_top[i].append([(int(t), float(v)) for v, t in
+                                           zip(tops.values[i], tops.indices[i], strict=True)])
+                    if tok in self.eos_ids:
+                        finish[i] = "stop"
+                        done[i] = True
+                    elif len(out_ids[i]) >= limits[i]:
+                        done[i] = True
+                if bool(done.all()):
+                    break
+                nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+                step_ids = nxt[:, None]
+                step_pos = step_pos[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
+        samples = [Sample(out_ids[i], out_lp[i], out_top[i], finish[i]) for i in range(rows)]
+        result, k = [], 0
+        for j in batch:
+            result.append(samples[k:k + j.n])
+            k += j.n
+        return result
+
+    @staticmethod
+    def _sample(logits: Any, params: SamplingParams, gen: Any) -> Any:
+        import torch
+
+        if params.temperature <= 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            # keep the smallest prefix whose mass reaches top_p (always the first token)
+            drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
+        return torch.multinomial(probs, 1, generator=gen)[:, 0]
