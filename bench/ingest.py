@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -35,8 +37,14 @@ from trace_lib.ingest.writer import write_files  # noqa: E402
 from trace_lib.models import Trajectory  # noqa: E402
 
 DOMAINS = ("airline", "retail", "telecom", "shop")
-TOOLS = ("get_user_details", "get_reservation_details", "search_flights", "cancel_reservation",
-         "update_order", "refund")
+TOOLS = (
+    "get_user_details",
+    "get_reservation_details",
+    "search_flights",
+    "cancel_reservation",
+    "update_order",
+    "refund",
+)
 
 
 def synth_record(i: int, rng: random.Random) -> dict:
@@ -45,17 +53,43 @@ def synth_record(i: int, rng: random.Random) -> dict:
     call_id = f"call_{i}"
     failed = rng.random() < 0.1
     messages = [
-        {"role": "user", "content": f"Hi, I need help with order {i}. My user id is user_{i % 997}."},
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": call_id, "type": "function",
-            "function": {"name": tool, "arguments": json.dumps({"user_id": f"user_{i % 997}", "n": i % 7})}}]},
-        {"role": "tool", "tool_call_id": call_id,
-         "content": f"Error: order {i} not found" if failed else json.dumps({"status": "ok", "id": i})},
+        {
+            "role": "user",
+            "content": f"Hi, I need help with order {i}. My user id is user_{i % 997}.",
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {
+                        "name": tool,
+                        "arguments": json.dumps({"user_id": f"user_{i % 997}", "n": i % 7}),
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": call_id,
+            "content": f"Error: order {i} not found"
+            if failed
+            else json.dumps({"status": "ok", "id": i}),
+        },
     ]
     if i % 2 == 0:
         messages.append({"role": "assistant", "content": f"Your request {i} is done."})
-    return {"id": f"s{i}", "task_id": f"task_{i % 500}", "trial": i % 4, "agent_model": "synthetic-1",
-            "domain": domain, "reward": float(rng.random() < 0.6), "messages": messages}
+    return {
+        "id": f"s{i}",
+        "task_id": f"task_{i % 500}",
+        "trial": i % 4,
+        "agent_model": "synthetic-1",
+        "domain": domain,
+        "reward": float(rng.random() < 0.6),
+        "messages": messages,
+    }
 
 
 def write_dataset(path: Path, n: int, seed: int = 0) -> None:
@@ -73,17 +107,38 @@ def executemany_baseline(db: Path, trajectories: list[Trajectory]) -> float:
         sha = t.content_sha256()
         tid = Trajectory.id_from_sha(sha)
         n_err = sum(c.error is not None for m in t.messages for c in m.tool_calls)
-        traj_rows.append((tid, "d_bench", t.source_id, t.task_id, t.trial, t.agent_model, t.domain, t.reward,
-                          t.success, t.termination, len(t.messages), t.n_tool_calls, n_err, sha,
-                          json.dumps(t.meta)))
+        traj_rows.append(
+            (
+                tid,
+                "d_bench",
+                t.source_id,
+                t.task_id,
+                t.trial,
+                t.agent_model,
+                t.domain,
+                t.reward,
+                t.success,
+                t.termination,
+                len(t.messages),
+                t.n_tool_calls,
+                n_err,
+                sha,
+                json.dumps(t.meta),
+            )
+        )
         for idx, m in enumerate(t.messages):
             msg_rows.append((tid, idx, m.role, m.content, m.tool_call_id, m.name, m.turn_idx))
             for ci, c in enumerate(m.tool_calls):
-                call_rows.append((tid, idx, ci, c.call_id, c.name, json.dumps(c.arguments), c.requestor, c.error))
+                call_rows.append(
+                    (tid, idx, ci, c.call_id, c.name, json.dumps(c.arguments), c.requestor, c.error)
+                )
     with store.connect(db) as con, store.transaction(con):
-        con.executemany("INSERT INTO trajectories (id, dataset_id, source_id, task_id, trial, agent_model, domain, "
-                        "reward, success, termination, n_messages, n_tool_calls, n_tool_errors, content_sha256, "
-                        "meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", traj_rows)
+        con.executemany(
+            "INSERT INTO trajectories (id, dataset_id, source_id, task_id, trial, agent_model, domain, "
+            "reward, success, termination, n_messages, n_tool_calls, n_tool_errors, content_sha256, "
+            "meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            traj_rows,
+        )
         con.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)", msg_rows)
         con.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)", call_rows)
     return time.perf_counter() - t0
@@ -138,13 +193,20 @@ def main() -> int:
         db = tmpdir / "arrow.duckdb"
         with store.connect(db):
             pass  # schema creation is not part of the import
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         report = ingest_paths([data], db=db)
-        t_ingest = time.perf_counter() - t0
+        t_ingest, cpu_ingest = time.perf_counter() - t0, time.process_time() - c0
         with store.connect(db, read_only=True) as con:
             n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
-        print(f"trace_lib ingest_paths (end to end): {report.trajectories} trajectories, {n_msgs} messages "
-              f"in {t_ingest:.2f} s ({report.trajectories / t_ingest:,.0f} traj/s)")
+        print(
+            f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (wall times grow with load; "
+            f"CPU time much less)"
+        )
+        print(
+            f"trace_lib ingest_paths (end to end): {report.trajectories} trajectories, {n_msgs} messages "
+            f"in {t_ingest:.2f} s wall, {cpu_ingest:.2f} s CPU ({report.trajectories / t_ingest:,.0f} traj/s), "
+            f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+        )
 
         # Write step alone, both sides on the same parsed subset, then extrapolated.
         sub = tmpdir / "subset.jsonl"
@@ -154,18 +216,27 @@ def main() -> int:
         t_base_sub = executemany_baseline(tmpdir / "base_sub.duckdb", parsed.trajectories)
         scale = args.n / args.baseline_n
         t_parse_sub = t_ingest * args.baseline_n / args.n - t_arrow_sub  # rough: ingest minus write
-        print(f"peer executemany row-by-row, write step, {args.baseline_n} trajectories: {t_base_sub:.2f} s "
-              f"-> extrapolated to {args.n}: {t_base_sub * scale:.1f} s (too slow to run on all; linear)")
+        print(
+            f"peer executemany row-by-row, write step, {args.baseline_n} trajectories: {t_base_sub:.2f} s "
+            f"-> extrapolated to {args.n}: {t_base_sub * scale:.1f} s (too slow to run on all; linear)"
+        )
         print(f"trace_lib Arrow writer, write step, same {args.baseline_n}: {t_arrow_sub:.3f} s")
         print(f"ratio write step (executemany / arrow): {t_base_sub / t_arrow_sub:.1f}x")
         base_total = t_base_sub * scale + max(t_parse_sub, 0.0) * scale
-        print(f"ratio end to end at {args.n} (executemany-based import, extrapolated / ingest_paths): "
-              f"{base_total / t_ingest:.1f}x")
-        print(f"target ingest < 10 s: {'PASS' if t_ingest < 10 else 'MISS'} ({t_ingest:.2f} s)")
+        print(
+            f"ratio end to end at {args.n} (executemany-based import, extrapolated / ingest_paths): "
+            f"{base_total / t_ingest:.1f}x"
+        )
+        print(
+            f"target ingest < 10 s: {'PASS' if t_ingest < 10 else 'MISS'} ({t_ingest:.2f} s wall, "
+            f"{cpu_ingest:.2f} s CPU)"
+        )
 
         rows = time_queries(db, args.n)
         if rows:
-            print(f"explore.queries latency at {args.n} trajectories (best of 3; unfiltered / failures only):")
+            print(
+                f"explore.queries latency at {args.n} trajectories (best of 3; unfiltered / failures only):"
+            )
             for name, a, b in rows:
                 flag = "ok" if max(a, b) < 0.2 else "OVER 200 ms"
                 print(f"  {name:28s} {a * 1000:7.1f} ms  {b * 1000:7.1f} ms  {flag}")

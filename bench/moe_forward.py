@@ -11,8 +11,11 @@ Design decisions
 - Gates are random (std 1), not zero: zero gates route everything to the base and the
   top-1 model would trivially cost what the base costs. Random gates spread the tokens
   over all K+1 slots, the worst case for dispatch overhead.
-- Each variant runs in its own subprocess, so peak RSS (CPU) or peak allocated (CUDA) is
-  that variant's alone; latency is the median of `--repeats` timed forwards after warm-up.
+- Latency: every variant lives in one process (its own copy of the base) and they are
+  timed round-robin, repeat after repeat, so a busy shared machine slows all of them
+  alike; the figure is the median of `--repeats`. Memory: the weights each variant adds
+  over the base, and with `--memory` each variant's peak RSS (CPU) / peak allocated (CUDA)
+  in a fresh process of its own.
 - Prefill: one forward over B x T tokens. Decode: ms per generated token (greedy, KV cache)
   for the variants that support it; X-LoRA's two-pass scaling is timed on prefill only.
 - The goal: top-1 within 1.3x of the base at K=4 (the floor is the base plus one low-rank
@@ -60,14 +63,16 @@ def _build(args: argparse.Namespace, root: Path) -> None:
         peft_model.save_pretrained(str(root / f"adapter{k}"))
 
 
-def _measure(variant: str, args: argparse.Namespace, root: Path) -> dict:
+def _runner(variant: str, args: argparse.Namespace, root: Path):
+    """(module to call, extra MiB of weights it adds over the base) for one variant."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(root / "base"), dtype=dtype).to(device).eval()
+    base_bytes = sum(t.numel() * t.element_size() for t in model.parameters()) + \
+        sum(t.numel() * t.element_size() for t in model.buffers())
     adapters = [root / f"adapter{k}" for k in range(args.experts)]
     runner = model
     if variant in ("top1", "dense"):
@@ -88,6 +93,40 @@ def _measure(variant: str, args: argparse.Namespace, root: Path) -> dict:
         runner = get_peft_model(model, XLoraConfig(
             task_type="CAUSAL_LM", hidden_size=args.hidden, xlora_depth=1,
             adapters={str(k): str(p) for k, p in enumerate(adapters)})).to(device).eval()
+    total = sum(t.numel() * t.element_size() for t in runner.parameters()) + \
+        sum(t.numel() * t.element_size() for t in runner.buffers())
+    return runner, (total - base_bytes) / 2**20
+
+
+def _peak_memory(variant: str, args: argparse.Namespace, root: Path) -> dict:
+    """Run in a fresh process: load the variant, one forward, report peak memory."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    runner, extra = _runner(variant, args, root)
+    ids = torch.randint(10, args.vocab - 1, (args.batch, args.tokens),
+                        generator=torch.Generator().manual_seed(1)).to(args.device)
+    with torch.no_grad():
+        runner(input_ids=ids, use_cache=False)
+    if args.device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB
+    return {"variant": variant, "peak_mib": peak, "extra_weights_mib": extra}
+
+
+def _latency(variants: list[str], args: argparse.Namespace, root: Path) -> dict[str, dict]:
+    """All variants in one process, timed round-robin, so machine load hits them alike."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    runners, extra, failed = {}, {}, {}
+    for v in variants:
+        try:
+            runners[v], extra[v] = _runner(v, args, root)
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot load is reported
+            failed[v] = f"{type(exc).__name__}: {exc}"[:160]
     ids = torch.randint(10, args.vocab - 1, (args.batch, args.tokens),
                         generator=torch.Generator().manual_seed(1)).to(device)
 
@@ -95,32 +134,35 @@ def _measure(variant: str, args: argparse.Namespace, root: Path) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    times = []
+    times: dict[str, list[float]] = {v: [] for v in runners}
+    decode: dict[str, list[float]] = {v: [] for v in runners if v != "xlora"}
+    one = ids[:1, :32]
+    kw = dict(max_new_tokens=args.decode_tokens, min_new_tokens=args.decode_tokens,
+              do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        for i in range(args.repeats + 1):
-            sync()
-            t0 = time.perf_counter()
-            runner(input_ids=ids, use_cache=False)
-            sync()
-            if i:  # the first is warm-up
-                times.append(time.perf_counter() - t0)
-        decode_ms = None
-        if variant != "xlora" and args.decode_tokens > 0:
-            one = ids[:1, :32]
-            kw = dict(max_new_tokens=args.decode_tokens, min_new_tokens=args.decode_tokens,
-                      do_sample=False, pad_token_id=0)
-            runner.generate(input_ids=one, attention_mask=torch.ones_like(one), **kw)
-            sync()
-            t0 = time.perf_counter()
-            runner.generate(input_ids=one, attention_mask=torch.ones_like(one), **kw)
-            sync()
-            decode_ms = (time.perf_counter() - t0) / args.decode_tokens * 1000
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
-    return {"variant": variant, "prefill_ms": statistics.median(times) * 1000,
-            "decode_ms_per_token": decode_ms, "peak_mib": peak}
+        for r in runners.values():  # warm-up
+            r(input_ids=ids, use_cache=False)
+        for _ in range(args.repeats):
+            for v, r in runners.items():
+                sync()
+                t0 = time.perf_counter()
+                r(input_ids=ids, use_cache=False)
+                sync()
+                times[v].append(time.perf_counter() - t0)
+            if args.decode_tokens > 0:
+                for v in decode:
+                    sync()
+                    t0 = time.perf_counter()
+                    runners[v].generate(input_ids=one, attention_mask=torch.ones_like(one), **kw)
+                    sync()
+                    decode[v].append((time.perf_counter() - t0) / args.decode_tokens)
+    out = {v: {"variant": v, "error": e} for v, e in failed.items()}
+    for v in runners:
+        out[v] = {"variant": v, "prefill_ms": statistics.median(times[v]) * 1000,
+                  "decode_ms_per_token": (statistics.median(decode[v]) * 1000
+                                          if decode.get(v) else None),
+                  "extra_weights_mib": extra[v]}
+    return out
 
 
 def main() -> int:
@@ -140,12 +182,16 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--memory", action="store_true",
+                   help="also measure each variant's peak memory in its own process")
+    p.add_argument("--variant-timeout", type=float, default=900.0,
+                   help="seconds before a variant is reported as timed out")
     p.add_argument("--workdir", default=None, help="reuse a folder with the built models")
     p.add_argument("--_variant", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args._variant:
-        print(json.dumps(_measure(args._variant, args, Path(args.workdir))))
+        print(json.dumps(_peak_memory(args._variant, args, Path(args.workdir))))
         return 0
     tmp = None
     if args.workdir is None:
@@ -154,23 +200,28 @@ def main() -> int:
     root = Path(args.workdir)
     if not (root / "base" / "config.json").is_file():
         _build(args, root)
-    rows = []
-    for variant in args.variants.split(","):
-        cmd = [sys.executable, __file__, "--_variant", variant, "--workdir", str(root)]
-        for key in ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab", "experts",
-                    "rank", "batch", "tokens", "decode_tokens", "repeats", "threads", "device"):
-            cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
-            rows.append({"variant": variant, "error": tail[0][:120]})
-            continue
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    variants = args.variants.split(",")
+    by_variant = _latency(variants, args, root)
+    if args.memory:
+        for variant in variants:
+            cmd = [sys.executable, __file__, "--_variant", variant, "--workdir", str(root)]
+            for key in ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab",
+                        "experts", "rank", "batch", "tokens", "threads", "device"):
+                cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True,
+                                      timeout=args.variant_timeout)
+                if proc.returncode == 0:
+                    mem = json.loads(proc.stdout.strip().splitlines()[-1])
+                    by_variant[variant]["peak_mib"] = mem["peak_mib"]
+            except subprocess.TimeoutExpired:
+                pass
+    rows = [by_variant[v] for v in variants]
     base = next((r for r in rows if r["variant"] == "base" and "error" not in r), None)
     print(f"# K={args.experts} r={args.rank} hidden={args.hidden} layers={args.layers} "
           f"batch={args.batch}x{args.tokens} device={args.device} threads={args.threads}")
     print(f"{'variant':8s} {'prefill ms':>11s} {'x base':>7s} {'decode ms/tok':>14s} "
-          f"{'x base':>7s} {'peak MiB':>9s}")
+          f"{'x base':>7s} {'+weights MiB':>13s} {'peak MiB':>9s}")
     for r in rows:
         if "error" in r:
             print(f"{r['variant']:8s} error: {r['error']}")
@@ -181,7 +232,8 @@ def main() -> int:
                                                             base["decode_ms_per_token"]) else None
         print(f"{r['variant']:8s} {r['prefill_ms']:11.1f} {ratio:7.2f} "
               f"{dec if dec is not None else float('nan'):14.2f} "
-              f"{dec_ratio if dec_ratio is not None else float('nan'):7.2f} {r['peak_mib']:9.0f}")
+              f"{dec_ratio if dec_ratio is not None else float('nan'):7.2f} "
+              f"{r['extra_weights_mib']:13.1f} {r.get('peak_mib', float('nan')):9.0f}")
     print(json.dumps(rows))
     if tmp is not None:
         tmp.cleanup()

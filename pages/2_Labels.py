@@ -32,11 +32,17 @@ ss = st.session_state
 ss.setdefault("grid_version", 0)
 
 
+def _show_error(msg: str) -> None:
+    # Messages can quote file or trajectory content: shown as code, never as markdown.
+    st.error("That did not work:", icon="🚫")
+    st.code(msg, language=None)
+
+
 def _guard(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except (UserInputError, store.StoreError) as exc:
-        st.error(str(exc))
+        _show_error(str(exc))
         return None
 
 
@@ -121,19 +127,20 @@ with tab_grid:
             cap = st.selectbox("Evidence for", shown or all_caps, key="t_cap")
             view = _guard(lb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
             if view:
-                st.caption(f"task {view['task_id']} · "
-                           f"{'passed' if view['success'] else 'failed'} · evidence at "
-                           f"{view['highlight'] or 'no message'}")
+                # Everything from the trajectory or a labeler goes through st.text/st.code.
+                st.text(f"task {view['task_id']} · "
+                        f"{'passed' if view['success'] else 'failed'} · evidence at "
+                        f"{view['highlight'] or 'no message'}")
                 for e in view["evidence"]:
                     if e["error"]:
-                        st.error(f"{e['run']}: labeler failed: {e['error']}")
+                        _show_error(f"{e['run']}: labeler failed: {e['error']}")
                 with st.container(height=620):
                     for m in view["messages"]:
                         head = f"[{m['idx']}] {m['role']}" + (f" · {m['name']}" if m["name"] else "")
                         if m["evidence"]:
-                            st.warning(head + " — evidence: " + " | ".join(m["evidence"]))
-                        else:
-                            st.caption(head)
+                            st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
+                            st.code("\n".join(m["evidence"]), language=None)
+                        st.text(head)
                         if m["content"]:
                             st.text(m["content"][:4000])
                         for c in m["calls"]:
@@ -201,7 +208,7 @@ with tab_caps:
                 llm = get_provider(provider, model=model, base_url=base_url)
                 added = capmod.propose_capabilities(DB, llm)
             except (LLMError, UserInputError) as exc:
-                st.error(str(exc))
+                _show_error(str(exc))
             else:
                 st.success(f"proposed: {', '.join(c.name for c in added) or 'nothing new'}")
 

@@ -60,7 +60,8 @@ try:
                                           if r.status != "rejected"])
         doc = selected_document(con, cfg)
 except (UserInputError, store.StoreError) as exc:
-    st.error(str(exc))
+    st.error("Could not rank:", icon="🚫")
+    st.code(str(exc), language=None)  # may quote run names: shown as text, not markdown
     st.stop()
 
 if ranking.note:

@@ -1,4 +1,4 @@
-"""The demo data set: deterministic, a realistic mix, importable, and the committed file is fresh."""
+"""The demo data set: deterministic, a realistic mix, importable, the committed file fresh."""
 
 from __future__ import annotations
 
@@ -43,6 +43,25 @@ def test_same_seed_gives_a_byte_identical_file(tmp_path: Path):
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
     assert len(_records(a)) == 24
+
+
+def test_bytes_do_not_depend_on_the_process_hash_seed(tmp_path: Path):
+    """Set iteration order changes with PYTHONHASHSEED; nothing in the output may follow it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from trace_lib.demo import DemoConfig, "
+            "build_records, write_jsonl; write_jsonl(build_records(DemoConfig(n=12, seed=4)), "
+            "Path(sys.argv[1]))")
+    outs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"h{hash_seed}.jsonl"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=300)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
 
 
 def test_committed_demo_file_is_what_the_generator_makes(default_file: Path):

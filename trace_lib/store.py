@@ -282,8 +282,28 @@ FROM (
 ) WHERE rn = 1;
 """
 
+# V3 (environments): every attempt of the environment generation agent, kept whether it
+# was validated or rejected, with the code, its hash and the validation report.
+_V3 = """
+CREATE TABLE IF NOT EXISTS env_generation_attempts (
+    generation_id VARCHAR NOT NULL,
+    attempt INTEGER NOT NULL,
+    env_name VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    domain VARCHAR NOT NULL,
+    generator VARCHAR NOT NULL,
+    model VARCHAR,
+    code VARCHAR,
+    code_sha256 VARCHAR,
+    status VARCHAR NOT NULL,
+    report JSON,
+    created_at TIMESTAMP DEFAULT current_timestamp,
+    PRIMARY KEY (generation_id, attempt)
+);
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2]
+MIGRATIONS: list[str] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

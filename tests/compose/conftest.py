@@ -7,6 +7,7 @@ the model's output and the routing is visible in the logits.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def make_adapter(base_dir: Path, out: Path, seed: int, targets: list[str] | None
                 p.normal_(0.0, 0.3)
     peft_model.save_pretrained(str(out))
     if capability:
-        (out / "trace_adapter.json").write_text('{"capability": "%s"}' % capability)
+        (out / "trace_adapter.json").write_text(json.dumps({"capability": capability}))
     return out
 
 

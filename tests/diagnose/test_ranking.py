@@ -133,3 +133,30 @@ def test_json_export_cover_and_clusters(db_path: Path, tmp_path: Path) -> None:
     sigs = {c["signature"]: c["n"] for c in clusters}
     assert sigs["precondition_verification + structured_data_reasoning"] == 1
     assert sigs["(none lacking)"] == 1
+
+
+def test_incremental_counts_equal_the_direct_sql(db_path: Path) -> None:
+    import random
+
+    from trace_lib.diagnose.ranking import rank_con
+
+    rng = random.Random(0)
+    outcomes = {f"t{i}": rng.random() < 0.5 for i in range(40)}
+    runs = {f"r{r}": {c: [rng.choice([L, P, N, None]) for _ in outcomes]
+                      for c in ("tool_calling_precision", "upselling")} for r in range(4)}
+    make_store(db_path, outcomes, runs)
+
+    def figures(ranking):
+        return {r.capability: (r.pooled, [(f.run, f.lf, f.pf, f.nf, f.lp, f.pp, f.np)
+                                          for f in r.runs]) for r in ranking.rows}
+
+    with store.connect(db_path) as con:
+        assert figures(rank_con(con)) == figures(rank_con(con, incremental=False))
+        for i in range(12):  # edits, including re-edits of one pair and an unlabeled value
+            tid = f"t{rng.randrange(40)}" if i % 4 else "t0"
+            con.execute("INSERT INTO label_edits (trajectory_id, capability, old, new, editor) "
+                        "VALUES (?, ?, NULL, ?, 'e')",
+                        [tid, rng.choice(["tool_calling_precision", "upselling"]),
+                         rng.choice([L, P, N])])
+            cfg = RankConfig(runs=["r0", "r2"]) if i % 3 == 0 else None
+            assert figures(rank_con(con, cfg)) == figures(rank_con(con, cfg, incremental=False))

@@ -11,14 +11,29 @@ from pathlib import Path
 from trace_lib.store import REPO_ROOT
 
 TAU = "tau-bench/historical_trajectories/gpt-4o-airline.json"
-KEYS = ["trajectories", "successes", "failures", "unknown", "duplicates", "skipped", "datasets", "formats"]
+KEYS = [
+    "trajectories",
+    "successes",
+    "failures",
+    "unknown",
+    "duplicates",
+    "skipped",
+    "datasets",
+    "formats",
+]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("TRACE_DB", None)
-    return subprocess.run([sys.executable, "-m", "trace_lib", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "trace_lib", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_ingest_json_then_duplicates_then_stats(db_path: Path, shared_data: Path) -> None:
@@ -40,7 +55,9 @@ def test_human_summary_says_which_format(db_path: Path, shared_data: Path) -> No
     out = cli("ingest", str(shared_data / TAU), "--db", str(db_path))
     assert out.returncode == 0, out.stderr
     assert "format tau_bench" in out.stderr
-    assert out.stdout.startswith("imported 200 trajectories (84 successes, 116 failures, 0 unknown)")
+    assert out.stdout.startswith(
+        "imported 200 trajectories (84 successes, 116 failures, 0 unknown)"
+    )
 
 
 def test_bad_input_exits_non_zero_with_the_reason(tmp_path: Path, db_path: Path) -> None:
@@ -53,3 +70,10 @@ def test_bad_input_exits_non_zero_with_the_reason(tmp_path: Path, db_path: Path)
     assert skipped.returncode == 0, skipped.stderr
     report = json.loads(skipped.stdout)
     assert report["trajectories"] == 0 and report["skipped"][0]["record"] == 0
+
+
+def test_cli_format_choices_are_the_registered_importers() -> None:
+    from trace_lib.ingest import format_names
+    from trace_lib.ingest.commands import FORMATS
+
+    assert sorted(FORMATS) == sorted(["auto", *format_names()])

@@ -15,25 +15,78 @@ from trace_lib.ingest.swe_agent import load_success_file, termination_from_exit
 
 def function_calling_run(exit_status: str = "submitted") -> dict:
     return {
-        "trajectory": [{"action": "ls", "observation": "a.py", "response": "Let me look.", "thought": "Let me look.",
-                        "state": {}}],
-        "history": [
-            {"role": "system", "content": "SETTING: you are in a repo", "agent": "main", "message_type": "system_prompt"},
-            {"role": "user", "content": [{"type": "text", "text": "<issue>fix the bug</issue>"}], "agent": "main",
-             "message_type": "observation"},
-            {"role": "assistant", "content": "Let me look.", "thought": "Let me look.", "action": "ls", "agent": "main",
-             "message_type": "action", "tool_calls": [
-                 {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"ls\"}"}}]},
-            {"role": "tool", "content": [{"type": "text", "text": "OBSERVATION:\na.py"}], "agent": "main",
-             "message_type": "observation", "tool_call_ids": ["call_1"]},
-            {"role": "assistant", "content": "Done.", "thought": "Done.", "action": "submit", "agent": "main",
-             "message_type": "action", "tool_calls": [
-                 {"id": "call_2", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]},
-            {"role": "tool", "content": "diff --git a/a.py b/a.py", "agent": "main", "message_type": "observation",
-             "tool_call_ids": ["call_2"]},
+        "trajectory": [
+            {
+                "action": "ls",
+                "observation": "a.py",
+                "response": "Let me look.",
+                "thought": "Let me look.",
+                "state": {},
+            }
         ],
-        "info": {"exit_status": exit_status, "submission": "diff --git a/a.py b/a.py",
-                 "model_stats": {"instance_cost": 0.1, "api_calls": 2}},
+        "history": [
+            {
+                "role": "system",
+                "content": "SETTING: you are in a repo",
+                "agent": "main",
+                "message_type": "system_prompt",
+            },
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "<issue>fix the bug</issue>"}],
+                "agent": "main",
+                "message_type": "observation",
+            },
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "thought": "Let me look.",
+                "action": "ls",
+                "agent": "main",
+                "message_type": "action",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "content": [{"type": "text", "text": "OBSERVATION:\na.py"}],
+                "agent": "main",
+                "message_type": "observation",
+                "tool_call_ids": ["call_1"],
+            },
+            {
+                "role": "assistant",
+                "content": "Done.",
+                "thought": "Done.",
+                "action": "submit",
+                "agent": "main",
+                "message_type": "action",
+                "tool_calls": [
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "submit", "arguments": "{}"},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "content": "diff --git a/a.py b/a.py",
+                "agent": "main",
+                "message_type": "observation",
+                "tool_call_ids": ["call_2"],
+            },
+        ],
+        "info": {
+            "exit_status": exit_status,
+            "submission": "diff --git a/a.py b/a.py",
+            "model_stats": {"instance_cost": 0.1, "api_calls": 2},
+        },
         "replay_config": json.dumps({"agent": {"model": {"name": "claude-sonnet"}}}),
         "environment": "main",
     }
@@ -46,13 +99,36 @@ def thought_action_run() -> dict:
             {"role": "system", "content": "You are an autonomous programmer.", "agent": "primary"},
             {"role": "user", "content": "demo issue", "agent": "primary", "is_demo": True},
             {"role": "assistant", "content": "demo answer", "agent": "primary", "is_demo": True},
-            {"role": "user", "content": "We're solving this issue: crash on empty input", "agent": "primary"},
-            {"role": "assistant", "content": "Open the file.\n```\nopen src/app.py 10\n```", "thought": "Open the file.",
-             "action": "open src/app.py 10\n", "agent": "primary"},
-            {"role": "user", "content": "[File: src/app.py (40 lines total)]", "agent": "primary",
-             "message_type": "observation"},
-            {"role": "assistant", "content": "Submit.\n```\nsubmit\n```", "action": "submit\n", "agent": "primary"},
-            {"role": "user", "content": "(Open file: src/app.py)", "agent": "primary", "message_type": "observation"},
+            {
+                "role": "user",
+                "content": "We're solving this issue: crash on empty input",
+                "agent": "primary",
+            },
+            {
+                "role": "assistant",
+                "content": "Open the file.\n```\nopen src/app.py 10\n```",
+                "thought": "Open the file.",
+                "action": "open src/app.py 10\n",
+                "agent": "primary",
+            },
+            {
+                "role": "user",
+                "content": "[File: src/app.py (40 lines total)]",
+                "agent": "primary",
+                "message_type": "observation",
+            },
+            {
+                "role": "assistant",
+                "content": "Submit.\n```\nsubmit\n```",
+                "action": "submit\n",
+                "agent": "primary",
+            },
+            {
+                "role": "user",
+                "content": "(Open file: src/app.py)",
+                "agent": "primary",
+                "message_type": "observation",
+            },
         ],
         "info": {"exit_status": "exit_cost"},
     }
@@ -69,16 +145,24 @@ def test_function_calling_run(tmp_path: Path, db_path: Path) -> None:
     report = ingest_paths([path], db=db_path)
     assert report.formats == {str(path): "swe_agent"} and report.unknown == 1
     with store.connect(db_path, read_only=True) as con:
-        t = con.execute("SELECT task_id, agent_model, success, termination, n_messages, n_tool_calls, meta "
-                        "FROM trajectories").fetchone()
-        msgs = con.execute("SELECT role, content, tool_call_id, name FROM messages ORDER BY idx").fetchall()
-        calls = con.execute("SELECT name, arguments, call_id FROM tool_calls ORDER BY message_idx").fetchall()
+        t = con.execute(
+            "SELECT task_id, agent_model, success, termination, n_messages, n_tool_calls, meta "
+            "FROM trajectories"
+        ).fetchone()
+        msgs = con.execute(
+            "SELECT role, content, tool_call_id, name FROM messages ORDER BY idx"
+        ).fetchall()
+        calls = con.execute(
+            "SELECT name, arguments, call_id FROM tool_calls ORDER BY message_idx"
+        ).fetchall()
     assert t[:6] == ("django__django-11099", "claude-sonnet", None, "agent_stop", 6, 2)
     assert json.loads(t[6])["exit_status"] == "submitted"
     assert msgs[1] == ("user", "<issue>fix the bug</issue>", None, None)
     assert msgs[3] == ("tool", "OBSERVATION:\na.py", "call_1", "bash")
-    assert [(n, json.loads(a), c) for n, a, c in calls] == [("bash", {"command": "ls"}, "call_1"),
-                                                             ("submit", {}, "call_2")]
+    assert [(n, json.loads(a), c) for n, a, c in calls] == [
+        ("bash", {"command": "ls"}, "call_1"),
+        ("submit", {}, "call_2"),
+    ]
 
 
 def test_thought_action_run_turns_commands_into_calls(tmp_path: Path, db_path: Path) -> None:
@@ -87,12 +171,22 @@ def test_thought_action_run_turns_commands_into_calls(tmp_path: Path, db_path: P
     with store.connect(db_path, read_only=True) as con:
         t = con.execute("SELECT termination, n_messages, meta FROM trajectories").fetchone()
         msgs = con.execute("SELECT role, name FROM messages ORDER BY idx").fetchall()
-        calls = con.execute("SELECT name, arguments FROM tool_calls ORDER BY message_idx").fetchall()
+        calls = con.execute(
+            "SELECT name, arguments FROM tool_calls ORDER BY message_idx"
+        ).fetchall()
     assert t[0] == "max_steps" and json.loads(t[2])["n_demo_messages"] == 2
-    assert msgs == [("system", None), ("user", None), ("assistant", None), ("tool", "open"),
-                    ("assistant", None), ("tool", "submit")]
-    assert [(n, json.loads(a)) for n, a in calls] == [("open", {"command": "open src/app.py 10"}),
-                                                       ("submit", {"command": "submit"})]
+    assert msgs == [
+        ("system", None),
+        ("user", None),
+        ("assistant", None),
+        ("tool", "open"),
+        ("assistant", None),
+        ("tool", "submit"),
+    ]
+    assert [(n, json.loads(a)) for n, a in calls] == [
+        ("open", {"command": "open src/app.py 10"}),
+        ("submit", {"command": "submit"}),
+    ]
 
 
 def test_success_file_forms(tmp_path: Path, db_path: Path) -> None:
@@ -104,8 +198,14 @@ def test_success_file_forms(tmp_path: Path, db_path: Path) -> None:
     assert (report.successes, report.failures, report.unknown) == (1, 2, 0)
     partial = load_success_file(write(tmp_path, "m.json", {"a__a-1": False}))
     assert (partial.lookup("a__a-1"), partial.lookup("b__b-2")) == (False, None)
-    swebench = load_success_file(write(tmp_path, "r.json", {"resolved_ids": ["b__b-2"], "unresolved_ids": ["a__a-1"]}))
-    assert (swebench.lookup("a__a-1"), swebench.lookup("b__b-2"), swebench.lookup("c")) == (False, True, None)
+    swebench = load_success_file(
+        write(tmp_path, "r.json", {"resolved_ids": ["b__b-2"], "unresolved_ids": ["a__a-1"]})
+    )
+    assert (swebench.lookup("a__a-1"), swebench.lookup("b__b-2"), swebench.lookup("c")) == (
+        False,
+        True,
+        None,
+    )
     with pytest.raises(UserInputError, match=r"instance 'x': expected true/false"):
         load_success_file(write(tmp_path, "bad.json", {"x": "yes"}))
 

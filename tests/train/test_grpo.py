@@ -126,3 +126,14 @@ def test_token_logprobs_match_a_manual_computation():
     logits = model(input_ids=ids).logits
     manual = torch.log_softmax(logits[0, :-1], -1)[torch.arange(3), ids[0, 1:]]
     assert torch.allclose(lp[0], manual, atol=1e-5)
+
+
+def test_token_logprobs_keep_from_skips_prompt_logits_only():
+    model = _tiny_llama()
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    att = torch.ones_like(ids)
+    full = token_logprobs(model, ids, att)
+    part = token_logprobs(model, ids, att, keep_from=4)
+    assert part.shape == full.shape
+    assert torch.allclose(part[:, 4:], full[:, 4:], atol=1e-5)
+    assert float(part[:, :4].abs().sum()) == 0.0

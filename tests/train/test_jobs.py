@@ -19,9 +19,8 @@ from trace_lib import cli, store
 from trace_lib.errors import UserInputError
 from trace_lib.train import jobs, records
 
-HERE = Path(__file__).parent
 TOY = {
-    "env": "toy_env:TargetLetterEnv", "model": "tiny", "group": 4, "groups_per_step": 1,
+    "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 4, "groups_per_step": 1,
     "max_tokens": 3, "lr": 2e-2, "checkpoint_every": 2,
     "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "lm_head"]},
 }
@@ -30,7 +29,6 @@ TOY = {
 @pytest.fixture
 def runs(tmp_path, monkeypatch):
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
-    monkeypatch.setenv("PYTHONPATH", str(HERE))  # the job imports toy_env from here
     # Any attempt by the job to open the store would create this file.
     monkeypatch.setenv("TRACE_DB", str(tmp_path / "job_must_not_open.duckdb"))
     return tmp_path / "runs"
@@ -86,7 +84,7 @@ def test_cancel_running_job(runs):
 
 def test_crash_shows_failed_with_log_tail(runs):
     spec = jobs.submit(jobs.JobSpec(kind="train_adapter",
-                                    config={**TOY, "env": "toy_env:NoSuchEnv", "steps": 2}))
+                                    config={**TOY, "env": "trace_lib.train.smoke_envs:NoSuchEnv", "steps": 2}))
     st = jobs.wait(spec.id, timeout_s=120)
     assert st.state == "failed" and st.exit_code == 1
     assert "NoSuchEnv" in st.error
@@ -107,7 +105,7 @@ def test_orphan_is_detected(runs):
 
 def test_cli_verbs(runs, db_path, capsys):
     assert cli.main(["train", "--db", str(db_path), "--background", "--json",
-                     "--env", "toy_env:TargetLetterEnv", "--steps", "2", "--group", "4",
+                     "--env", "trace_lib.train.smoke_envs:TargetLetterEnv", "--steps", "2", "--group", "4",
                      "--groups-per-step", "1", "--max-tokens", "3", "--lora-rank", "4",
                      "--lora-targets", "q_proj,v_proj"]) == 0
     job_id = json.loads(capsys.readouterr().out)["job_id"]

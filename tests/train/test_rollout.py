@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-from toy_env import LookupEnv  # noqa: E402
 
 from trace_lib.train.chat_format import IM_END, format_assistant, render_prompt  # noqa: E402
 from trace_lib.train.models import load_tokenizer  # noqa: E402
 from trace_lib.train.rollout import RolloutConfig, Sample, run_group  # noqa: E402
+from trace_lib.train.smoke_envs import LookupEnv  # noqa: E402
 
 
 class ScriptedPolicy:

@@ -6,14 +6,11 @@ Reward rising, checkpoint/resume equivalence, KL/epochs/hints paths, config erro
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from trace_lib.errors import UserInputError  # noqa: E402
 from trace_lib.train.trainer import TrainConfig, latest_checkpoint, train  # noqa: E402
@@ -22,7 +19,7 @@ from trace_lib.train.trainer import TrainConfig, latest_checkpoint, train  # noq
 # on the blocks alone can move a next-token log-prob only from about -6.9 to -5.6; adding
 # `lm_head` to the targets lets a few steps visibly change behaviour.
 TOY = {
-    "env": "toy_env:TargetLetterEnv", "model": "tiny", "group": 8, "groups_per_step": 2,
+    "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 8, "groups_per_step": 2,
     "max_tokens": 3, "lr": 2e-2, "checkpoint_every": 0,
     "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj", "lm_head"]},
 }
@@ -74,7 +71,7 @@ def test_resume_from_checkpoint_equals_running_through(tmp_path):
 def test_kl_epochs_and_hints_paths(tmp_path):
     cfg = TrainConfig.from_dict({
         **TOY, "steps": 2, "group": 4, "groups_per_step": 2, "epochs_per_step": 2,
-        "hint_share": 0.5, "micro_batch": 3, "loss": {"kl_coef": 0.1, "scale": "batch"},
+        "hint_share": 0.5, "micro_batch": 3, "gradient_checkpointing": True, "loss": {"kl_coef": 0.1, "scale": "batch"},
     })
     train(cfg, tmp_path / "run", resume=False)
     rows = _metrics(tmp_path / "run")

@@ -161,3 +161,38 @@ def list_trajectories(db: str | Path | None = None, limit: int = 200) -> list[di
                            "ORDER BY id LIMIT ?", [limit]).fetchall()
     return [{"id": r[0], "domain": r[1], "task_id": r[2], "success": r[3], "n_messages": r[4]}
             for r in rows]
+
+
+def sync_gate_jobs(db: str | Path | None = None) -> list[dict[str, Any]]:
+    """Register the composed model of every succeeded `train_gates` job (idempotent).
+
+    Returns the gate jobs' statuses (newest first) for the page to list.
+    """
+    from trace_lib.compose.gate_training import JOB_KIND, register_job_kind
+    from trace_lib.train import jobs
+
+    register_job_kind()
+    try:
+        from trace_lib.train.records import sync_jobs
+
+        sync_jobs(db)  # keeps the `jobs` rows' states current, as the Training page does
+    except (ImportError, store.StoreError):
+        pass
+    known = {m["path"]: m for m in list_moe_models(db)}
+    out = []
+    for status in jobs.list_jobs():
+        if status.kind != JOB_KIND:
+            continue
+        item = status.to_dict()
+        if status.state == "succeeded":
+            result = jobs.read_result(status.run_dir)
+            moe_path = result.get("moe_path")
+            item["moe_path"] = moe_path
+            if moe_path and str(Path(moe_path).resolve()) not in known and Path(moe_path).exists():
+                register_moe(db, moe_path, job_id=status.id,
+                             metrics={"final_reward": result.get("final_reward"),
+                                      "warm_rewards": result.get("warm_rewards"),
+                                      "eval_before": result.get("eval_before"),
+                                      "eval_after": result.get("eval_after")})
+        out.append(item)
+    return out

@@ -1,4 +1,4 @@
-"""CLI verbs of the compose stage: `compose`, `route`, `moe-merge`.
+"""CLI verbs of the compose stage: `compose`, `route`, `gates`, `moe-eval`, `moe-merge`.
 
 Design decisions
 - `compose` builds the gated model with zero gates and writes its folder (and registers
@@ -97,8 +97,93 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gates(args: argparse.Namespace) -> int:
+    from trace_lib.cli import print_json
+    from trace_lib.compose import gate_training
+    from trace_lib.compose.catalog import register_moe
+
+    cfg = gate_training.GateTrainConfig.from_dict({
+        "moe": str(Path(args.moe).resolve()), "envs": args.envs,
+        "warm_seeds": args.warm_seeds, "warm_steps": args.warm_steps, "steps": args.steps,
+        "group": args.group, "groups_per_step": args.groups_per_step,
+        "max_tokens": args.max_tokens, "max_turns": args.max_turns, "lr": args.lr,
+        "balance_coef": args.balance_coef, "eval_seeds": args.eval_seeds, "seed": args.seed,
+    }, where="gates")
+    if args.background:
+        from trace_lib.train.records import record_job
+
+        spec = gate_training.submit_gate_job(cfg, backend=args.backend)
+        record_job(args.db, spec)
+        result = {"job_id": spec.id, "run_dir": spec.run_dir, "state": "queued"}
+    else:
+        from trace_lib.train.jobs import new_job_id, runs_dir
+
+        job_id = new_job_id(gate_training.JOB_KIND)
+        result = gate_training.train_gates(cfg, runs_dir() / job_id, progress=not args.json)
+        result["job_id"] = job_id
+        result["id"] = register_moe(args.db, result["moe_path"], job_id=job_id,
+                                    metrics={"final_reward": result["final_reward"],
+                                             "warm_rewards": result["warm_rewards"]})
+    if args.json:
+        print_json(result)
+    else:
+        print(json.dumps({k: result[k] for k in result if k != "warm_rewards"}, default=str))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from trace_lib.cli import print_json
+    from trace_lib.compose.catalog import register_moe
+    from trace_lib.compose.evaluate import (
+        EvalConfig,
+        evaluate_composition,
+        policies,
+        summary_rows,
+        write_eval,
+    )
+    from trace_lib.compose.gated import load_moe
+
+    moe = load_moe(args.moe)
+    cfg = EvalConfig(envs=[e for e in args.envs.split(",") if e], seeds=args.seeds,
+                     seed_start=args.seed_start, max_tokens=args.max_tokens,
+                     max_turns=args.max_turns, include_merge=not args.no_merge)
+    bar = tqdm(total=len(cfg.envs) * len(policies(moe, cfg.include_merge)), desc="moe-eval",
+               file=sys.stderr)
+
+    def on_row(row: dict) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"{row['env']} {row['policy']}: {row['reward_mean']:.3f}")
+
+    rows = evaluate_composition(moe, cfg, on_row=on_row)
+    bar.close()
+    path = write_eval(args.moe, rows, cfg)
+    register_moe(args.db, args.moe, metrics={"eval": rows, "eval_summary": summary_rows(rows)})
+    out = {"path": str(path), "rows": rows, "summary": summary_rows(rows)}
+    if args.json:
+        print_json(out)
+    else:
+        for r in out["summary"]:
+            print(f"{r['policy']:40s} reward {r['reward_mean']:.3f} pass {r['pass_rate']:.3f}")
+    return 0
+
+
+def _register_job_kind() -> None:
+    """`train_gates` jobs run through the training stage's runner; import lazily."""
+    from trace_lib.train.jobs import register_job_kind
+
+    def run(spec, run_dir, should_stop):  # type: ignore[no-untyped-def]
+        from trace_lib.compose.gate_training import _job
+
+        return _job(spec, run_dir, should_stop)
+
+    register_job_kind("train_gates", run)
+
+
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add this stage's verbs to the CLI."""
+    _register_job_kind()
     p = sub.add_parser("compose", parents=[common],
                        help="compose a base + K LoRA adapters into a token-gated mixture")
     p.add_argument("--model", required=True, help="base model: registry name or HF folder")
@@ -126,6 +211,38 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-save", action="store_true", help="do not save or index the trace")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_route)
+
+    p = sub.add_parser("gates", parents=[common],
+                       help="train a composed model's gates (KL warm start, then GRPO)")
+    p.add_argument("--moe", required=True, help="composed model folder")
+    p.add_argument("--envs", required=True, help="comma-separated capability environments")
+    p.add_argument("--warm-seeds", type=int, default=4)
+    p.add_argument("--warm-steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--groups-per-step", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--balance-coef", type=float, default=0.01)
+    p.add_argument("--eval-seeds", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--background", action="store_true", help="run as a background job")
+    p.add_argument("--backend", default="local", choices=["local", "ray"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_gates)
+
+    p = sub.add_parser("moe-eval", parents=[common],
+                       help="base vs each adapter vs linear merge vs composed, held-out seeds")
+    p.add_argument("--moe", required=True, help="composed model folder")
+    p.add_argument("--envs", required=True, help="comma-separated capability environments")
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--seed-start", type=int, default=10_000)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--no-merge", action="store_true", help="skip the linear-merge baseline")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("moe-merge", parents=[common],
                        help="exact linear merge of LoRA adapters (baseline, vLLM export)")

@@ -180,6 +180,7 @@ class GatedMoE:
             nn.init.zeros_(gate.bias)
             self.gates.append(gate)
         self.force_slot: int | None = None
+        self.mix_weights: torch.Tensor | None = None  # fixed [K+1] mixture (linear merge)
         self.folder: Path | None = None  # set when loaded from / saved to a folder
         self._current: list[LayerRoute | None] = [None] * self.layers
         self._held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -187,6 +188,9 @@ class GatedMoE:
         self._attention_mask: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None  # [B, T] for trajectory pooling in a loss pass
         self._record: RoutingRecord | None = None
+        # Gate training sets this to a list: route() appends (layer, probs, chosen) with the
+        # graph attached, for the KL warm start and the load-balance term.
+        self.collect: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
         self._handles: list[Any] = []
         self._banks: list[ExpertBank] = []
         self._install(dtype, device)
@@ -242,7 +246,7 @@ class GatedMoE:
         for h in self._handles:
             h.remove()
         self._handles = []
-        for name, module in list(self.model.named_modules()):
+        for module in list(self.model.modules()):
             if hasattr(module, "trace_experts"):
                 del module.trace_experts
             if hasattr(module, "trace_gate"):
@@ -281,7 +285,12 @@ class GatedMoE:
         probs = torch.softmax(logits, dim=-1)
         grad = torch.is_grad_enabled() and self.gates[layer].weight.requires_grad
         mode = self.config.mode
-        if self.force_slot is not None:
+        if self.mix_weights is not None and self.force_slot is None:
+            w = self.mix_weights.to(device=hidden.device, dtype=probs.dtype)
+            chosen = w.argmax().expand(b, t)
+            weights = w.expand(b, t, self.k + 1)
+            grad = False
+        elif self.force_slot is not None:
             chosen = torch.full((b, t), self.force_slot, dtype=torch.long, device=hidden.device)
             weights = F.one_hot(chosen, self.k + 1).to(probs.dtype)
             grad = False
@@ -309,12 +318,15 @@ class GatedMoE:
             seq_w = self._straight_through(hard, pooled) if grad else hard
             chosen = seq_chosen[:, None].expand(b, t)
             weights = seq_w[:, None, :].expand(b, t, self.k + 1)
+        if self.collect is not None:
+            self.collect.append((layer, probs, chosen))
         if self._record is not None:
             self._record._chunks[layer].append((chosen.detach().cpu().to(torch.int16),
                                                 probs.detach().cpu().float()))
         flat_chosen = chosen.reshape(-1)
         dense = (mode == "soft" and self.force_slot is None) or self.config.dispatch == "dense" \
-            or (grad and self.config.estimator == "full")
+            or (grad and self.config.estimator == "full") \
+            or (self.mix_weights is not None and self.force_slot is None)
         groups: list[tuple[int, torch.Tensor | None]] = []
         if not dense:
             counts = torch.bincount(flat_chosen, minlength=self.k + 1).tolist()
@@ -373,6 +385,20 @@ class GatedMoE:
             yield
         finally:
             self.force_slot = previous
+
+    @contextlib.contextmanager
+    def mix(self, weights: list[float] | None) -> Iterator[None]:
+        """Apply fixed slot weights to every token: `[0, 1/K, ..., 1/K]` is the uniform linear
+        merge of the adapters (exactly: sum_i w_i scale_i B_i A_i on every projection)."""
+        if weights is not None and len(weights) != self.k + 1:
+            raise UserInputError(f"mix: expected {self.k + 1} weights (base + {self.k} "
+                                 f"adapters), got {len(weights)}")
+        previous = self.mix_weights
+        self.mix_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
+        try:
+            yield
+        finally:
+            self.mix_weights = previous
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[RoutingRecord]:

@@ -26,10 +26,31 @@ from trace_lib.compose.traces import RoutingTrace, replay_trajectory
 
 
 def env_factory(name: str):
-    """A zero-argument constructor for a capability environment named DOMAIN/CAPABILITY."""
+    """A zero-argument constructor for environment `name`: "package.module:Attr" (your own
+    Environment class or factory), the environments registry when it knows the name (what
+    adapter training uses), else a built-in DOMAIN/CAPABILITY."""
+    import importlib
+
     from trace_lib.envs.capabilities import make_capability_env
     from trace_lib.errors import UserInputError
 
+    if ":" in name:
+        module_name, attr = name.split(":", 1)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise UserInputError(f"env {name!r}: cannot import {module_name!r}: {exc}") from exc
+        if not hasattr(module, attr):
+            raise UserInputError(f"env {name!r}: module {module_name!r} has no {attr!r}")
+        return getattr(module, attr)
+
+    try:
+        registry = importlib.import_module("trace_lib.envs.registry")
+        make = registry.make_env
+        make(name)
+        return lambda: make(name)
+    except (ImportError, AttributeError, KeyError, UserInputError, ValueError):
+        pass  # not registered there: fall back to the built-in capability environments
     domain, sep, capability = name.partition("/")
     if not sep:
         raise UserInputError(f"--env {name!r}: expected DOMAIN/CAPABILITY, e.g. "
@@ -41,12 +62,21 @@ def env_factory(name: str):
     return lambda: make_capability_env(domain, capability)
 
 
+def environment_names() -> list[str]:
+    """Names of the built-in capability environments, for pickers."""
+    from trace_lib.envs.capabilities import builtin_pairs
+
+    return [f"{domain}/{cap}" for domain, cap in builtin_pairs()]
+
+
 class LocalMoEClient:
     """`ChatClient` over a GatedMoE in this process (optionally forced to one slot)."""
 
-    def __init__(self, moe: GatedMoE, force: int | None = None):
+    def __init__(self, moe: GatedMoE, force: int | None = None,
+                 mix: list[float] | None = None):
         self.moe = moe
         self.force = force
+        self.mix = mix
 
     def chat(
         self,
@@ -81,7 +111,7 @@ class LocalMoEClient:
             kwargs["top_p"] = 1.0
         if seed is not None:
             torch.manual_seed(seed)
-        with torch.no_grad(), self.moe.force(self.force):
+        with torch.no_grad(), self.moe.force(self.force), self.moe.mix(self.mix):
             out = self.moe.generate(input_ids=input_ids,
                                     attention_mask=torch.ones_like(input_ids), **kwargs)
         new = out.sequences[:, len(prompt_ids):]

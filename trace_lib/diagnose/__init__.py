@@ -1,1 +1,13 @@
-"""diagnose."""
+"""Stage 1, diagnose: which capabilities does the agent lack?
+
+Modules (each a CLI verb in `commands.py`, a page, a notebook cell):
+    capabilities   the menu (built-in, user, LLM-proposed from contrastive pairs)
+    transcript     a trajectory as labelers read it (messages, calls, expected actions)
+    labelers/      Labeler protocol + registry: heuristic (offline), anthropic, openai
+    labeling       N independent labeling runs written as label runs
+    labels         grid, append-only edits with undo, review queue, CSV import/export
+    ranking        Cov / ER- / ER+ / Delta per run, K-of-N selection, Wilson, Fisher,
+                   greedy cover, failure clusters, selected_capabilities.json
+    evaluation     labels vs planted deficits (demo) and tau2's reward breakdown
+    charts         plotly figures for the Rankings page and the notebook
+"""

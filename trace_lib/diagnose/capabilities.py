@@ -141,10 +141,12 @@ def list_capabilities(db: str | Path | None = None, *, status: str | None = None
                       ) -> list[Capability]:
     with store.connect(db) as con:
         ensure_builtin(con)
-        return _list(con, status)
+        return capabilities_on(con, status)
 
 
-def _list(con: duckdb.DuckDBPyConnection, status: str | None = None) -> list[Capability]:
+def capabilities_on(con: duckdb.DuckDBPyConnection, status: str | None = None
+                    ) -> list[Capability]:
+    """The catalog on an open connection (builtins first, then by name)."""
     sql = ("SELECT name, description, applies_when, source, status, examples FROM capabilities"
            + (" WHERE status = ?" if status else "") + " ORDER BY source = 'builtin' DESC, name")
     rows = con.execute(sql, [status] if status else []).fetchall()
@@ -177,9 +179,9 @@ def add_capability(db: str | Path | None, name: str, description: str, *,
 
 
 def _get(con: duckdb.DuckDBPyConnection, name: str) -> Capability:
-    caps = [c for c in _list(con) if c.name == name]
+    caps = [c for c in capabilities_on(con) if c.name == name]
     if not caps:
-        known = ", ".join(c.name for c in _list(con))
+        known = ", ".join(c.name for c in capabilities_on(con))
         raise UserInputError(f"unknown capability {name!r}; known: {known}")
     return caps[0]
 
@@ -294,7 +296,7 @@ def proposal_prompt(con: duckdb.DuckDBPyConnection, pairs: list[ContrastPair],
     from trace_lib.diagnose.transcript import load_transcript, render_transcript
 
     system = (PROMPTS / "propose_capabilities.md").read_text(encoding="utf-8")
-    menu = capability_block([c for c in _list(con) if c.status != "rejected"])
+    menu = capability_block([c for c in capabilities_on(con) if c.status != "rejected"])
     parts = [f"## Current capability menu\n{menu}\n"]
     for i, p in enumerate(pairs, 1):
         kind = "same task" if p.same_task else "similar task"
@@ -319,7 +321,7 @@ def propose_capabilities(db: str | Path | None, provider: Any, *, max_pairs: int
     result = provider.complete_json(system, user, PROPOSAL_SCHEMA, schema_name="propose")
     added: list[Capability] = []
     with store.connect(db) as con:
-        existing = {c.name for c in _list(con)}
+        existing = {c.name for c in capabilities_on(con)}
         for item in result.data["capabilities"][:max_new]:
             if item["name"] in existing:
                 continue

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
-from trace_lib.diagnose.capabilities import _list, ensure_builtin
+from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
 from trace_lib.diagnose.labelers import Labeler, TrajectoryLabels, get_labeler
 from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
@@ -50,7 +50,7 @@ def _select(db: str | Path | None, capabilities: list[str] | None,
             trajectory_ids: list[str] | None) -> tuple[list[Capability], list[str]]:
     with store.connect(db) as con:
         ensure_builtin(con)
-        catalog = {c.name: c for c in _list(con)}
+        catalog = {c.name: c for c in capabilities_on(con)}
         if capabilities:
             unknown = [c for c in capabilities if c not in catalog]
             if unknown:

@@ -13,6 +13,12 @@ Design decisions
   (per-run labels with the latest human edit applied), so an edit re-ranks at once
   without recomputing labels. Two aggregate passes: per (run, capability) counts, and
   per (trajectory, capability) majority for the pooled figures.
+- Re-ranking after an edit must be interactive at 100k trajectories x 14 capabilities x
+  10 runs (14M label rows). The two passes over the raw labels are cached in-process per
+  (file, labels fingerprint, runs); an edit then costs one join of `label_edits` (small)
+  with the labels it touches, and the counts are patched: minus the raw contribution of
+  each edited pair, plus its edited value. The direct SQL is kept as the definition
+  (`incremental=False`) and a test checks both agree.
 - Undefined is not zero: a ratio with an empty denominator is NULL/None; a run where
   Cov or Delta is undefined does not pass; means and stds are over defined runs and
   `n_runs_defined` says how many that was. Std is the population std (ddof=0), as
@@ -185,6 +191,99 @@ GROUP BY ALL
 """
 
 
+# Incremental path: counts over the raw labels are cached per (file, labels fingerprint,
+# runs); an edit only touches the few (trajectory, capability) pairs in `label_edits`, so
+# re-ranking = cached base - raw contribution of edited pairs + their edited values.
+BASE_PER_RUN_SQL = """
+SELECT l.run_id, l.capability, t.success, l.value, count(*) AS n
+FROM labels l JOIN trajectories t ON t.id = l.trajectory_id
+WHERE t.success IS NOT NULL AND l.value IS NOT NULL {run_filter}
+GROUP BY ALL
+"""
+BASE_POOLED_SQL = """
+WITH votes AS (
+    SELECT l.trajectory_id, l.capability,
+           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
+           count(*) FILTER (WHERE l.value = 'present') AS np_,
+           count(*) FILTER (WHERE l.value = 'na') AS nn
+    FROM labels l WHERE l.value IS NOT NULL {run_filter}
+    GROUP BY ALL
+)
+SELECT v.capability, t.success,
+       CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
+            WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value,
+       count(*) AS n
+FROM votes v JOIN trajectories t ON t.id = v.trajectory_id
+WHERE t.success IS NOT NULL
+GROUP BY ALL
+"""
+EDITED_SQL = """
+SELECT l.run_id, l.trajectory_id, l.capability, t.success, l.value AS old, e.value AS new
+FROM labels l
+JOIN latest_label_edits e ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
+JOIN trajectories t ON t.id = l.trajectory_id
+WHERE t.success IS NOT NULL {run_filter}
+"""
+_BASE_CACHE: dict[tuple[Any, ...], tuple[dict[Any, int], dict[Any, int]]] = {}
+_VALUES = ("lacking", "present", "na")
+
+
+def _majority(votes: dict[str, int]) -> str:
+    nl, np_, nn = (votes.get(v, 0) for v in _VALUES)
+    return "lacking" if nl >= np_ and nl >= nn else ("present" if np_ >= nn else "na")
+
+
+def _fingerprint(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> tuple[Any, ...]:
+    path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
+                       "current_database()").fetchone()
+    counts = con.execute("SELECT (SELECT count(*) FROM labels), "
+                         "(SELECT count(*) FROM trajectories)").fetchone()
+    run_rows = tuple(con.execute("SELECT id, finished_at FROM label_runs ORDER BY id").fetchall())
+    return (path[0] if path else None, counts, run_rows, tuple(runs) if runs else None)
+
+
+def _counts_incremental(con: duckdb.DuckDBPyConnection, runs: list[str] | None
+                        ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[int, ...]]]:
+    """(per-run rows, pooled) as PER_RUN_SQL / POOLED_SQL compute them, via the cache."""
+    where, params = _run_filter(runs)
+    key = _fingerprint(con, runs)
+    if key[0] is None or key not in _BASE_CACHE:
+        per_run = {(r, c, s, v): n for r, c, s, v, n in con.execute(
+            BASE_PER_RUN_SQL.format(run_filter=where), params).fetchall()}
+        pooled = {(c, s, v): n for c, s, v, n in con.execute(
+            BASE_POOLED_SQL.format(run_filter=where), params).fetchall()}
+        if len(_BASE_CACHE) > 8:
+            _BASE_CACHE.clear()
+        _BASE_CACHE[key] = (per_run, pooled)
+    base_run, base_pool = _BASE_CACHE[key]
+    per_run, pooled = dict(base_run), dict(base_pool)
+    pair_votes: dict[tuple[str, str], dict[str, int]] = {}
+    pair_info: dict[tuple[str, str], tuple[bool, str]] = {}
+    for run, tid, cap, success, old, new in con.execute(EDITED_SQL.format(run_filter=where),
+                                                         params).fetchall():
+        if old is not None:
+            per_run[(run, cap, success, old)] -= 1
+            votes = pair_votes.setdefault((tid, cap), {})
+            votes[old] = votes.get(old, 0) + 1
+        per_run[(run, cap, success, new)] = per_run.get((run, cap, success, new), 0) + 1
+        pair_info[(tid, cap)] = (success, new)
+    for (tid, cap), (success, new) in pair_info.items():
+        votes = pair_votes.get((tid, cap))
+        if votes:  # the pair had a majority before the edit: take it out
+            pooled[(cap, success, _majority(votes))] -= 1
+        pooled[(cap, success, new)] = pooled.get((cap, success, new), 0) + 1
+    rows: dict[tuple[str, str], list[int]] = {}
+    for (run, cap, success, value), n in per_run.items():
+        slot = (0 if not success else 3) + _VALUES.index(value)
+        rows.setdefault((run, cap), [0] * 6)[slot] += n
+    pooled_out: dict[str, list[int]] = {}
+    for (cap, success, value), n in pooled.items():
+        slot = (0 if not success else 3) + _VALUES.index(value)
+        pooled_out.setdefault(cap, [0] * 6)[slot] += n
+    return ([(run, cap, *v) for (run, cap), v in rows.items()],
+            {c: tuple(v) for c, v in pooled_out.items()})
+
+
 def _ratio(a: int, b: int) -> float | None:
     return a / b if b else None
 
@@ -196,8 +295,13 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None) -> Ranking:
-    """The ranking on an open connection (the page and the benchmark reuse one)."""
+def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
+             incremental: bool = True) -> Ranking:
+    """The ranking on an open connection (the page and the benchmark reuse one).
+
+    `incremental` (default) reuses cached counts over the raw labels and applies only the
+    edited pairs; `incremental=False` runs the direct SQL over `effective_run_labels`
+    (the definition; the tests check that both agree)."""
     cfg = cfg or RankConfig()
     if not 0 <= cfg.rho <= 1 or not -1 <= cfg.delta <= 1 or cfg.k < 1:
         raise UserInputError(f"rank: expected 0<=rho<=1, -1<=delta<=1, K>=1; got rho={cfg.rho}, "
@@ -214,10 +318,13 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None) -> R
         run_ids = all_runs
     n_runs = len(run_ids)
     k_eff, note = effective_k(cfg.k, n_runs)
-    where, params = _run_filter(cfg.runs)
-    per_run = con.execute(PER_RUN_SQL.format(run_filter=where), params).fetchall()
-    pooled = {r[0]: r[1:] for r in con.execute(POOLED_SQL.format(run_filter=where),
-                                                  params).fetchall()}
+    if incremental:
+        per_run, pooled = _counts_incremental(con, cfg.runs)
+    else:
+        where, params = _run_filter(cfg.runs)
+        per_run = con.execute(PER_RUN_SQL.format(run_filter=where), params).fetchall()
+        pooled = {r[0]: r[1:] for r in con.execute(POOLED_SQL.format(run_filter=where),
+                                                      params).fetchall()}
     caps = {r[0]: (r[1], r[2]) for r in con.execute(
         "SELECT name, description, status FROM capabilities").fetchall()}
 

@@ -1,1 +1,53 @@
-"""envs."""
+"""Capability environments: protocol, registry, built-ins, generation, sandbox, validation.
+
+The public surface other stages use:
+
+    from trace_lib.envs import open_environment, is_approved, list_environments
+    if is_approved("airline/precondition_verification"):
+        with open_environment("airline/precondition_verification") as env: ...
+
+Store-backed functions (`is_approved`, `list_environments`) take `db` (a path, else
+TRACE_DB); jobs must not call them (they never open the database) and get the name of an
+approved environment in their spec instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trace_lib.envs.protocol import Environment, parse_action
+from trace_lib.envs.registry import (
+    EnvSpec,
+    builtin_names,
+    environment_from_code,
+    open_environment,
+    resolve,
+)
+
+
+def is_approved(name: str, db: str | Path | None = None) -> bool:
+    """True only if a person approved environment `name` (training requires it)."""
+    from trace_lib.envs.catalog import is_approved as _is_approved
+
+    return _is_approved(name, db=db)
+
+
+def list_environments(db: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every environment with capability, domain, version, source and status."""
+    from trace_lib.envs.catalog import list_environments as _list
+
+    return _list(db=db)
+
+
+__all__ = [
+    "EnvSpec",
+    "Environment",
+    "builtin_names",
+    "environment_from_code",
+    "is_approved",
+    "list_environments",
+    "open_environment",
+    "parse_action",
+    "resolve",
+]

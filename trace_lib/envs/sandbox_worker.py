@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 
 # ---------------------------------------------------------------- allowed imports
 # Standard-library modules an environment module may use, plus the trusted library code
@@ -49,6 +50,12 @@ ALLOWED_LIBRARY = (
     "trace_lib.envs.domains.airline",
     "trace_lib.envs.domains.retail",
     "trace_lib.envs.capabilities",
+    "trace_lib.envs.capabilities.task_env",
+    "trace_lib.envs.capabilities.records",
+    "trace_lib.envs.capabilities.structured_data_reasoning",
+    "trace_lib.envs.capabilities.multi_step_task_completion",
+    "trace_lib.envs.capabilities.precondition_verification",
+    "trace_lib.envs.capabilities.tool_calling_precision",
 )
 # Dropped from sys.modules before the module runs, so `import x` has to load them again,
 # which the policy refuses.
@@ -82,8 +89,6 @@ class SandboxViolation(PermissionError):
 
 
 def _format_exception(exc: BaseException, limit: int = 8) -> str:
-    import traceback
-
     frames = traceback.StackSummary.extract(
         traceback.walk_tb(exc.__traceback__), limit=None, lookup_lines=False
     )
@@ -112,10 +117,27 @@ class Worker:
                 # A library module that does not exist yet (a domain being written) is
                 # simply not available to environment modules.
                 continue
+        self.warm_up()
         import warnings
 
         # warnings.showwarning reads source lines through linecache: outside the sandbox.
         warnings.simplefilter("ignore")
+
+    @staticmethod
+    def warm_up() -> None:
+        """Play one reference episode of every built-in: pydantic and the domains import
+        some modules lazily, on first use, which must happen before the policy is on."""
+        try:
+            from trace_lib.envs.capabilities import builtin_pairs, make_capability_env
+        except ImportError:
+            return
+        for domain, capability in builtin_pairs():
+            env = make_capability_env(domain, capability)
+            env.reset(0)
+            while not env.done:
+                env.step(env.reference_action())
+            json.dumps(env.summary())
+            json.dumps(env.tool_schemas)
 
     def enter_network_namespace(self) -> None:
         if os.geteuid() != 0 or not self.config.get("isolate_network", True):
@@ -229,7 +251,9 @@ class Worker:
         if not callable(factory):
             raise TypeError("the module must define make_env() -> Environment")
         self.env = factory()
-        return {"layers": self.layers, **self.describe()}
+        env = self.env
+        return {"layers": self.layers, "name": env.name, "capability": env.capability,
+                "domain": env.domain, "version": env.version}
 
     def describe(self) -> dict:
         env = self.env

@@ -6,17 +6,31 @@ Design decisions
   it, and a test can inspect its traces. Figures never query the store themselves.
 - Outcome colours are fixed (success green, failure red, unknown grey) across figures so
   a glance reads the same everywhere.
-- Hover text shows trajectory text only through plotly's own text rendering, which
-  escapes HTML; we still cut it short so a 4 kB message does not cover the chart.
+- Plotly renders a subset of HTML in labels and hover text (<a href>, <b>, <br>, ...), so
+  every string that comes from a trajectory (error texts, error kinds, tool names,
+  previews, termination reasons, model names) goes through `html.escape` before it
+  reaches a figure; plotly shows the entities as the characters they stand for. Previews
+  are cut short so a 4 kB message does not cover the chart.
 """
 
 from __future__ import annotations
+
+import html
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
 OUTCOME_COLORS = {"success": "#16a34a", "failure": "#dc2626", "unknown": "#9ca3af"}
+
+
+def _safe(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
+    """A copy with the given text columns HTML-escaped (None stays None)."""
+    out = df.copy()
+    for c in cols:
+        if c in out.columns:
+            out[c] = out[c].map(lambda v: html.escape(v) if isinstance(v, str) else v)
+    return out
 
 
 def _empty(title: str) -> go.Figure:
@@ -32,7 +46,7 @@ def success_rate_chart(df: pd.DataFrame) -> go.Figure:
     title = "Success rate by domain and agent"
     if df.empty:
         return _empty(title)
-    d = df.copy()
+    d = _safe(df, "domain", "agent_model")
     d["err_plus"] = d.ci_high - d.success_rate
     d["err_minus"] = d.success_rate - d.ci_low
     fig = px.bar(d, x="domain", y="success_rate", color="agent_model", barmode="group",
@@ -48,7 +62,8 @@ def termination_chart(df: pd.DataFrame) -> go.Figure:
     title = "Termination reasons"
     if df.empty:
         return _empty(title)
-    fig = px.bar(df, x="n", y="termination", color="outcome", orientation="h",
+    fig = px.bar(_safe(df, "termination"), x="n", y="termination", color="outcome",
+                 orientation="h",
                  color_discrete_map=OUTCOME_COLORS, title=title)
     fig.update_layout(height=350, yaxis={"categoryorder": "total ascending"})
     return fig
@@ -69,7 +84,7 @@ def tool_errors_chart(df: pd.DataFrame, top: int = 15) -> go.Figure:
     title = "Tool error kinds"
     if df.empty:
         return _empty(title)
-    d = df.head(top).copy()
+    d = _safe(df.head(top), "tool", "error_kind", "example")
     d["kind"] = d.tool + ": " + d.error_kind.fillna("")
     fig = px.bar(d, x="n", y="kind", orientation="h", color="tool", title=title,
                  hover_data={"example": True, "n_trajectories": True})
@@ -83,7 +98,8 @@ def signature_treemap(df: pd.DataFrame) -> go.Figure:
     title = "Failure signatures: termination › first erroring tool › error kind › deviation"
     if df.empty:
         return _empty(title)
-    fig = px.treemap(df, path=[px.Constant("failures"), "termination", "error_tool",
+    d = _safe(df, "termination", "error_tool", "error_kind", "deviation")
+    fig = px.treemap(d, path=[px.Constant("failures"), "termination", "error_tool",
                                "error_kind", "deviation"],
                      values="n", title=title)
     fig.update_traces(root_color="#f3f4f6", textinfo="label+value+percent root")
@@ -99,6 +115,7 @@ def semantic_map(points: pd.DataFrame) -> go.Figure:
     d = points.copy()
     d["cluster"] = d.cluster.astype(str)
     d["preview"] = d.text.str.slice(0, 160)
+    d = _safe(d, "preview", "termination", "task_id", "agent_model", "domain")
     fig = px.scatter(d, x="x", y="y", color="cluster", symbol="outcome",
                      custom_data=["trajectory_id"],
                      hover_data={"trajectory_id": True, "task_id": True, "termination": True,

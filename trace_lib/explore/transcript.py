@@ -287,7 +287,7 @@ def render_transcript_html(t: Transcript, *, max_chars: int = 4000) -> str:
             )
             who = f" (by {_e(c.requestor)})" if c.requestor not in (None, "assistant") else ""
             parts.append(
-                f'<div class="tool-call" style="margin-top:4px">🔧 <code>{_e(c.name)}</code>'
+                f'<div class="tool-call" style="margin-top:4px">tool call <code>{_e(c.name)}</code>'
                 f"{who}{_json_block(c.arguments)}{err}</div>"
             )
         parts.append("</div>")

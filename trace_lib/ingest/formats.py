@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.records import ParsedFile, SuccessMap
 from trace_lib.ingest.source import (
+    DocumentJSONError,
     IngestLimits,
     ProgressBytes,
     Source,
@@ -101,12 +102,21 @@ def detect(src: Source, ctx: ParseContext) -> tuple[Importer, Any, str | None]:
     check_not_empty(src)
     if src.suffix == ".jsonl" or _first_line_is_record(src):
         return IMPORTERS["openai_jsonl"], None, None
-    doc, sha = read_document(src, ctx.limits, ctx.progress)
+    try:
+        doc, sha = read_document(src, ctx.limits, ctx.progress)
+    except DocumentJSONError as exc:
+        if exc.extra_data:  # several JSON values one after another: JSONL
+            return IMPORTERS["openai_jsonl"], None, None
+        raise
     for importer in IMPORTERS.values():
         if importer.matches(doc):
             return importer, doc, sha
     shapes = "; ".join(f"{i.name}: {i.description}" for i in IMPORTERS.values())
-    got = type(doc).__name__ if not isinstance(doc, dict) else f"an object with keys {sorted(doc)[:8]}"
+    got = (
+        type(doc).__name__
+        if not isinstance(doc, dict)
+        else f"an object with keys {sorted(doc)[:8]}"
+    )
     raise UserInputError(
         f"{src.name}: could not detect the format (got {got}). Expected one of — {shapes}. "
         f"Pass --format to choose one"
@@ -120,7 +130,9 @@ def load(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
     else:
         importer = get_importer(fmt)
         check_not_empty(src)
-        doc, sha = (None, None) if importer.streaming else read_document(src, ctx.limits, ctx.progress)
+        doc, sha = (
+            (None, None) if importer.streaming else read_document(src, ctx.limits, ctx.progress)
+        )
         if doc is not None and not importer.matches(doc):
             raise UserInputError(
                 f"{src.name}: does not look like {importer.name} ({importer.description})"

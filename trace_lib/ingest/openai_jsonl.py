@@ -5,7 +5,8 @@ Each line is an object:
      "domain"?, "termination"?, "expected_actions"?: [{"name", "arguments"}], "meta"?}
 
 Design decisions
-- `messages` are OpenAI chat messages. Assistant `tool_calls` may use the wire format
+- `messages` are OpenAI chat messages ("developer" is read as system, legacy "function"
+  as tool). Assistant `tool_calls` may use the wire format
   (`{id, type, function: {name, arguments: JSON string}}`) or the flat one
   (`{id, name, arguments: object}`); both normalise to the same ToolCall. Content may be a
   string, null, or a list of content parts (text parts joined).
@@ -48,6 +49,10 @@ from trace_lib.ingest.schemas import DEFAULT_DOMAIN
 from trace_lib.ingest.source import RecordError, Source, iter_jsonl
 from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
 
+# Newer and older OpenAI role names: "developer" is the system prompt of reasoning models,
+# "function" the pre-tools way of returning a function's result.
+ROLE_ALIASES = {"developer": "system", "function": "tool"}
+
 
 def _tool_call(tc: Any, record: int, path: str) -> dict[str, Any]:
     tc = as_object(tc, record, path)
@@ -59,7 +64,8 @@ def _tool_call(tc: Any, record: int, path: str) -> dict[str, Any]:
         name = field(tc, "name", (str,), record, path)
         args = parse_arguments(tc.get("arguments"), record, f"{path}.arguments")
     return {
-        "name": name, "arguments": args,
+        "name": name,
+        "arguments": args,
         "call_id": opt_field(tc, "id", (str,), record, path),
         "requestor": opt_field(tc, "requestor", (str,), record, path) or "assistant",
     }
@@ -67,18 +73,26 @@ def _tool_call(tc: Any, record: int, path: str) -> dict[str, Any]:
 
 def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
     out = []
-    for i, raw in enumerate(raw_messages):
-        path = f"messages[{i}]"
-        m = as_object(raw, record, path)
-        role = field(m, "role", (str,), record, path)
+    for i, m in enumerate(raw_messages):
+        # The common case costs a few dict lookups; field paths are only built for errors.
+        role = m.get("role") if type(m) is dict else None
+        if type(role) is not str:
+            m = as_object(m, record, f"messages[{i}]")
+            role = field(m, "role", (str,), record, f"messages[{i}]")
+        role = ROLE_ALIASES.get(role, role)
         if role not in ROLES:
-            raise RecordError(record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}")
+            raise RecordError(
+                record, f"messages[{i}].role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
+            )
+        path = f"messages[{i}]"
         content = m.get("content")
-        if content is not None and not isinstance(content, str):
+        if content is not None and type(content) is not str:
             content = text_content(content, record, f"{path}.content")
         # tool_call_id and name keep their names in the model: pydantic checks their types
         # (one validation per trajectory) and reports the same field path.
-        msg = RawMessage(role=role, content=content, tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+        msg = RawMessage(
+            role=role, content=content, tool_call_id=m.get("tool_call_id"), name=m.get("name")
+        )
         calls = m.get("tool_calls")
         if calls:
             for j, tc in enumerate(check_type(calls, (list,), record, f"{path}.tool_calls")):
@@ -94,18 +108,27 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
             elif err is None and content and content.startswith("Error:"):
                 msg.error = content
             elif err not in (None, False, ""):
-                raise RecordError(record, f"{path}.error", f"expected a string or a boolean, got {type(err).__name__}")
+                raise RecordError(
+                    record,
+                    f"{path}.error",
+                    f"expected a string or a boolean, got {type(err).__name__}",
+                )
         out.append(msg)
     return out
 
 
-def parse_record(raw: Any, record: int) -> tuple[Trajectory, list[ExpectedAction] | None, list[dict[str, Any]]]:
+def parse_record(
+    raw: Any, record: int
+) -> tuple[Trajectory, list[ExpectedAction] | None, list[dict[str, Any]]]:
     rec = as_object(raw, record, "")
     reward = opt_field(rec, "reward", (int, float), record)
     success = opt_field(rec, "success", (bool,), record)
     if reward is None and success is None:
-        raise RecordError(record, "reward", "missing outcome; expected 'reward' (a number) or "
-                          "'success' (a boolean)")
+        raise RecordError(
+            record,
+            "reward",
+            "missing outcome; expected 'reward' (a number) or 'success' (a boolean)",
+        )
     messages_raw = field(rec, "messages", (list,), record)
     if not messages_raw:
         raise RecordError(record, "messages", "empty; expected at least one message")
@@ -116,22 +139,33 @@ def parse_record(raw: Any, record: int) -> tuple[Trajectory, list[ExpectedAction
     expected = None
     if rec.get("expected_actions") is not None:
         if task_id is None:
-            raise RecordError(record, "task_id", "missing; expected a task_id when expected_actions is given")
+            raise RecordError(
+                record, "task_id", "missing; expected a task_id when expected_actions is given"
+            )
         expected = []
-        for k, a in enumerate(check_type(rec["expected_actions"], (list,), record, "expected_actions")):
+        for k, a in enumerate(
+            check_type(rec["expected_actions"], (list,), record, "expected_actions")
+        ):
             path = f"expected_actions[{k}]"
             a = as_object(a, record, path)
-            expected.append(ExpectedAction(
-                name=field(a, "name", (str,), record, path),
-                arguments=parse_arguments(a.get("arguments"), record, f"{path}.arguments")))
+            expected.append(
+                ExpectedAction(
+                    name=field(a, "name", (str,), record, path),
+                    arguments=parse_arguments(a.get("arguments"), record, f"{path}.arguments"),
+                )
+            )
     tools = opt_field(rec, "tools", (list,), record) or []
     for k, tool in enumerate(tools):
         fn = as_object(tool, record, f"tools[{k}]").get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RecordError(record, f"tools[{k}].function.name",
-                              "expected an OpenAI function tool {type: function, function: {name, ...}}")
+            raise RecordError(
+                record,
+                f"tools[{k}].function.name",
+                "expected an OpenAI function tool {type: function, function: {name, ...}}",
+            )
     traj = assemble(
-        messages, record,
+        messages,
+        record,
         source_id=None if source_id is None else str(source_id),
         task_id=None if task_id is None else str(task_id),
         trial=opt_field(rec, "trial", (int,), record),
@@ -147,14 +181,21 @@ def parse_record(raw: Any, record: int) -> tuple[Trajectory, list[ExpectedAction
 
 class OpenAIJsonlImporter:
     name = "openai_jsonl"
-    description = ("JSONL, one {id, messages, reward|success, tools?, task_id?, ...} per line "
-                   "(OpenAI chat messages)")
+    description = (
+        "JSONL, one {id, messages, reward|success, tools?, task_id?, ...} per line "
+        "(OpenAI chat messages)"
+    )
     streaming = True
 
     def matches(self, doc: Any) -> bool:
         if isinstance(doc, dict):
             return "messages" in doc
-        return isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict) and "messages" in doc[0]
+        return (
+            isinstance(doc, list)
+            and bool(doc)
+            and isinstance(doc[0], dict)
+            and "messages" in doc[0]
+        )
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "")
@@ -175,7 +216,10 @@ class OpenAIJsonlImporter:
             domain = traj.domain or DEFAULT_DOMAIN
             for tool in tools:
                 name = tool["function"]["name"]
-                schemas.setdefault((domain, name), ToolSchema(domain=domain, name=name, schema=tool, source="given"))
+                schemas.setdefault(
+                    (domain, name),
+                    ToolSchema(domain=domain, name=name, schema=tool, source="given"),
+                )
             out.trajectories.append(traj)
 
         if doc is not None:

@@ -13,8 +13,8 @@ Design decisions
   repeated in this import); `skipped` lists each skipped record with its reason.
 - The cyclic garbage collector is paused during an import: parsing allocates millions of
   small objects that all stay alive until the write, so every collection would re-scan
-  them for nothing (it halved parse time in bench/ingest.py). It is re-enabled, and run
-  once, when the import ends, whatever happens.
+  them for nothing (it halved parse time in bench/ingest.py). It is re-enabled when the
+  import ends, whatever happens; the parsed objects are acyclic and freed by refcount.
 - `progress`: True shows a tqdm bar on stderr (bytes read, then a write step); a callable
   gets (fraction in [0, 1], text) — the Streamlit page passes one that drives st.progress.
 """
@@ -41,6 +41,8 @@ ProgressFn = Callable[[float, str], None]
 
 @dataclass
 class IngestReport:
+    """What one import call did; `to_json()` is the `ingest --json` document."""
+
     trajectories: int = 0
     successes: int = 0
     failures: int = 0
@@ -69,8 +71,10 @@ class IngestReport:
             f"{len(self.skipped)} skipped"
         ]
         for d in self.datasets:
-            lines.append(f"  {d['name']}: {d['format']}, {d['records']} records, "
-                         f"{d['trajectories']} new, {d['duplicates']} duplicates -> dataset {d['id']}")
+            lines.append(
+                f"  {d['name']}: {d['format']}, {d['records']} records, "
+                f"{d['trajectories']} new, {d['duplicates']} duplicates -> dataset {d['id']}"
+            )
         for s in self.skipped:
             lines.append(f"  skipped {s.file} record {s.record}: {s.reason}")
         return "\n".join(lines)
@@ -124,8 +128,12 @@ def _ingest(
     if not sources:
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
-    ctx = ParseContext(limits=limits or IngestLimits(), skip_invalid=skip_invalid,
-                       success=success, progress=bar.read if (bar.bar or bar.fn) else None)
+    ctx = ParseContext(
+        limits=limits or IngestLimits(),
+        skip_invalid=skip_invalid,
+        success=success,
+        progress=bar.read if (bar.bar or bar.fn) else None,
+    )
     parsed: list[ParsedFile] = []
     with _gc_paused():
         try:
@@ -133,7 +141,7 @@ def _ingest(
                 parsed.append(load(src, fmt, ctx))
             bar.step("writing")
             with store.connect(db) as con, store.transaction(con):
-                results = write_files(con, parsed, {s.name: s.name for s in sources})
+                results = write_files(con, parsed, {s.name: s.origin for s in sources})
         finally:
             bar.close()
         return _report(parsed, results)
@@ -179,10 +187,19 @@ def ingest_paths(
     limits: IngestLimits | None = None,
 ) -> IngestReport:
     """Import trajectory files into the store, all or nothing. Raises UserInputError."""
+    if isinstance(paths, str | Path):
+        paths = [paths]  # one path given bare: never iterate over its characters
     sources = [Source.from_path(p) for p in paths]
     success = load_success_file(success_file) if success_file else None
-    return _ingest(sources, db=db, fmt=fmt, skip_invalid=skip_invalid, success=success,
-                   progress=progress, limits=limits)
+    return _ingest(
+        sources,
+        db=db,
+        fmt=fmt,
+        skip_invalid=skip_invalid,
+        success=success,
+        progress=progress,
+        limits=limits,
+    )
 
 
 def ingest_bytes(
@@ -196,41 +213,87 @@ def ingest_bytes(
     limits: IngestLimits | None = None,
 ) -> IngestReport:
     """Import one uploaded file (the Streamlit upload widget). `name` gives the suffix."""
-    return _ingest([Source(name=name, data=data)], db=db, fmt=fmt, skip_invalid=skip_invalid,
-                   success=None, progress=progress, limits=limits)
+    return _ingest(
+        [Source(name=name, data=data)],
+        db=db,
+        fmt=fmt,
+        skip_invalid=skip_invalid,
+        success=None,
+        progress=progress,
+        limits=limits,
+    )
 
 
 def store_stats(db: str | Path | None = None) -> dict[str, Any]:
     """Counts over the whole store (the same outcome keys as an IngestReport)."""
     path = store.resolve_db_path(db)
     if not path.exists():
-        return {"db": str(path), "trajectories": 0, "successes": 0, "failures": 0, "unknown": 0,
-                "messages": 0, "tool_calls": 0, "tool_errors": 0, "expected_actions": 0,
-                "tool_schemas": {}, "datasets": [], "formats": {}, "domains": {}}
+        return {
+            "db": str(path),
+            "trajectories": 0,
+            "successes": 0,
+            "failures": 0,
+            "unknown": 0,
+            "messages": 0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "expected_actions": 0,
+            "tool_schemas": {},
+            "datasets": [],
+            "formats": {},
+            "domains": {},
+        }
     with store.connect(db, read_only=True) as con:
         n, succ, fail, unk = con.execute(
             "SELECT count(*), count(*) FILTER (success), count(*) FILTER (NOT success), "
             "count(*) FILTER (success IS NULL) FROM trajectories"
         ).fetchone()
         n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
-        n_calls, n_err = con.execute(
-            "SELECT count(*), count(error) FROM tool_calls").fetchone()
+        n_calls, n_err = con.execute("SELECT count(*), count(error) FROM tool_calls").fetchone()
         n_ea = con.execute("SELECT count(*) FROM expected_actions").fetchone()[0]
-        schemas = dict(con.execute("SELECT source, count(*) FROM tool_schemas GROUP BY 1 ORDER BY 1").fetchall())
+        schemas = dict(
+            con.execute(
+                "SELECT source, count(*) FROM tool_schemas GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        )
         datasets = [
-            {"id": r[0], "name": r[1], "format": r[2], "trajectories": r[3], "successes": r[4],
-             "imported_at": str(r[5])}
+            {
+                "id": r[0],
+                "name": r[1],
+                "format": r[2],
+                "trajectories": r[3],
+                "successes": r[4],
+                "imported_at": str(r[5]),
+            }
             for r in con.execute(
                 "SELECT d.id, d.name, d.format, count(t.id), count(t.id) FILTER (t.success), d.imported_at "
                 "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
                 "GROUP BY ALL ORDER BY d.imported_at, d.name"
             ).fetchall()
         ]
-        formats = dict(con.execute(
-            "SELECT d.format, count(*) FROM trajectories t JOIN datasets d ON d.id = t.dataset_id "
-            "GROUP BY 1 ORDER BY 1").fetchall())
-        domains = dict(con.execute(
-            "SELECT coalesce(domain, '(none)'), count(*) FROM trajectories GROUP BY 1 ORDER BY 1").fetchall())
-    return {"db": str(path), "trajectories": n, "successes": succ, "failures": fail, "unknown": unk,
-            "messages": n_msgs, "tool_calls": n_calls, "tool_errors": n_err, "expected_actions": n_ea,
-            "tool_schemas": schemas, "datasets": datasets, "formats": formats, "domains": domains}
+        formats = dict(
+            con.execute(
+                "SELECT d.format, count(*) FROM trajectories t JOIN datasets d ON d.id = t.dataset_id "
+                "GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        )
+        domains = dict(
+            con.execute(
+                "SELECT coalesce(domain, '(none)'), count(*) FROM trajectories GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+        )
+    return {
+        "db": str(path),
+        "trajectories": n,
+        "successes": succ,
+        "failures": fail,
+        "unknown": unk,
+        "messages": n_msgs,
+        "tool_calls": n_calls,
+        "tool_errors": n_err,
+        "expected_actions": n_ea,
+        "tool_schemas": schemas,
+        "datasets": datasets,
+        "formats": formats,
+        "domains": domains,
+    }

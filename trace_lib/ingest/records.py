@@ -44,8 +44,13 @@ ROLES = ("system", "user", "assistant", "tool")
 SUCCESS_REWARD = 1.0
 
 _TYPE_NAMES: dict[type, str] = {
-    str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-    list: "a list", dict: "an object", type(None): "null",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
 }
 
 
@@ -61,10 +66,13 @@ def _expected(types: tuple[type, ...]) -> str:
 
 
 def check_type(value: Any, types: tuple[type, ...], record: int, path: str) -> Any:
-    # bool is an int in Python; a JSON true is never a valid number here.
-    ok = isinstance(value, types) and not (
-        isinstance(value, bool) and bool not in types
-    )
+    kind = type(value)
+    # Fast path: json.loads yields exact built-in types, so one tuple lookup settles almost
+    # every field (these checks run ~20 times per record). Floats still go the slow way
+    # for the finiteness check; type(True) is bool, so a JSON true never passes as a number.
+    if kind in types and kind is not float:
+        return value
+    ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
     if not ok:
         got = type_name(value) if value is not None else "null"
         raise RecordError(record, path, f"expected {_expected(types)}, got {got}")
@@ -73,12 +81,18 @@ def check_type(value: Any, types: tuple[type, ...], record: int, path: str) -> A
     return value
 
 
-def field(obj: dict[str, Any], key: str, types: tuple[type, ...], record: int, path: str = "") -> Any:
+def field(
+    obj: dict[str, Any], key: str, types: tuple[type, ...], record: int, path: str = ""
+) -> Any:
     """A required field of the right JSON type."""
-    full = f"{path}.{key}" if path else key
     if key not in obj:
-        raise RecordError(record, full, f"missing; expected {_expected(types)}")
-    return check_type(obj[key], types, record, full)
+        raise RecordError(
+            record, f"{path}.{key}" if path else key, f"missing; expected {_expected(types)}"
+        )
+    value = obj[key]
+    if type(value) in types and type(value) is not float:
+        return value
+    return check_type(value, types, record, f"{path}.{key}" if path else key)
 
 
 def opt_field(
@@ -86,12 +100,14 @@ def opt_field(
 ) -> Any:
     """An optional field: absent or null gives None, else it must have the right type."""
     value = obj.get(key)
-    if value is None:
-        return None
+    if value is None or (type(value) in types and type(value) is not float):
+        return value
     return check_type(value, types, record, f"{path}.{key}" if path else key)
 
 
 def as_object(value: Any, record: int, path: str) -> dict[str, Any]:
+    if type(value) is dict:
+        return value
     return check_type(value, (dict,), record, path or "(record)")
 
 
@@ -129,9 +145,13 @@ def text_content(value: Any, record: int, path: str) -> str | None:
             elif isinstance(part, dict):
                 texts.append(f"[{part.get('type', 'part')}]")  # images etc.: keep a marker
             else:
-                raise RecordError(record, f"{path}[{i}]", f"expected a content part object, got {type_name(part)}")
+                raise RecordError(
+                    record, f"{path}[{i}]", f"expected a content part object, got {type_name(part)}"
+                )
         return "\n".join(texts)
-    raise RecordError(record, path, f"expected a string, a list of content parts or null, got {type_name(value)}")
+    raise RecordError(
+        record, path, f"expected a string, a list of content parts or null, got {type_name(value)}"
+    )
 
 
 def success_from(reward: float | None, success: bool | None) -> bool | None:
@@ -142,7 +162,7 @@ def success_from(reward: float | None, success: bool | None) -> bool | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class RawMessage:
     """A message on its way into the model: `error` is the tool's error text (tool role)."""
 
@@ -190,8 +210,14 @@ def assemble(messages: list[RawMessage], record: int, **fields: Any) -> Trajecto
     # is several times cheaper than building each Message and ToolCall on its own.
     payload = dict(fields)
     payload["messages"] = [
-        {"role": m.role, "content": m.content, "tool_call_id": m.tool_call_id, "name": m.name,
-         "turn_idx": turn, "tool_calls": m.tool_calls}
+        {
+            "role": m.role,
+            "content": m.content,
+            "tool_call_id": m.tool_call_id,
+            "name": m.name,
+            "turn_idx": turn,
+            "tool_calls": m.tool_calls,
+        }
         for m, turn in zip(messages, turns, strict=True)
     ]
     try:
@@ -208,7 +234,9 @@ def _pydantic_problem(exc: ValidationError) -> tuple[str | None, str]:
     for part in err["loc"]:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     got = err.get("input")
-    return (path or None), f"{err['msg'].lower()}, got {type_name(got) if got is not None else 'null'}"
+    return (
+        path or None
+    ), f"{err['msg'].lower()}, got {type_name(got) if got is not None else 'null'}"
 
 
 def infer_termination(traj_messages: list[RawMessage]) -> str | None:
@@ -269,7 +297,8 @@ class ParsedFile:
             self.expected_actions[task_id] = actions
         elif known != actions:
             raise RecordError(
-                record, "expected_actions",
+                record,
+                "expected_actions",
                 f"differ from an earlier record of task_id {task_id!r}; expected the same "
                 f"actions for every trial of a task",
             )

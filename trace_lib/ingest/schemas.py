@@ -5,7 +5,9 @@ Design decisions
   downstream (environments, the policy's tool list) reads one shape. What was observed:
   argument names; JSON types (integer and number merge to number; several types give a
   type list); array item types; `required` = the arguments present in every observed call.
-  `x-observed-calls` counts the calls it rests on.
+  The description says how many calls it rests on ("Inferred from 12 observed call(s).");
+  that count is read back when two inferred schemas merge. No extra keys: the schema must
+  stay valid to pass as-is to an OpenAI-compatible API.
 - Only new trajectories feed inference, so re-importing a file changes nothing.
 - Merge rules when a (domain, name) already exists: a given schema always wins and is
   never overwritten by an inferred one; a new given schema replaces an inferred one; two
@@ -18,6 +20,7 @@ Design decisions
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,23 +28,33 @@ from typing import Any
 from trace_lib.models import ToolSchema, Trajectory
 
 DEFAULT_DOMAIN = "default"
-OBSERVED_KEY = "x-observed-calls"
+_OBSERVED = re.compile(r"^Inferred from (\d+) observed call")
+
+
+def observed_calls(schema: dict[str, Any]) -> int:
+    """How many calls an inferred schema rests on (0 if it does not say)."""
+    match = _OBSERVED.match(str(schema.get("function", {}).get("description", "")))
+    return int(match.group(1)) if match else 0
+
+
+def _description(calls: int) -> str:
+    return f"Inferred from {calls} observed call(s)."
+
+
+_JSON_TYPES: dict[type, str] = {
+    type(None): "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
 
 
 def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
+    # A dict lookup on the exact type: this runs once per argument of every imported call.
+    return _JSON_TYPES.get(type(value), "object")
 
 
 def _type_value(types: set[str]) -> str | list[str]:
@@ -71,10 +84,16 @@ class _Observed:
         if "_unparsed" in arguments and len(arguments) == 1:
             return  # a malformed call tells us nothing about the arguments
         self.parsed += 1
+        types, present = self.types, self.present
         for name, value in arguments.items():
-            self.types.setdefault(name, set()).add(json_type(value))
-            self.present[name] = self.present.get(name, 0) + 1
-            if isinstance(value, list) and value:
+            kind = _JSON_TYPES.get(type(value), "object")
+            if name in present:
+                types[name].add(kind)
+                present[name] += 1
+            else:
+                types[name] = {kind}
+                present[name] = 1
+            if kind == "array" and value:
                 self.items.setdefault(name, set()).update(json_type(v) for v in value)
 
     def schema(self, tool: str) -> dict[str, Any]:
@@ -89,15 +108,15 @@ class _Observed:
             "type": "function",
             "function": {
                 "name": tool,
-                "description": f"Inferred from {self.calls} observed call(s).",
+                "description": _description(self.calls),
                 "parameters": {"type": "object", "properties": props, "required": required},
             },
-            OBSERVED_KEY: self.calls,
         }
 
 
 def infer_schemas(
-    trajectories: Iterable[Trajectory], skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()
+    trajectories: Iterable[Trajectory],
+    skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset(),
 ) -> list[ToolSchema]:
     """Schemas for every (domain, tool) called in `trajectories`, except those in `skip`."""
     observed: dict[tuple[str, str], _Observed] = {}
@@ -128,20 +147,21 @@ def merge_inferred(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             spec["items"] = {"type": _type_value(items)}
         props[name] = spec
     required = sorted(set(o_params.get("required", [])) & set(n_params.get("required", [])))
-    calls = int(old.get(OBSERVED_KEY, 0)) + int(new.get(OBSERVED_KEY, 0))
+    calls = observed_calls(old) + observed_calls(new)
     name = new.get("function", {}).get("name") or old.get("function", {}).get("name")
     return {
         "type": "function",
         "function": {
             "name": name,
-            "description": f"Inferred from {calls} observed call(s).",
+            "description": _description(calls),
             "parameters": {"type": "object", "properties": props, "required": required},
         },
-        OBSERVED_KEY: calls,
     }
 
 
-def resolve(existing: dict[tuple[str, str], tuple[str, str]], incoming: list[ToolSchema]) -> list[ToolSchema]:
+def resolve(
+    existing: dict[tuple[str, str], tuple[str, str]], incoming: list[ToolSchema]
+) -> list[ToolSchema]:
     """The rows to upsert, given existing {(domain, name): (schema_json, source)}."""
     out: dict[tuple[str, str], ToolSchema] = {}
     for s in incoming:
@@ -149,14 +169,20 @@ def resolve(existing: dict[tuple[str, str], tuple[str, str]], incoming: list[Too
         current = out.get(key)
         if current is None and key in existing:
             schema_json, source = existing[key]
-            current = ToolSchema(domain=s.domain, name=s.name, schema=json.loads(schema_json), source=source)
+            current = ToolSchema(
+                domain=s.domain, name=s.name, schema=json.loads(schema_json), source=source
+            )
             if s.source == "given" and current.source == "given" and current.schema_ == s.schema_:
                 continue
         if current is None or (s.source == "given" and current.source != "given"):
             out[key] = s
         elif s.source == "inferred" and current.source == "inferred":
-            out[key] = ToolSchema(domain=s.domain, name=s.name, source="inferred",
-                                  schema=merge_inferred(current.schema_, s.schema_))
+            out[key] = ToolSchema(
+                domain=s.domain,
+                name=s.name,
+                source="inferred",
+                schema=merge_inferred(current.schema_, s.schema_),
+            )
         elif s.source == "given" and current.source == "given" and key in out:
             continue  # two given schemas in one import: the first wins
         elif s.source == "given":

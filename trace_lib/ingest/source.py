@@ -83,6 +83,11 @@ class Source:
         return cls(name=str(p), path=p)
 
     @property
+    def origin(self) -> str:
+        """Where the data came from, for `datasets.source`: an absolute path or an upload."""
+        return str(self.path.resolve()) if self.path is not None else f"upload:{self.name}"
+
+    @property
     def suffix(self) -> str:
         return Path(self.name).suffix.lower()
 
@@ -119,7 +124,9 @@ def check_not_empty(src: Source) -> None:
         if src.size() == 0:
             raise UserInputError(f"{src.name}: empty file; expected JSON or JSONL trajectories")
         if src.size() <= len(head):
-            raise UserInputError(f"{src.name}: only whitespace; expected JSON or JSONL trajectories")
+            raise UserInputError(
+                f"{src.name}: only whitespace; expected JSON or JSONL trajectories"
+            )
 
 
 def _decode(src: Source, data: bytes, *, base_offset: int = 0, line: int | None = None) -> str:
@@ -130,7 +137,7 @@ def _decode(src: Source, data: bytes, *, base_offset: int = 0, line: int | None 
         lineno = line if line is not None else data.count(b"\n", 0, exc.start) + 1
         raise UserInputError(
             f"{src.name}: not valid UTF-8 at byte {offset} (line {lineno}): byte "
-            f"{data[exc.start:exc.start + 1]!r}; expected UTF-8 text (re-encode the file, "
+            f"{data[exc.start : exc.start + 1]!r}; expected UTF-8 text (re-encode the file, "
             f"e.g. `iconv -f latin1 -t utf-8`)"
         ) from None
 
@@ -142,10 +149,22 @@ def looks_truncated(exc: json.JSONDecodeError) -> bool:
     return exc.pos >= len(exc.doc.rstrip()) and exc.msg.startswith("Expecting")
 
 
+class DocumentJSONError(UserInputError):
+    """A whole-document file is not valid JSON; `extra_data` means it held several values
+    (e.g. JSONL whose first line is too long to sniff)."""
+
+    def __init__(self, message: str, extra_data: bool):
+        super().__init__(message)
+        self.extra_data = extra_data
+
+
 def _json_error(src: Source, exc: json.JSONDecodeError, prefix: str = "") -> UserInputError:
-    kind = "truncated JSON (the file ends mid-document)" if looks_truncated(exc) else "malformed JSON"
-    return UserInputError(
-        f"{src.name}: {prefix}{kind} at line {exc.lineno} column {exc.colno}: {exc.msg}"
+    kind = (
+        "truncated JSON (the file ends mid-document)" if looks_truncated(exc) else "malformed JSON"
+    )
+    return DocumentJSONError(
+        f"{src.name}: {prefix}{kind} at line {exc.lineno} column {exc.colno}: {exc.msg}",
+        extra_data=exc.msg.startswith("Extra data"),
     )
 
 
@@ -214,24 +233,41 @@ def iter_jsonl(
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            return JsonlLine(index, error=RecordError(
-                index, None,
-                f"not valid UTF-8 at byte {line_offset + exc.start} of the file: byte "
-                f"{raw[exc.start:exc.start + 1]!r}; expected UTF-8 text", line=index + 1))
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"not valid UTF-8 at byte {line_offset + exc.start} of the file: byte "
+                    f"{raw[exc.start : exc.start + 1]!r}; expected UTF-8 text",
+                    line=index + 1,
+                ),
+            )
         try:
             return JsonlLine(index, value=json.loads(text))
         except json.JSONDecodeError as exc:
             kind = "truncated JSON" if looks_truncated(exc) else "malformed JSON"
-            return JsonlLine(index, error=RecordError(
-                index, None, f"{kind} at column {exc.colno}: {exc.msg}; expected one JSON "
-                f"object per line", line=index + 1))
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"{kind} at column {exc.colno}: {exc.msg}; expected one JSON object per line",
+                    line=index + 1,
+                ),
+            )
 
     def too_big(length: int) -> JsonlLine:
-        return JsonlLine(index, error=RecordError(
-            index, None,
-            f"line of {human_size(length)} is over the {human_size(limits.max_record_bytes)} "
-            f"record limit (IngestLimits.max_record_bytes); expected one trajectory per line",
-            line=index + 1))
+        return JsonlLine(
+            index,
+            error=RecordError(
+                index,
+                None,
+                f"line of {human_size(length)} is over the {human_size(limits.max_record_bytes)} "
+                f"record limit (IngestLimits.max_record_bytes); expected one trajectory per line",
+                line=index + 1,
+            ),
+        )
 
     for chunk in src.chunks():
         digest.update(chunk)
@@ -267,13 +303,6 @@ def iter_jsonl(
         out = finish(b"".join(parts), offset)
         if out is not None:
             yield out
-
-
-def file_sha256(src: Source) -> str:
-    digest = hashlib.sha256()
-    for chunk in src.chunks():
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def env_path(name: str) -> Path | None:

@@ -12,7 +12,7 @@ Design decisions
   `arguments={"command": <full action>}`, and the observation that follows becomes the tool
   message answering it. SWE-agent records no per-command error flag, so `error` stays NULL.
 - The instance id is the file's stem (SWE-agent writes `<instance_id>.traj`); it is both
-  `task_id` and `source_id`.
+  `task_id` and `source_id`. The domain is `swe` (tool schemas are filed under it).
 - Outcome: SWE-agent does not know whether the patch resolved the issue; that comes from
   the evaluation harness. `--success-file` accepts (see `load_success_file`):
     * a JSON list of resolved instance ids (every other instance counts as failed);
@@ -91,8 +91,10 @@ def load_success_file(path: str | Path) -> SuccessMap:
                 f"report with 'resolved_ids'"
             )
         return SuccessMap(dict(data))
-    raise UserInputError(f"{p}: expected a JSON list of resolved ids, an {{id: bool}} object or a "
-                         f"SWE-bench report with 'resolved_ids'")
+    raise UserInputError(
+        f"{p}: expected a JSON list of resolved ids, an {{id: bool}} object or a "
+        f"SWE-bench report with 'resolved_ids'"
+    )
 
 
 def _from_history(history: list[Any], record: int) -> tuple[list[RawMessage], int]:
@@ -117,32 +119,61 @@ def _from_history(history: list[Any], record: int) -> tuple[list[RawMessage], in
                 fn = as_object(tc.get("function") or {}, record, f"{cpath}.function")
                 name = fn.get("name") or tc.get("name")
                 if not isinstance(name, str):
-                    raise RecordError(record, f"{cpath}.function.name", "missing; expected a string")
-                calls.append({"name": name, "call_id": tc.get("id"), "requestor": "assistant",
-                              "arguments": parse_arguments(fn.get("arguments"), record, f"{cpath}.function.arguments")})
+                    raise RecordError(
+                        record, f"{cpath}.function.name", "missing; expected a string"
+                    )
+                calls.append(
+                    {
+                        "name": name,
+                        "call_id": tc.get("id"),
+                        "requestor": "assistant",
+                        "arguments": parse_arguments(
+                            fn.get("arguments"), record, f"{cpath}.function.arguments"
+                        ),
+                    }
+                )
             action = m.get("action")
             if not calls and isinstance(action, str) and action.strip():
                 cmd = action.strip()
-                calls.append({"name": cmd.split()[0], "arguments": {"command": cmd},
-                              "call_id": f"step_{i}", "requestor": "assistant"})
+                calls.append(
+                    {
+                        "name": cmd.split()[0],
+                        "arguments": {"command": cmd},
+                        "call_id": f"step_{i}",
+                        "requestor": "assistant",
+                    }
+                )
                 pending_call = calls[0]
             else:
                 pending_call = None
             out.append(RawMessage(role="assistant", content=content, tool_calls=calls))
         elif role == "tool":
             ids = m.get("tool_call_ids") or []
-            out.append(RawMessage(role="tool", content=content,
-                                  tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None))
+            out.append(
+                RawMessage(
+                    role="tool",
+                    content=content,
+                    tool_call_id=ids[0] if ids and isinstance(ids[0], str) else None,
+                )
+            )
             pending_call = None
         elif role == "user":
             if pending_call is not None and m.get("message_type") == "observation":
-                out.append(RawMessage(role="tool", content=content, tool_call_id=pending_call["call_id"],
-                                      name=pending_call["name"]))
+                out.append(
+                    RawMessage(
+                        role="tool",
+                        content=content,
+                        tool_call_id=pending_call["call_id"],
+                        name=pending_call["name"],
+                    )
+                )
             else:
                 out.append(RawMessage(role="user", content=content))
             pending_call = None
         else:
-            raise RecordError(record, f"{path}.role", f"expected system/user/assistant/tool, got {role!r}")
+            raise RecordError(
+                record, f"{path}.role", f"expected system/user/assistant/tool, got {role!r}"
+            )
     return out, n_demo
 
 
@@ -152,15 +183,29 @@ def _from_steps(steps: list[Any], record: int) -> list[RawMessage]:
         path = f"trajectory[{i}]"
         s = as_object(raw, record, path)
         action = opt_field(s, "action", (str,), record, path) or ""
-        thought = opt_field(s, "thought", (str,), record, path) or opt_field(s, "response", (str,), record, path)
+        thought = opt_field(s, "thought", (str,), record, path) or opt_field(
+            s, "response", (str,), record, path
+        )
         calls = []
         if action.strip():
-            calls.append({"name": action.strip().split()[0], "arguments": {"command": action.strip()},
-                          "call_id": f"step_{i}", "requestor": "assistant"})
+            calls.append(
+                {
+                    "name": action.strip().split()[0],
+                    "arguments": {"command": action.strip()},
+                    "call_id": f"step_{i}",
+                    "requestor": "assistant",
+                }
+            )
         out.append(RawMessage(role="assistant", content=thought, tool_calls=calls))
         if calls:
-            out.append(RawMessage(role="tool", content=opt_field(s, "observation", (str,), record, path),
-                                  tool_call_id=f"step_{i}", name=calls[0]["name"]))
+            out.append(
+                RawMessage(
+                    role="tool",
+                    content=opt_field(s, "observation", (str,), record, path),
+                    tool_call_id=f"step_{i}",
+                    name=calls[0]["name"],
+                )
+            )
     return out
 
 
@@ -186,7 +231,9 @@ class SweAgentImporter:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
         if not isinstance(doc, dict):
-            raise UserInputError(f"{src.name}: expected a SWE-agent .traj object, got {type(doc).__name__}")
+            raise UserInputError(
+                f"{src.name}: expected a SWE-agent .traj object, got {type(doc).__name__}"
+            )
         instance = Path(src.name).name.removesuffix(".json").removesuffix(".traj")
         try:
             info = check_type(doc.get("info") or {}, (dict,), 0, "info")
@@ -196,25 +243,49 @@ class SweAgentImporter:
             if not any(m.role == "assistant" for m in messages):
                 messages, n_demo = _from_steps(steps, 0), n_demo
             if not messages:
-                raise RecordError(0, "history", "no messages; expected a history or trajectory steps")
+                raise RecordError(
+                    0, "history", "no messages; expected a history or trajectory steps"
+                )
             exit_status = opt_field(info, "exit_status", (str,), 0, "info")
             success = ctx.success.lookup(instance) if ctx.success is not None else None
             traj = assemble(
-                messages, 0, source_id=instance, task_id=instance, agent_model=_agent_model(doc),
-                domain="swe", success=success, reward=None if success is None else float(success),
+                messages,
+                0,
+                source_id=instance,
+                task_id=instance,
+                agent_model=_agent_model(doc),
+                domain="swe",
+                success=success,
+                reward=None if success is None else float(success),
                 termination=termination_from_exit(exit_status),
-                meta={"source_format": "swe_agent", "exit_status": exit_status,
-                      "submission": info.get("submission"), "model_stats": info.get("model_stats"),
-                      "n_demo_messages": n_demo, "environment": doc.get("environment")},
+                meta={
+                    "source_format": "swe_agent",
+                    "exit_status": exit_status,
+                    "submission": info.get("submission"),
+                    "model_stats": info.get("model_stats"),
+                    "n_demo_messages": n_demo,
+                    "environment": doc.get("environment"),
+                },
             )
         except RecordError as exc:
             # One file is one record: --skip-invalid skips the whole file's run.
             if not ctx.skip_invalid:
                 raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
-            return ParsedFile(name=src.name, format=self.name, sha256=sha256 or "", n_records=1,
-                              skipped=[Skipped(src.name, 0, str(exc))])
-        return ParsedFile(name=src.name, format=self.name, sha256=sha256 or "", n_records=1,
-                          trajectories=[traj], meta={"instance_id": instance})
+            return ParsedFile(
+                name=src.name,
+                format=self.name,
+                sha256=sha256 or "",
+                n_records=1,
+                skipped=[Skipped(src.name, 0, str(exc))],
+            )
+        return ParsedFile(
+            name=src.name,
+            format=self.name,
+            sha256=sha256 or "",
+            n_records=1,
+            trajectories=[traj],
+            meta={"instance_id": instance},
+        )
 
 
 register_importer(SweAgentImporter())

@@ -65,7 +65,9 @@ def find_schema_file(src: Source) -> Path | None:
     return None
 
 
-def given_schemas(src: Source, domain: str | None, tool_defs: Any) -> tuple[list[ToolSchema], str | None]:
+def given_schemas(
+    src: Source, domain: str | None, tool_defs: Any
+) -> tuple[list[ToolSchema], str | None]:
     """Schemas the data ships for `domain`, and where they came from."""
     if domain is None:
         return [], None
@@ -89,8 +91,10 @@ def _schemas(domain: str, tools: list[Any], where: str) -> list[ToolSchema]:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise UserInputError(f"{where}: tool {i} of domain {domain!r}: expected "
-                                 f"{{'type': 'function', 'function': {{'name': ...}}}}")
+            raise UserInputError(
+                f"{where}: tool {i} of domain {domain!r}: expected "
+                f"{{'type': 'function', 'function': {{'name': ...}}}}"
+            )
         out.append(ToolSchema(domain=domain, name=fn["name"], schema=tool, source="given"))
     return out
 
@@ -102,28 +106,35 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
         m = as_object(raw, record, path)
         role = field(m, "role", (str,), record, path)
         if role not in ROLES:
-            raise RecordError(record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}")
+            raise RecordError(
+                record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
+            )
         content = text_content(m.get("content"), record, f"{path}.content")
         if role == "tool":
             failed = opt_field(m, "error", (bool,), record, path)
             if failed is None:
                 failed = bool(content and content.startswith("Error:"))
-            out.append(RawMessage(
-                role="tool", content=content,
-                tool_call_id=opt_field(m, "id", (str,), record, path),
-                error=(content or "error") if failed else None,
-            ))
+            out.append(
+                RawMessage(
+                    role="tool",
+                    content=content,
+                    tool_call_id=opt_field(m, "id", (str,), record, path),
+                    error=(content or "error") if failed else None,
+                )
+            )
             continue
         calls = []
         for j, tc in enumerate(opt_field(m, "tool_calls", (list,), record, path) or []):
             cpath = f"{path}.tool_calls[{j}]"
             tc = as_object(tc, record, cpath)
-            calls.append({
-                "name": field(tc, "name", (str,), record, cpath),
-                "arguments": parse_arguments(tc.get("arguments"), record, f"{cpath}.arguments"),
-                "call_id": opt_field(tc, "id", (str,), record, cpath),
-                "requestor": opt_field(tc, "requestor", (str,), record, cpath) or role,
-            })
+            calls.append(
+                {
+                    "name": field(tc, "name", (str,), record, cpath),
+                    "arguments": parse_arguments(tc.get("arguments"), record, f"{cpath}.arguments"),
+                    "call_id": opt_field(tc, "id", (str,), record, cpath),
+                    "requestor": opt_field(tc, "requestor", (str,), record, cpath) or role,
+                }
+            )
         out.append(RawMessage(role=role, content=content, tool_calls=calls))
     return out
 
@@ -137,12 +148,18 @@ def _expected(task: dict[str, Any], record: int) -> list[ExpectedAction] | None:
     for k, a in enumerate(actions):
         path = f"tasks.evaluation_criteria.actions[{k}]"
         a = as_object(a, record, path)
-        out.append(ExpectedAction(name=field(a, "name", (str,), record, path),
-                                  arguments=opt_field(a, "arguments", (dict,), record, path) or {}))
+        out.append(
+            ExpectedAction(
+                name=field(a, "name", (str,), record, path),
+                arguments=opt_field(a, "arguments", (dict,), record, path) or {},
+            )
+        )
     return out
 
 
-def parse_simulation(raw: Any, record: int, common: dict[str, Any], policy: str | None) -> Trajectory:
+def parse_simulation(
+    raw: Any, record: int, common: dict[str, Any], policy: str | None
+) -> Trajectory:
     sim = as_object(raw, record, "simulations[]")
     task_id = field(sim, "task_id", (str, int), record)
     reward_info = field(sim, "reward_info", (dict,), record)
@@ -164,12 +181,17 @@ def parse_simulation(raw: Any, record: int, common: dict[str, Any], policy: str 
         "system_prompt": "info.environment_info.policy" if policy else None,
     }
     return assemble(
-        messages, record,
-        source_id=opt_field(sim, "id", (str,), record), task_id=str(task_id),
+        messages,
+        record,
+        source_id=opt_field(sim, "id", (str,), record),
+        task_id=str(task_id),
         trial=opt_field(sim, "trial", (int,), record),
-        agent_model=common.get("agent_model"), domain=common.get("domain"),
-        reward=reward, success=success_from(reward, None),
-        termination=opt_field(sim, "termination_reason", (str,), record), meta=meta,
+        agent_model=common.get("agent_model"),
+        domain=common.get("domain"),
+        reward=reward,
+        success=success_from(reward, None),
+        termination=opt_field(sim, "termination_reason", (str,), record),
+        meta=meta,
     )
 
 
@@ -185,31 +207,45 @@ class Tau2Importer:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
         if not isinstance(doc, dict):
-            raise UserInputError(f"{src.name}: expected a tau2 results object, got {type(doc).__name__}")
+            raise UserInputError(
+                f"{src.name}: expected a tau2 results object, got {type(doc).__name__}"
+            )
         info = doc.get("info") if isinstance(doc.get("info"), dict) else {}
-        env_info = info.get("environment_info") if isinstance(info.get("environment_info"), dict) else {}
+        env_info = (
+            info.get("environment_info") if isinstance(info.get("environment_info"), dict) else {}
+        )
         agent_info = info.get("agent_info") if isinstance(info.get("agent_info"), dict) else {}
         user_info = info.get("user_info") if isinstance(info.get("user_info"), dict) else {}
         sims = doc.get("simulations")
         if not isinstance(sims, list):
-            raise UserInputError(f"{src.name}: field 'simulations': expected a list, got "
-                                 f"{type(sims).__name__}")
+            raise UserInputError(
+                f"{src.name}: field 'simulations': expected a list, got {type(sims).__name__}"
+            )
         if not sims:
             raise UserInputError(f"{src.name}: field 'simulations' is empty; expected simulations")
         tasks = doc.get("tasks")
         if not isinstance(tasks, list):
-            raise UserInputError(f"{src.name}: field 'tasks': expected a list, got {type(tasks).__name__}")
-        domain = env_info.get("domain_name") if isinstance(env_info.get("domain_name"), str) else None
+            raise UserInputError(
+                f"{src.name}: field 'tasks': expected a list, got {type(tasks).__name__}"
+            )
+        domain = (
+            env_info.get("domain_name") if isinstance(env_info.get("domain_name"), str) else None
+        )
         common = {
             "domain": domain,
-            "agent_model": agent_info.get("llm") if isinstance(agent_info.get("llm"), str) else None,
+            "agent_model": agent_info.get("llm")
+            if isinstance(agent_info.get("llm"), str)
+            else None,
             "agent_implementation": agent_info.get("implementation"),
             "user_model": user_info.get("llm"),
         }
         policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else None
         schemas, schema_source = given_schemas(src, domain, env_info.get("tool_defs"))
         out = ParsedFile(
-            name=src.name, format=self.name, sha256=sha256 or "", n_records=len(sims),
+            name=src.name,
+            format=self.name,
+            sha256=sha256 or "",
+            n_records=len(sims),
             given_schemas=schemas,
             meta={**common, "timestamp": doc.get("timestamp"), "tool_schemas_from": schema_source},
         )
@@ -219,7 +255,9 @@ class Tau2Importer:
             try:
                 expected = _expected(task, k)
             except RecordError as exc:
-                raise UserInputError(f"{src.name}: tasks[{k}] {str(exc).split(': ', 1)[1]}") from None
+                raise UserInputError(
+                    f"{src.name}: tasks[{k}] {str(exc).split(': ', 1)[1]}"
+                ) from None
             if expected is not None:
                 out.expected_actions[str(task["id"])] = expected
         for i, raw in enumerate(sims):
@@ -227,7 +265,9 @@ class Tau2Importer:
                 traj = parse_simulation(raw, i, common, policy)
             except RecordError as exc:
                 if not ctx.skip_invalid:
-                    raise UserInputError(f"{src.name}: simulations {exc}; nothing was imported") from None
+                    raise UserInputError(
+                        f"{src.name}: simulations {exc}; nothing was imported"
+                    ) from None
                 out.skipped.append(Skipped(src.name, i, str(exc)))
                 continue
             out.trajectories.append(traj)

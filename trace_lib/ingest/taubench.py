@@ -70,22 +70,34 @@ def _messages(traj: list[Any], record: int) -> list[RawMessage]:
         m = as_object(raw, record, path)
         role = field(m, "role", (str,), record, path)
         if role not in ROLES:
-            raise RecordError(record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}")
+            raise RecordError(
+                record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
+            )
         content = opt_field(m, "content", (str,), record, path)
         calls = []
         for j, tc in enumerate(opt_field(m, "tool_calls", (list,), record, path) or []):
             cpath = f"{path}.tool_calls[{j}]"
             tc = as_object(tc, record, cpath)
-            fn = as_object(field(tc, "function", (dict,), record, cpath), record, f"{cpath}.function")
-            calls.append({
-                "name": field(fn, "name", (str,), record, f"{cpath}.function"),
-                "arguments": parse_arguments(fn.get("arguments"), record, f"{cpath}.function.arguments"),
-                "call_id": opt_field(tc, "id", (str,), record, cpath),
-                "requestor": "assistant",
-            })
-        msg = RawMessage(role=role, content=content, tool_calls=calls,
-                         tool_call_id=opt_field(m, "tool_call_id", (str,), record, path),
-                         name=opt_field(m, "name", (str,), record, path))
+            fn = as_object(
+                field(tc, "function", (dict,), record, cpath), record, f"{cpath}.function"
+            )
+            calls.append(
+                {
+                    "name": field(fn, "name", (str,), record, f"{cpath}.function"),
+                    "arguments": parse_arguments(
+                        fn.get("arguments"), record, f"{cpath}.function.arguments"
+                    ),
+                    "call_id": opt_field(tc, "id", (str,), record, cpath),
+                    "requestor": "assistant",
+                }
+            )
+        msg = RawMessage(
+            role=role,
+            content=content,
+            tool_calls=calls,
+            tool_call_id=opt_field(m, "tool_call_id", (str,), record, path),
+            name=opt_field(m, "name", (str,), record, path),
+        )
         if role == "tool" and content and content.startswith(TOOL_ERROR_PREFIX):
             msg.error = content
         out.append(msg)
@@ -100,14 +112,18 @@ def _expected(task: dict[str, Any] | None, record: int) -> list[ExpectedAction] 
     for k, a in enumerate(actions):
         path = f"info.task.actions[{k}]"
         a = as_object(a, record, path)
-        out.append(ExpectedAction(
-            name=field(a, "name", (str,), record, path),
-            arguments=opt_field(a, "kwargs", (dict,), record, path) or {},
-        ))
+        out.append(
+            ExpectedAction(
+                name=field(a, "name", (str,), record, path),
+                arguments=opt_field(a, "kwargs", (dict,), record, path) or {},
+            )
+        )
     return out
 
 
-def parse_record(raw: Any, record: int, model: str | None, domain: str | None) -> tuple[Trajectory, list[ExpectedAction] | None]:
+def parse_record(
+    raw: Any, record: int, model: str | None, domain: str | None
+) -> tuple[Trajectory, list[ExpectedAction] | None]:
     rec = as_object(raw, record, "")
     task_id = field(rec, "task_id", (int, str), record)
     trial = opt_field(rec, "trial", (int,), record)
@@ -128,36 +144,54 @@ def parse_record(raw: Any, record: int, model: str | None, domain: str | None) -
         meta["user_id"] = task.get("user_id")
         meta["expected_outputs"] = task.get("outputs")
     traj_model = assemble(
-        messages, record,
-        source_id=f"{task_id}/{trial}", task_id=str(task_id), trial=trial,
-        agent_model=model, domain=domain, reward=reward,
+        messages,
+        record,
+        source_id=f"{task_id}/{trial}",
+        task_id=str(task_id),
+        trial=trial,
+        agent_model=model,
+        domain=domain,
+        reward=reward,
         success=success_from(reward, None),
-        termination=termination_from_source(end_source), meta=meta,
+        termination=termination_from_source(end_source),
+        meta=meta,
     )
     return traj_model, _expected(task, record)
 
 
 class TauBenchImporter:
     name = "tau_bench"
-    description = "a JSON list of {task_id, trial, reward, info, traj} (tau-bench v1 historical trajectories)"
+    description = (
+        "a JSON list of {task_id, trial, reward, info, traj} (tau-bench v1 historical trajectories)"
+    )
     streaming = False
 
     def matches(self, doc: Any) -> bool:
         return (
-            isinstance(doc, list) and bool(doc) and isinstance(doc[0], dict)
-            and "traj" in doc[0] and "task_id" in doc[0]
+            isinstance(doc, list)
+            and bool(doc)
+            and isinstance(doc[0], dict)
+            and "traj" in doc[0]
+            and "task_id" in doc[0]
         )
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
         if not isinstance(doc, list):
-            raise UserInputError(f"{src.name}: expected a JSON list of tau-bench episodes, got {type(doc).__name__}")
+            raise UserInputError(
+                f"{src.name}: expected a JSON list of tau-bench episodes, got {type(doc).__name__}"
+            )
         if not doc:
             raise UserInputError(f"{src.name}: the list is empty; expected tau-bench episodes")
         model, domain = model_and_domain(src.name)
-        out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "", n_records=len(doc),
-                         meta={"agent_model": model, "domain": domain})
+        out = ParsedFile(
+            name=src.name,
+            format=self.name,
+            sha256=sha256 or "",
+            n_records=len(doc),
+            meta={"agent_model": model, "domain": domain},
+        )
         for i, raw in enumerate(doc):
             try:
                 traj, expected = parse_record(raw, i, model, domain)

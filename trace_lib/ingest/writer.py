@@ -29,6 +29,19 @@ from trace_lib.ingest import schemas as schema_mod
 from trace_lib.ingest.records import ParsedFile
 from trace_lib.models import ToolSchema, Trajectory
 
+DATASET_COLUMNS = ("id", "name", "format", "source", "content_sha256", "n_records")
+TRAJECTORY_COLUMNS = (
+    "id", "dataset_id", "source_id", "task_id", "trial", "agent_model", "domain", "reward",
+    "success", "termination", "n_messages", "n_tool_calls", "n_tool_errors", "content_sha256",
+    "meta",
+)  # fmt: skip
+MESSAGE_COLUMNS = ("trajectory_id", "idx", "role", "content", "tool_call_id", "name", "turn_idx")
+TOOL_CALL_COLUMNS = (
+    "trajectory_id", "message_idx", "call_idx", "call_id", "name", "arguments", "requestor",
+    "error",
+)  # fmt: skip
+EXPECTED_ACTION_COLUMNS = ("dataset_id", "task_id", "idx", "name", "arguments")
+
 
 def dataset_id(sha256: str) -> str:
     return "d_" + sha256[:16]
@@ -50,13 +63,23 @@ class FileResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.dataset_id, "name": self.name, "format": self.format,
-            "records": self.records, "trajectories": len(self.new), "duplicates": self.duplicates,
+            "id": self.dataset_id,
+            "name": _short_name(self.name),
+            "source": self.name,
+            "format": self.format,
+            "records": self.records,
+            "trajectories": len(self.new),
+            "duplicates": self.duplicates,
             "new_dataset": self.new_dataset,
         }
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: str, columns: dict[str, pa.Array], json_cols: tuple[str, ...] = ()) -> None:
+def _insert(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    columns: dict[str, pa.Array],
+    json_cols: tuple[str, ...] = (),
+) -> None:
     if not columns or len(next(iter(columns.values()))) == 0:
         return
     view = f"_ingest_{table}"
@@ -87,24 +110,23 @@ def write_files(
     files: list[ParsedFile],
     sources: dict[str, str],
 ) -> list[FileResult]:
-    """Write `files` (inside the caller's transaction); `sources` maps file name -> source."""
+    """Write `files` (inside the caller's transaction); `sources` maps a file's name to its
+    origin (absolute path or `upload:NAME`), stored as `datasets.source`."""
     known_datasets = {r[0] for r in con.execute("SELECT id FROM datasets").fetchall()}
     shas_per_file = [[t.content_sha256() for t in f.trajectories] for f in files]
     existing = _existing_shas(con, [s for shas in shas_per_file for s in shas])
     seen: set[str] = set(existing)
 
-    ds_rows: dict[str, list[Any]] = {k: [] for k in ("id", "name", "format", "source", "content_sha256", "n_records")}
-    traj_cols: dict[str, list[Any]] = {k: [] for k in (
-        "id", "dataset_id", "source_id", "task_id", "trial", "agent_model", "domain", "reward",
-        "success", "termination", "n_messages", "n_tool_calls", "n_tool_errors", "content_sha256", "meta")}
-    msg_cols: dict[str, list[Any]] = {k: [] for k in ("trajectory_id", "idx", "role", "content", "tool_call_id", "name", "turn_idx")}
-    call_cols: dict[str, list[Any]] = {k: [] for k in (
-        "trajectory_id", "message_idx", "call_idx", "call_id", "name", "arguments", "requestor", "error")}
-    ea_cols: dict[str, list[Any]] = {k: [] for k in ("dataset_id", "task_id", "idx", "name", "arguments")}
+    ds_rows: dict[str, list[Any]] = {k: [] for k in DATASET_COLUMNS}
+    traj_cols: dict[str, list[Any]] = {k: [] for k in TRAJECTORY_COLUMNS}
+    msg_cols: dict[str, list[Any]] = {k: [] for k in MESSAGE_COLUMNS}
+    call_cols: dict[str, list[Any]] = {k: [] for k in TOOL_CALL_COLUMNS}
+    ea_cols: dict[str, list[Any]] = {k: [] for k in EXPECTED_ACTION_COLUMNS}
 
     # Bound appends: this loop runs once per message (350k times in the benchmark).
     m_tid, m_idx, m_role, m_content, m_call_id, m_name, m_turn = (
-        msg_cols[k].append for k in msg_cols)
+        msg_cols[k].append for k in msg_cols
+    )
     call_rows: list[tuple[Any, ...]] = []
     c_row = call_rows.append
 
@@ -116,11 +138,24 @@ def write_files(
         results.append(result)
         if new_dataset:
             known_datasets.add(ds)
-            for k, v in zip(ds_rows, (ds, _short_name(f.name), f.format, sources.get(f.name, f.name), f.sha256, len(f.trajectories)), strict=True):
+            for k, v in zip(
+                ds_rows,
+                (
+                    ds,
+                    _short_name(f.name),
+                    f.format,
+                    sources.get(f.name, f.name),
+                    f.sha256,
+                    len(f.trajectories),
+                ),
+                strict=True,
+            ):
                 ds_rows[k].append(v)
             for task_id, actions in f.expected_actions.items():
                 for i, a in enumerate(actions):
-                    for k, v in zip(ea_cols, (ds, task_id, i, a.name, _dumps(a.arguments)), strict=True):
+                    for k, v in zip(
+                        ea_cols, (ds, task_id, i, a.name, _dumps(a.arguments)), strict=True
+                    ):
                         ea_cols[k].append(v)
         for traj, sha in zip(f.trajectories, shas, strict=True):
             if sha in seen:
@@ -141,32 +176,79 @@ def write_files(
                 for ci, c in enumerate(m.tool_calls):
                     n_calls += 1
                     n_errors += c.error is not None
-                    c_row((tid, idx, ci, c.call_id, c.name, _dumps(c.arguments), c.requestor, c.error))
-            row = (tid, ds, traj.source_id, traj.task_id, traj.trial, traj.agent_model, traj.domain,
-                   traj.reward, traj.success, traj.termination, len(traj.messages), n_calls, n_errors,
-                   sha, _dumps(traj.meta))
+                    c_row(
+                        (tid, idx, ci, c.call_id, c.name, _dumps(c.arguments), c.requestor, c.error)
+                    )
+            row = (
+                tid,
+                ds,
+                traj.source_id,
+                traj.task_id,
+                traj.trial,
+                traj.agent_model,
+                traj.domain,
+                traj.reward,
+                traj.success,
+                traj.termination,
+                len(traj.messages),
+                n_calls,
+                n_errors,
+                sha,
+                _dumps(traj.meta),
+            )
             for k, v in zip(traj_cols, row, strict=True):
                 traj_cols[k].append(v)
 
-    for k, column in zip(call_cols, zip(*call_rows, strict=True) if call_rows else [[]] * len(call_cols), strict=True):
+    for k, column in zip(
+        call_cols, zip(*call_rows, strict=True) if call_rows else [[]] * len(call_cols), strict=True
+    ):
         call_cols[k] = list(column)
     string = pa.string()
     i32 = pa.int32()
-    _insert(con, "datasets", {
-        "id": pa.array(ds_rows["id"], string), "name": pa.array(ds_rows["name"], string),
-        "format": pa.array(ds_rows["format"], string), "source": pa.array(ds_rows["source"], string),
-        "content_sha256": pa.array(ds_rows["content_sha256"], string),
-        "n_records": pa.array(ds_rows["n_records"], i32),
-    })
-    types = {"trial": i32, "reward": pa.float64(), "success": pa.bool_(), "n_messages": i32,
-             "n_tool_calls": i32, "n_tool_errors": i32}
-    _insert(con, "trajectories", {k: pa.array(v, types.get(k, string)) for k, v in traj_cols.items()}, ("meta",))
+    _insert(
+        con,
+        "datasets",
+        {
+            "id": pa.array(ds_rows["id"], string),
+            "name": pa.array(ds_rows["name"], string),
+            "format": pa.array(ds_rows["format"], string),
+            "source": pa.array(ds_rows["source"], string),
+            "content_sha256": pa.array(ds_rows["content_sha256"], string),
+            "n_records": pa.array(ds_rows["n_records"], i32),
+        },
+    )
+    types = {
+        "trial": i32,
+        "reward": pa.float64(),
+        "success": pa.bool_(),
+        "n_messages": i32,
+        "n_tool_calls": i32,
+        "n_tool_errors": i32,
+    }
+    _insert(
+        con,
+        "trajectories",
+        {k: pa.array(v, types.get(k, string)) for k, v in traj_cols.items()},
+        ("meta",),
+    )
     int_cols = {"idx", "turn_idx", "message_idx", "call_idx"}
-    _insert(con, "messages", {k: pa.array(v, i32 if k in int_cols else string) for k, v in msg_cols.items()})
-    _insert(con, "tool_calls", {k: pa.array(v, i32 if k in int_cols else string) for k, v in call_cols.items()},
-            ("arguments",))
-    _insert(con, "expected_actions", {k: pa.array(v, i32 if k == "idx" else string) for k, v in ea_cols.items()},
-            ("arguments",))
+    _insert(
+        con,
+        "messages",
+        {k: pa.array(v, i32 if k in int_cols else string) for k, v in msg_cols.items()},
+    )
+    _insert(
+        con,
+        "tool_calls",
+        {k: pa.array(v, i32 if k in int_cols else string) for k, v in call_cols.items()},
+        ("arguments",),
+    )
+    _insert(
+        con,
+        "expected_actions",
+        {k: pa.array(v, i32 if k == "idx" else string) for k, v in ea_cols.items()},
+        ("arguments",),
+    )
     _write_schemas(con, files, [t for r in results for t in r.new])
     return results
 
@@ -175,13 +257,19 @@ def _short_name(name: str) -> str:
     return name.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def _write_schemas(con: duckdb.DuckDBPyConnection, files: list[ParsedFile], new: list[Trajectory]) -> None:
+def _write_schemas(
+    con: duckdb.DuckDBPyConnection, files: list[ParsedFile], new: list[Trajectory]
+) -> None:
     given: list[ToolSchema] = [s for f in files for s in f.given_schemas]
     existing = {
         (d, n): (s, src)
-        for d, n, s, src in con.execute("SELECT domain, name, CAST(schema AS VARCHAR), source FROM tool_schemas").fetchall()
+        for d, n, s, src in con.execute(
+            "SELECT domain, name, CAST(schema AS VARCHAR), source FROM tool_schemas"
+        ).fetchall()
     }
-    covered = {(s.domain, s.name) for s in given} | {k for k, (_, src) in existing.items() if src == "given"}
+    covered = {(s.domain, s.name) for s in given} | {
+        k for k, (_, src) in existing.items() if src == "given"
+    }
     inferred = schema_mod.infer_schemas(new, skip=covered)
     rows = schema_mod.resolve(existing, given + inferred)
     if not rows:

@@ -36,6 +36,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--micro-batch", type=int, default=8, help="gradient accumulation chunk")
     p.add_argument("--epochs-per-step", type=int, default=1)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in the backward pass (long prompts, less RAM)")
     p.add_argument("--hint-share", type=float, default=0.0)
     p.add_argument("--kl", type=float, default=0.0, help="KL coefficient (0 = off)")
     p.add_argument("--adv-scale", choices=("group", "batch", "none"), default="group")
@@ -56,7 +58,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "groups_per_step": args.groups_per_step, "lr": args.lr,
         "max_turns": args.max_turns, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "micro_batch": args.micro_batch,
-        "epochs_per_step": args.epochs_per_step, "hint_share": args.hint_share,
+        "epochs_per_step": args.epochs_per_step,
+        "gradient_checkpointing": args.gradient_checkpointing, "hint_share": args.hint_share,
         "checkpoint_every": args.checkpoint_every, "eval_seeds": args.eval_seeds,
         "seed": args.seed, "server_url": args.server_url, "served_model": args.served_model,
         "api_key_env": args.api_key_env,
@@ -71,7 +74,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trace_lib.train import jobs, records
     from trace_lib.train.trainer import TrainConfig, train
 
-    config = config_from_args(args)
+    config = records.with_environment_code(args.db, config_from_args(args))
     TrainConfig.from_dict(config, where="train arguments")  # fail before submitting
     if args.background:
         options = {"address": args.ray_address} if args.ray_address else {}

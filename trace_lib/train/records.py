@@ -126,15 +126,15 @@ def list_adapters(db: str | Path | None) -> list[dict[str, Any]]:
     return out
 
 
-def approved_environments(db: str | Path | None) -> list[dict[str, Any]]:
-    """Environments a person approved (what the Training page offers), newest version first."""
-    with store.connect(db) as con:
-        rows = con.execute(
-            "SELECT name, capability, domain, version, source FROM environments "
-            "WHERE status = 'approved' ORDER BY name, version DESC"
-        ).fetchall()
-    return [dict(zip(("name", "capability", "domain", "version", "source"), r, strict=True))
-            for r in rows]
+def training_environments(db: str | Path | None, include_builtins: bool = False
+                          ) -> list[dict[str, Any]]:
+    """Environments the Training page offers: the approved ones (and, for smoke runs, the
+    built-ins a person has not reviewed yet when `include_builtins`)."""
+    from trace_lib.envs import catalog
+
+    rows = catalog.list_environments(db)
+    return [r for r in rows
+            if r["status"] == "approved" or (include_builtins and r["source"] == "builtin")]
 
 
 def launch_training(
@@ -146,8 +146,23 @@ def launch_training(
     """Validate a training config, submit it as a job and record the job (the Launch button)."""
     from trace_lib.train.trainer import TrainConfig
 
+    config = with_environment_code(db, config)
     TrainConfig.from_dict(config, where="training settings")
     spec = jobs.submit(jobs.JobSpec(kind="train_adapter", config=config, backend=backend,
                                     backend_options=backend_options or {}))
     record_job(db, spec)
     return spec
+
+
+def with_environment_code(db: str | Path | None, config: dict[str, Any]) -> dict[str, Any]:
+    """Put a stored (generated) environment's code into the config, since the job cannot
+    read the store; built-ins, module:Class and .py paths pass through unchanged."""
+    name = str(config.get("env", ""))
+    if not name or ":" in name or name.endswith(".py") or config.get("env_code"):
+        return config
+    from trace_lib.envs import registry
+
+    if name in registry.builtin_names():
+        return config
+    spec = registry.resolve(name, db=db)
+    return {**config, "env_code": spec.code}

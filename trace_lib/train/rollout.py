@@ -308,6 +308,8 @@ def run_group(
                 # rather than on tokens conditioned on a hint the policy will not have.
                 mask = [0] * len(seq)
         summary = env.summary()
+        if hasattr(env, "close"):  # sandboxed environments hold a subprocess
+            env.close()
         rollouts.append(
             Rollout(
                 seed=seed, hinted=hinted, token_ids=seq, loss_mask=mask, sampler_logprobs=lps,

@@ -62,6 +62,7 @@ from trace_lib.train.rollout import OpenAIChatClient, Rollout, RolloutConfig, ev
 @dataclass
 class TrainConfig:
     env: str  # registry name, or "module:Factory" for your own Environment class
+    env_code: str | None = None  # a generated environment's code (runs in the sandbox)
     model: str = "tiny"
     steps: int = 10
     group: int = 8
@@ -75,6 +76,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     micro_batch: int = 8
     epochs_per_step: int = 1
+    gradient_checkpointing: bool = False  # recompute activations: long prompts fit in RAM
     hint_share: float = 0.0
     checkpoint_every: int = 5
     seed: int = 0
@@ -159,13 +161,15 @@ class TrainResult:
 # --------------------------------------------------------------------- environments
 
 
-def env_factory(name: str) -> Callable[[], Environment]:
+def env_factory(name: str, code: str | None = None) -> Callable[[], Environment]:
     """A zero-argument constructor for environment `name`.
 
-    "package.module:Attr" imports your own Environment class (or factory); any other name
-    is looked up in the environments registry.
+    "package.module:Attr" imports your own Environment class (or factory); a built-in
+    registry name ("airline/precondition_verification") builds it in-process; a generated
+    environment arrives as `code` in the job spec (a job never reads the store) and runs
+    only in the sandbox, as the registry requires; a path to a .py module likewise.
     """
-    if ":" in name:
+    if ":" in name and code is None:
         module_name, attr = name.split(":", 1)
         try:
             module = importlib.import_module(module_name)
@@ -175,12 +179,20 @@ def env_factory(name: str) -> Callable[[], Environment]:
         if not hasattr(module, attr):
             raise UserInputError(f"env {name!r}: module {module_name!r} has no {attr!r}")
         return getattr(module, attr)
-    try:
-        registry = importlib.import_module("trace_lib.envs.registry")
-    except ImportError as exc:
-        raise UserInputError(f"env {name!r}: the environments registry is not available") \
-            from exc
-    return lambda: registry.make_env(name)
+    from trace_lib.envs import registry
+
+    if code is not None:
+        return lambda: registry.environment_from_code(code)
+    if name in registry.builtin_names() or name.endswith(".py"):
+        spec = registry.resolve(name)
+        if spec.source == "builtin":
+            return lambda: registry.make_builtin(spec)
+        return lambda: registry.environment_from_code(spec.code or "")
+    raise UserInputError(
+        f"env {name!r}: not a built-in environment ({', '.join(registry.builtin_names())}), "
+        "not module:Class, and the config carries no `env_code` (generated environments are "
+        "launched from the app or CLI, which put their code into the job spec)"
+    )
 
 
 # ---------------------------------------------------------------------- policy server
@@ -263,15 +275,18 @@ def optimise(
         att = _pad([[1] * len(batch[i].token_ids) for i in idx], 0)
         mask = _pad([batch[i].loss_mask for i in idx], 0)[:, 1:]
         adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32)
-        tensors.append((ids, att, mask, adv))
+        # First position whose log-prob carries loss: logits before it are never computed.
+        first = min(batch[i].loss_mask.index(1) for i in idx if 1 in batch[i].loss_mask) \
+            if any(1 in batch[i].loss_mask for i in idx) else ids.shape[1] - 1
+        tensors.append((ids, att, mask, adv, max(first - 1, 0)))
     old: list[torch.Tensor | None] = [None] * len(tensors)
     if cfg.epochs_per_step > 1:
         with torch.no_grad():
-            old = [token_logprobs(model, ids, att) for ids, att, _, _ in tensors]
+            old = [token_logprobs(model, ids, att, kf) for ids, att, _, _, kf in tensors]
     ref: list[torch.Tensor | None] = [None] * len(tensors)
     if cfg.loss.kl_coef > 0:
         with torch.no_grad(), model.disable_adapter():
-            ref = [token_logprobs(model, ids, att) for ids, att, _, _ in tensors]
+            ref = [token_logprobs(model, ids, att, kf) for ids, att, _, _, kf in tensors]
     # How far the server's log-probs are from ours on the sampled tokens: ~1e-6 when the
     # server runs the same weights (our CPU server), larger under vLLM's kernels/precision.
     mismatch, n_cmp = 0.0, 0
@@ -279,8 +294,8 @@ def optimise(
         lps = old[k]
         if lps is None:
             with torch.no_grad():
-                ids, att, _, _ = tensors[k]
-                lps = token_logprobs(model, ids, att)
+                ids, att, _, _, kf = tensors[k]
+                lps = token_logprobs(model, ids, att, kf)
         for row, i in enumerate(idx):
             for t, lp in enumerate(batch[i].sampler_logprobs[1:]):
                 if lp is not None:
@@ -291,8 +306,8 @@ def optimise(
     for _ in range(cfg.epochs_per_step):
         optimizer.zero_grad(set_to_none=True)
         loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-        for k, (ids, att, mask, adv) in enumerate(tensors):
-            new = token_logprobs(model, ids, att)
+        for k, (ids, att, mask, adv, kf) in enumerate(tensors):
+            new = token_logprobs(model, ids, att, kf)
             old_k = old[k] if old[k] is not None else new.detach()
             loss, st = grpo_loss(new, old_k, adv, mask, cfg.loss, ref_logp=ref[k],
                                  total_tokens=total_tokens)
@@ -330,14 +345,18 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics_path = run_dir / "metrics.jsonl"
-    make_env = env_factory(cfg.env)
+    make_env = env_factory(cfg.env, cfg.env_code)
     probe = make_env()
-    capability = getattr(probe, "capability", cfg.env)
+    capability = getattr(probe, "capability", None) or cfg.env
+    if hasattr(probe, "close"):
+        probe.close()
     stop = should_stop or (lambda: False)
 
     model_path = resolve_model(cfg.model)
     base, tokenizer = load_model(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if cfg.gradient_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = attach_lora(base, cfg.lora, seed=cfg.seed)
     model.eval()
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr,

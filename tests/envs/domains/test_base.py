@@ -85,6 +85,10 @@ def test_invoke_returns_json_or_error_strings():
     missing = invoke(kit, "add", {})
     assert is_error(missing) and "amount" in missing and "required" in missing.lower()
     assert is_error(invoke(kit, "add", {"amount": 1, "mode": "sideways"}))
+    assert is_error(invoke(kit, "add", {"amount": "1"}))  # strict: no string-to-int coercion
+    extra = invoke(kit, "add", {"amount": 1, "colour": "red"})
+    assert extra == ("Error: unexpected argument(s) for add: colour; expected: amount, mode, "
+                     "note")
     assert "not valid JSON" in invoke(kit, "add", "{amount")
     assert "unknown tool 'nope'" in invoke(kit, "nope", {})
     assert kit.db.value == 1  # failed calls changed nothing

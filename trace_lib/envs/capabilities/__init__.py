@@ -57,6 +57,7 @@ CAPABILITIES: dict[str, CapabilitySpec] = {
 # enough that building, copying and hashing one takes milliseconds (an episode does each).
 EPISODE_DB_SIZE: dict[str, dict[str, Any]] = {
     "airline": {"n_airports": 10, "n_route_pairs": 14, "n_days": 24, "n_users": 24},
+    "retail": {"n_users": 24},
 }
 
 CAPABILITY_MODULES = tuple(f"trace_lib.envs.capabilities.{c}" for c in CAPABILITIES)

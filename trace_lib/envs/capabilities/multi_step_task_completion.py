@@ -116,3 +116,87 @@ def airline_changes(db: Any, rng: random.Random, difficulty: int) -> Task:
               "part is done; do not reply before the last one."),
         facts={"user_id": user.user_id, "parts": [t for t, _ in chosen]},
     )
+
+
+_STREETS = ("Birch Road", "Harbor Street", "Hill Avenue", "Lake Drive", "Mill Lane")
+_CITIES = (("Austin", "TX"), ("Denver", "CO"), ("Portland", "OR"), ("Columbus", "OH"))
+
+
+def _retail_address(rng: random.Random) -> dict[str, str]:
+    city, state = pick(rng, list(_CITIES))
+    return {"address1": f"{rng.randint(10, 9999)} {pick(rng, list(_STREETS))}",
+            "address2": pick(rng, ["", f"Apt {rng.randint(1, 99)}"]), "city": city,
+            "state": state, "country": "USA", "zip": f"{rng.randint(10000, 99999)}"}
+
+
+def _address_text(a: dict[str, str]) -> str:
+    line2 = f", {a['address2']}" if a["address2"] else ""
+    return f"{a['address1']}{line2}, {a['city']}, {a['state']} {a['zip']}, {a['country']}"
+
+
+def _retail_parts(db: Any, user: Any, rng: random.Random) -> list[tuple[str, list[dict]]]:
+    parts: list[tuple[str, list[dict]]] = []
+    new_home = _retail_address(rng)
+    parts.append((f"change my default address to {_address_text(new_home)}",
+                  [call("get_user_details", user_id=user.user_id),
+                   call("modify_user_address", user_id=user.user_id, **new_home)]))
+    for oid in sorted(user.orders):
+        order = db.orders[oid]
+        read = call("get_order_details", order_id=oid)
+        if order.status == "pending":
+            ship = _retail_address(rng)
+            parts.append((f"ship pending order {oid} to {_address_text(ship)} instead",
+                          [read, call("modify_pending_order_address", order_id=oid, **ship)]))
+            reason = pick(rng, ["no longer needed", "ordered by mistake"])
+            parts.append((f"cancel order {oid} (reason: {reason})",
+                          [read, call("cancel_pending_order", order_id=oid, reason=reason)]))
+        if order.status == "delivered":
+            item = pick(rng, order.items)
+            paid = [p.payment_method_id for p in order.payment_history
+                    if p.transaction_type == "payment"]
+            if paid:
+                parts.append((
+                    f"return the {item.name} (item {item.item_id}) of delivered order {oid}, "
+                    f"refunded to {paid[0]}",
+                    [read, call("return_delivered_order_items", order_id=oid,
+                                item_ids=[item.item_id], payment_method_id=paid[0])]))
+    return parts
+
+
+@task_builder("multi_step_task_completion", "retail",
+              note="2-4 exact changes: default address, order address, cancel, return")
+def retail_changes(db: Any, rng: random.Random, difficulty: int) -> Task:
+    from trace_lib.envs.capabilities.records import retail_login
+
+    n_parts = difficulty + 1
+    users = [u for _, u in sorted(db.users.items())
+             if sum(db.orders[o].status in ("pending", "delivered") for o in u.orders) >= 2]
+    user = pick(rng, users or [u for _, u in sorted(db.users.items())])
+    candidates = _retail_parts(db, user, rng)
+    rng.shuffle(candidates)
+    chosen: list[tuple[str, list[dict]]] = []
+    used_orders: set[str] = set()
+    for text, calls in candidates:
+        key = calls[1]["arguments"].get("order_id", "user")
+        if key in used_orders:
+            continue  # one change per order keeps every part independent
+        plan = [c for _, cs in chosen for c in cs] + calls
+        if not feasible("retail", db, plan):
+            continue
+        chosen.append((text, calls))
+        used_orders.add(key)
+        if len(chosen) == n_parts:
+            break
+    actions = [retail_login(db, user.user_id)]
+    for _, calls in chosen:
+        actions.extend(calls)
+    steps = "; ".join(f"({i + 1}) {text}" for i, (text, _) in enumerate(chosen))
+    return Task(
+        request=(f"Hi, my email is {user.email}. I need {len(chosen)} things done: {steps}. "
+                 "That is the complete list, and I confirm every one of these changes."),
+        actions=actions,
+        answer="All the requested changes are done: " + steps + ".",
+        hint=("Authenticate by email, then make a checklist of every part of the request and "
+              "work through it until each part is done; do not reply before the last one."),
+        facts={"user_id": user.user_id, "parts": [t for t, _ in chosen]},
+    )

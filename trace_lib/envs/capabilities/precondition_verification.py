@@ -94,3 +94,55 @@ def airline_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
                "reason_covered": covered, "eligible": why is None, "why_not": why,
                "cabin": res.cabin, "insurance": res.insurance, "created_at": res.created_at},
     )
+
+
+@task_builder("precondition_verification", "retail",
+              note="cancel an order: allowed only if it is the user's own and still pending")
+def retail_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
+    from trace_lib.envs.capabilities.records import retail_login, retail_orders
+
+    pending = retail_orders(db, "pending")
+    kind = "eligible" if rng.random() < 0.5 else (
+        "not_own" if rng.random() < (0.3 + 0.2 * difficulty) else "not_pending")
+    if kind == "not_pending":
+        candidates = [o for o in retail_orders(db, "processed") + retail_orders(db, "delivered")]
+        if not candidates:
+            kind = "not_own"
+    if kind == "eligible":
+        order = pick(rng, pending)
+        user_id = order.user_id
+    elif kind == "not_own":
+        order = pick(rng, pending)
+        user_id = pick(rng, [u for u in sorted(db.users) if u != order.user_id])
+    else:
+        order = pick(rng, candidates)
+        user_id = order.user_id
+    user = db.users[user_id]
+    oid = order.order_id
+    reason = pick(rng, ["no longer needed", "ordered by mistake"])
+    request = (f"Hello, my email is {user.email}. Please cancel order {oid}; the reason is "
+               f"'{reason}'. If it can be cancelled, yes, I confirm the cancellation.")
+    reads = [retail_login(db, user_id), call("get_order_details", order_id=oid)]
+    if kind == "eligible":
+        actions = reads + [call("cancel_pending_order", order_id=oid, reason=reason)]
+        answer = f"Order {oid} is cancelled; the refund is on its way."
+        items: list[list[str]] = []
+        why = None
+    else:
+        why = ("the order belongs to another customer" if kind == "not_own"
+               else f"the order is {order.status}, and only pending orders can be cancelled")
+        actions = reads
+        answer = f"I'm sorry, I cannot cancel order {oid}: {why}."
+        items = [REFUSAL]
+    return Task(
+        request=request,
+        actions=actions,
+        answer=answer,
+        answer_items=items,
+        required_reads=reads,
+        hint=("Authenticate the user first (find_user_id_by_email), then read the order: "
+              "cancel only an order of this user whose status is pending; otherwise refuse "
+              "without calling cancel_pending_order."),
+        facts={"order_id": oid, "user_id": user_id, "owner": order.user_id,
+               "status": order.status, "case": kind, "why_not": why},
+    )

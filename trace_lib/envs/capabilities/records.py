@@ -79,3 +79,21 @@ def person_text(p: Any) -> str:
 
 def retail_orders(db: Any, status: str) -> list[Any]:
     return [o for _, o in sorted(db.orders.items()) if o.status == status]
+
+
+def money(x: float) -> list[str]:
+    """Ways a reply may write an amount: 21.5 -> ["21.50"], 21.0 -> ["21.00", "21"]."""
+    text = f"{x:.2f}"
+    return [text, text[:-3]] if text.endswith(".00") else [text]
+
+
+def retail_login(db: Any, user_id: str) -> dict[str, Any]:
+    """The authentication call the retail policy requires first (by email)."""
+    return call("find_user_id_by_email", email=db.users[user_id].email)
+
+
+def retail_other_variants(db: Any, item: Any) -> list[Any]:
+    """Available variants of the same product, other than `item`, in id order."""
+    product = db.products[item.product_id]
+    return [v for _, v in sorted(product.variants.items())
+            if v.available and v.item_id != item.item_id]

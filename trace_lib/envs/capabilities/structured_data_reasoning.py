@@ -135,3 +135,125 @@ def airline_question(db: Any, rng: random.Random, difficulty: int) -> Task:
               "nothing."),
         facts=q["facts"],
     )
+
+
+def _retail_user(db: Any, rng: random.Random, min_orders: int = 1) -> Any:
+    users = [u for _, u in sorted(db.users.items()) if len(u.orders) >= min_orders]
+    return pick(rng, users or [u for _, u in sorted(db.users.items())])
+
+
+def _retail_net_paid(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    from trace_lib.envs.capabilities.records import money, retail_login
+
+    order = pick(rng, [o for _, o in sorted(db.orders.items())])
+    net = round(sum(p.amount if p.transaction_type == "payment" else -p.amount
+                    for p in order.payment_history), 2)
+    return {
+        "question": f"how much have I paid for order {order.order_id} so far, payments minus "
+                    "refunds?",
+        "user_id": order.user_id,
+        "reads": [retail_login(db, order.user_id),
+                  call("get_order_details", order_id=order.order_id)],
+        "items": [money(net)],
+        "answer": f"Your net payment for order {order.order_id} is ${net:.2f}.",
+        "facts": {"order_id": order.order_id, "net_paid": net},
+    }
+
+
+def _retail_priciest_item(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    from trace_lib.envs.capabilities.records import money, retail_login
+
+    order = pick(rng, [o for _, o in sorted(db.orders.items()) if len(o.items) >= 2] or
+                 [o for _, o in sorted(db.orders.items())])
+    best = max(i.price for i in order.items)
+    winners = {i.item_id for i in order.items if i.price == best}
+    if len(winners) != 1:
+        return None
+    item_id = winners.pop()
+    return {
+        "question": f"which item of order {order.order_id} cost the most (its item id) and "
+                    "what was its price?",
+        "user_id": order.user_id,
+        "reads": [retail_login(db, order.user_id),
+                  call("get_order_details", order_id=order.order_id)],
+        "items": [[item_id], money(best)],
+        "answer": f"Item {item_id} was the most expensive, at ${best:.2f}.",
+        "facts": {"order_id": order.order_id, "item_id": item_id, "price": best},
+    }
+
+
+def _retail_items_delivered(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    from trace_lib.envs.capabilities.records import retail_login
+
+    user = _retail_user(db, rng, 2)
+    orders = [db.orders[o] for o in sorted(user.orders)]
+    count = sum(len(o.items) for o in orders if o.status == "delivered")
+    return {
+        "question": "how many items in total have been delivered to me, counting every "
+                    "delivered order?",
+        "user_id": user.user_id,
+        "reads": [retail_login(db, user.user_id), call("get_user_details", user_id=user.user_id)]
+        + [call("get_order_details", order_id=o.order_id) for o in orders],
+        "items": [[str(count)]],
+        "answer": f"{count} items have been delivered to you.",
+        "facts": {"orders": {o.order_id: o.status for o in orders}, "delivered_items": count},
+    }
+
+
+def _retail_cheapest_variant(db: Any, rng: random.Random) -> dict[str, Any] | None:
+    from trace_lib.envs.capabilities.records import money, retail_login, retail_other_variants
+
+    order = pick(rng, [o for _, o in sorted(db.orders.items())])
+    item = pick(rng, order.items)
+    others = retail_other_variants(db, item)
+    if not others:
+        return None
+    cheapest = min(v.price for v in others)
+    winners = [v for v in others if v.price == cheapest]
+    if len(winners) != 1:
+        return None
+    return {
+        "question": f"in order {order.order_id} I bought a {item.name}; which other available "
+                    "variant of that product is the cheapest (its item id), and how much is it?",
+        "user_id": order.user_id,
+        "reads": [retail_login(db, order.user_id),
+                  call("get_order_details", order_id=order.order_id),
+                  call("get_product_details", product_id=item.product_id)],
+        "items": [[winners[0].item_id], money(cheapest)],
+        "answer": f"Item {winners[0].item_id} is the cheapest available variant, at "
+                  f"${cheapest:.2f}.",
+        "facts": {"product_id": item.product_id, "item_id": winners[0].item_id,
+                  "price": cheapest},
+    }
+
+
+_RETAIL_QUESTIONS = {
+    1: [_retail_net_paid],
+    2: [_retail_net_paid, _retail_priciest_item, _retail_items_delivered],
+    3: [_retail_items_delivered, _retail_priciest_item, _retail_cheapest_variant],
+}
+
+
+@task_builder("structured_data_reasoning", "retail",
+              note="net paid, priciest item, delivered item count, cheapest other variant")
+def retail_question(db: Any, rng: random.Random, difficulty: int) -> Task:
+    q = None
+    for _ in range(20):
+        q = pick(rng, _RETAIL_QUESTIONS[difficulty])(db, rng)
+        if q is not None:
+            break
+    if q is None:
+        q = _retail_net_paid(db, rng)
+    assert q is not None
+    email = db.users[q["user_id"]].email
+    return Task(
+        request=f"Hi, my email is {email}. Could you tell me {q['question']}",
+        actions=q["reads"],
+        answer=q["answer"],
+        answer_items=q["items"],
+        required_reads=q["reads"][-1:],
+        hint=("Authenticate by email, read every record the question depends on, then compute "
+              "the figure from the fields (refunds count negative; item ids and product ids "
+              "differ). Change nothing."),
+        facts=q["facts"],
+    )

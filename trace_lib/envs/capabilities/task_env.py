@@ -177,6 +177,8 @@ class TaskEnvironment:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
+        if self.task is None:  # before reset (also what isinstance(env, Environment) sees)
+            return []
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": self._task().request},
@@ -184,7 +186,7 @@ class TaskEnvironment:
 
     @property
     def hint(self) -> str | None:
-        return self._task().hint or None
+        return self.task.hint or None if self.task is not None else None
 
     @property
     def done(self) -> bool:
@@ -247,7 +249,9 @@ class TaskEnvironment:
 
     @property
     def ground_truth(self) -> dict[str, Any]:
-        task = self._task()
+        if self.task is None:
+            return {}
+        task = self.task
         return {
             "seed": self.seed,
             "difficulty": self.config.difficulty,

@@ -163,3 +163,79 @@ def airline_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
               "dates, names, counts and amounts; nested lists must contain every item."),
         facts={"tool": write["name"], "arguments": write["arguments"]},
     )
+
+
+def _retail_swap(db: Any, rng: random.Random, status: str, max_items: int):
+    from trace_lib.envs.capabilities.records import retail_orders, retail_other_variants
+
+    orders = [o for o in retail_orders(db, status)
+              if any(retail_other_variants(db, i) for i in o.items)]
+    if not orders:
+        return None
+    order = pick(rng, orders)
+    user = db.users[order.user_id]
+    swappable = [i for i in order.items if retail_other_variants(db, i)]
+    chosen = swappable[: rng.randint(1, min(max_items, len(swappable)))]
+    old_ids = [i.item_id for i in chosen]
+    new_ids = [pick(rng, retail_other_variants(db, i)).item_id for i in chosen]
+    pay = pick(rng, sorted(user.payment_methods))
+    tool = ("modify_pending_order_items" if status == "pending"
+            else "exchange_delivered_order_items")
+    pairs = "; ".join(f"item {o} ({i.name}) for item {n}"
+                      for o, n, i in zip(old_ids, new_ids, chosen, strict=True))
+    verb = "change the items of pending order" if status == "pending" else "exchange, in " \
+        "delivered order"
+    text = (f"My email is {user.email}. Please {verb} {order.order_id}: {pairs}. Use {pay} for "
+            f"any price difference. That is the complete list; I confirm.")
+    return text, call(tool, order_id=order.order_id, item_ids=old_ids, new_item_ids=new_ids,
+                      payment_method_id=pay), user.user_id
+
+
+def _retail_order_address(db: Any, rng: random.Random):
+    from trace_lib.envs.capabilities.multi_step_task_completion import (
+        _address_text,
+        _retail_address,
+    )
+    from trace_lib.envs.capabilities.records import retail_orders
+
+    order = pick(rng, retail_orders(db, "pending"))
+    user = db.users[order.user_id]
+    address = _retail_address(rng)
+    text = (f"My email is {user.email}. Please ship pending order {order.order_id} to "
+            f"{_address_text(address)} (address line 1: {address['address1']}; line 2: "
+            f"{address['address2'] or 'empty'}). I confirm.")
+    return text, call("modify_pending_order_address", order_id=order.order_id, **address), \
+        user.user_id
+
+
+def _retail_draw(db: Any, rng: random.Random, difficulty: int):
+    if difficulty == 1:
+        return _retail_order_address(db, rng)
+    if difficulty == 2:
+        return _retail_swap(db, rng, pick(rng, ["pending", "delivered"]), 1)
+    return _retail_swap(db, rng, pick(rng, ["pending", "delivered"]), 3)
+
+
+@task_builder("tool_calling_precision", "retail",
+              note="order address changes, item swaps and exchanges with exact id lists")
+def retail_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
+    from trace_lib.envs.capabilities.records import retail_login
+
+    drawn = None
+    for _ in range(30):
+        drawn = _retail_draw(db, rng, difficulty)
+        if drawn is not None and feasible("retail", db, [drawn[1]]):
+            break
+        drawn = None
+    if drawn is None:
+        drawn = _retail_order_address(db, rng)
+    text, write, user_id = drawn
+    return Task(
+        request=text,
+        actions=[retail_login(db, user_id), write],
+        answer=f"Done: {write['name']} went through as you asked.",
+        hint=(f"Authenticate by email, then use {write['name']} once, copying every value "
+              "from the request exactly; item ids are not product ids, and the lists must "
+              "pair old and new items position by position."),
+        facts={"tool": write["name"], "arguments": write["arguments"]},
+    )

@@ -18,9 +18,11 @@ Design decisions
   enums and titles come out in the same shape) and the Google-style docstring gives the
   tool and argument descriptions. There is no second, hand-written copy of a schema to
   drift from the code.
-- `invoke` validates arguments against that same model before calling, so a wrong type
-  or a missing argument is an observation ("Error: ...") the agent can read, exactly like
-  a rule violation (`ToolError`). Any other exception is a bug and propagates.
+- `invoke` validates arguments against that same model before calling, strictly (no
+  "2" -> 2 coercion) and refusing unknown argument names, so a wrong type, a missing or an
+  invented argument is an observation ("Error: ...") the agent can read, exactly like a
+  rule violation (`ToolError`): tool-calling precision is measured, not papered over.
+  Any other exception is a bug and propagates.
 - Observations are strings: JSON for structured results (pydantic models dumped with
   `mode="json"`), "Error: <why>" for failures, as tau2-bench returns them.
 - `enforce_policy` on a toolkit: tau2's APIs do NOT check policy rules (cancellation
@@ -106,6 +108,9 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return text.strip(), args
 
 
+_SPEC_CACHE: dict[type, dict[str, ToolSpec]] = {}
+
+
 class Toolkit:
     """Base class of a domain's toolkit: holds the database, finds the `@tool` methods."""
 
@@ -117,12 +122,15 @@ class Toolkit:
 
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
-        specs = {}
-        for name in sorted(dir(cls)):
-            spec = getattr(getattr(cls, name, None), "__tool_spec__", None)
-            if spec is not None:
-                specs[spec.name] = spec
-        return specs
+        """{name: spec} of every `@tool` method, sorted by name (cached per class)."""
+        if cls not in _SPEC_CACHE:
+            specs = {}
+            for name in sorted(dir(cls)):
+                spec = getattr(getattr(cls, name, None), "__tool_spec__", None)
+                if spec is not None:
+                    specs[spec.name] = spec
+            _SPEC_CACHE[cls] = specs
+        return _SPEC_CACHE[cls]
 
     @classmethod
     def tool_names(cls) -> list[str]:
@@ -214,8 +222,12 @@ def invoke(toolkit: Toolkit, name: str, arguments: dict[str, Any] | str | None) 
     if not isinstance(arguments, dict):
         return f"Error: arguments of {name} must be a JSON object"
     model = _params_model(type(toolkit), name)
+    unknown = sorted(set(arguments) - set(model.model_fields))
+    if unknown:
+        return (f"Error: unexpected argument(s) for {name}: {', '.join(unknown)}; expected: "
+                f"{', '.join(model.model_fields) or 'none'}")
     try:
-        parsed = model.model_validate(arguments)
+        parsed = model.model_validate(arguments, strict=True)
     except ValidationError as exc:
         return "Error: " + _validation_message(name, exc)
     kwargs = {k: getattr(parsed, k) for k in model.model_fields}

@@ -55,7 +55,8 @@ def test_records_are_consistent():
             assert (leg.origin, leg.destination) == (flight.origin, flight.destination)
             assert leg.date in flight.dates
         assert datetime.fromisoformat(res.created_at) <= datetime.fromisoformat(NOW)
-        assert res.created_at < f"{res.flights[0].date}T{db.flights[res.flights[0].flight_number].scheduled_departure_time_est}"
+        first = db.flights[res.flights[0].flight_number]
+        assert res.created_at < f"{res.flights[0].date}T{first.scheduled_departure_time_est}"
 
 
 def test_every_policy_case_exists_in_the_data():

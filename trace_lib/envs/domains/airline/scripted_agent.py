@@ -61,7 +61,7 @@ AGENT_PROFILES: dict[str, AgentProfile] = {
             "tool_calling_precision": 0.15, "structured_data_reasoning": 0.15}),
         AgentProfile("scripted-sloppy", {
             "precondition_verification": 0.15, "multi_step_task_completion": 0.2,
-            "tool_calling_precision": 0.7, "structured_data_reasoning": 0.8}),
+            "tool_calling_precision": 0.55, "structured_data_reasoning": 0.6}),
     )
 }
 

@@ -3,8 +3,10 @@
 Design decisions
 - Names, argument names, JSON types and required lists equal tau2-bench's airline tools
   (a test checks them against the shared `tool_schemas_by_domain.json`); descriptions are
-  our own. List arguments are typed `list[Model | dict]` as tau2 types them, which is
-  what yields its `anyOf` item schemas; tools coerce the dicts and name a bad item.
+  our own. One extra tool, `think` (tau-bench's scratchpad, absent from tau2's
+  airline set), changes nothing; `Domain.tool_schemas(names)` selects a subset.
+- List arguments are typed `list[Model | dict]` as tau2 types them, which is what yields
+  its `anyOf` item schemas; tools coerce the dicts and name a bad item.
 - Integrity is always checked (unknown ids, flight not bookable on that date, seats,
   payment method not in the profile, gift card / certificate balance, payments that do
   not add up). Policy rules (cancellation eligibility, basic economy, baggage removal,
@@ -72,7 +74,9 @@ def reservation_flown(db: AirlineDB, res: Reservation) -> bool:
     return False
 
 
-def cancellation_allowed(db: AirlineDB, res: Reservation, reason_covered: bool = True) -> str | None:
+def cancellation_allowed(
+    db: AirlineDB, res: Reservation, reason_covered: bool = True
+) -> str | None:
     """None if the policy lets this reservation be cancelled, else why not.
 
     `reason_covered`: whether the user's reason is one insurance covers (health, weather).

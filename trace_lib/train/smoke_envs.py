@@ -1,14 +1,19 @@
-"""A toy Environment whose reward a random tiny model can raise in a few GRPO steps.
+"""Smoke environments: tiny tasks on which the `tiny` model's reward moves in a few steps.
 
-`TargetLetterEnv`: the user asks for a short answer; the reward is 1 when the answer
-contains the target letter. With answers of a few tokens a random-init policy passes about
-a third of the time, so most groups are informative, and the signal per token is strong
-(put mass on the tokens that contain the letter). It implements the
-real Environment protocol, so it runs through the real rollout loop, policy server and
-trainer; tests import it as `toy_env:TargetLetterEnv` (tests/train on PYTHONPATH).
+They exist for smoke runs of the trainer (tests, the notebook, a first look at the
+Training page) where a built-in domain environment would be too long for the tiny model's
+context. They are not capability environments and are not in the environments registry;
+train on them with `--env trace_lib.train.smoke_envs:TargetLetterEnv`.
 
-`LookupEnv` adds one tool, for multi-turn rollouts: the answer passes when it contains the
-value the `lookup` tool returns for the seed's key.
+Design decisions
+- They implement the real Environment protocol, so they exercise the real rollout loop,
+  policy server, GRPO step and jobs; nothing in the trainer knows they are toys.
+- `TargetLetterEnv`: the user asks for a short answer; the reward is 1 when the answer
+  contains the target letter. With answers of a few tokens a random-init policy passes
+  about a third of the time, so most groups are informative, and the signal per token is
+  strong (put mass on the tokens that contain the letter).
+- `LookupEnv` adds one tool, for multi-turn rollouts: the answer passes when it contains
+  the value the `lookup` tool returns for the seed's key.
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""Gate training: KL warm start moves routing to the target slot; GRPO updates only gates;
+the background job runs through the training stage's job runner and lands in the store."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trace_lib.compose.gate_training import (
+    GateTrainConfig,
+    routing_stats,
+    soft_targets,
+    train_gates,
+    warm_start,
+)
+from trace_lib.compose.gated import compose
+from trace_lib.errors import UserInputError
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def toy_env(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    import toy_env
+
+    return toy_env.VowelEnv
+
+
+@pytest.fixture
+def moe_dir(tiny_dir, adapter_dirs, tmp_path) -> Path:
+    compose(str(tiny_dir), [(None, p) for p in adapter_dirs], out=tmp_path / "moe")
+    return tmp_path / "moe"
+
+
+def test_soft_targets_follow_rewards() -> None:
+    t = soft_targets([0.0, 1.0, 0.0, 0.5], tau=0.1)
+    assert int(t.argmax()) == 1 and abs(float(t.sum()) - 1) < 1e-6
+    assert torch.allclose(soft_targets([0.2, 0.2], tau=0.1), torch.tensor([0.5, 0.5]))
+
+
+def test_warm_start_routes_prompts_to_the_best_slot(tiny_dir, adapter_dirs) -> None:
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs])
+    g = torch.Generator().manual_seed(0)
+    prompts = [(torch.randint(5, 900, (12,), generator=g).tolist(),
+                soft_targets([0.0, 0.0, 1.0, 0.0], 0.1)) for _ in range(2)]
+    before = [p.detach().clone() for p in moe.model.parameters() if not p.requires_grad]
+    losses = warm_start(moe, prompts, steps=25, lr=0.05)
+    assert losses[-1] < losses[0] * 0.5
+    with torch.no_grad(), moe.recording() as rec:
+        moe(input_ids=torch.tensor([prompts[0][0]]))
+    assert (rec.chosen == 2).float().mean() > 0.9
+    after = [p for p in moe.model.parameters() if not p.requires_grad]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))  # base frozen
+
+
+def test_routing_stats_balance_and_entropy() -> None:
+    probs = torch.full((1, 4, 3), 1 / 3, requires_grad=True)
+    chosen = torch.tensor([[0, 1, 2, 0]])
+    st = routing_stats([(0, probs, chosen)], 3)
+    assert st["share"] == pytest.approx([0.5, 0.25, 0.25])
+    assert st["entropy"] == pytest.approx(float(torch.log(torch.tensor(3.0))), rel=1e-5)
+    st["balance"].backward()  # the balance term carries a gradient to the probabilities
+    assert probs.grad is not None and probs.grad.abs().sum() > 0
+
+
+def test_train_gates_warm_start_then_grpo(moe_dir, tmp_path, toy_env) -> None:
+    from safetensors.torch import load_file
+
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy"], warm_seeds=2, warm_steps=5,
+                          steps=2, group=4, groups_per_step=2, max_turns=1, max_tokens=8,
+                          lr=0.05)
+    run = tmp_path / "run"
+    result = train_gates(cfg, run, env_makers={"toy": toy_env})
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    warm = [r for r in rows if r["phase"] == "warm"]
+    grpo = [r for r in rows if r["phase"] == "grpo"]
+    assert len(warm) == 5 and len(grpo) == 2
+    assert all(len(v) == 4 for v in result["warm_rewards"]["toy"].values())  # base + 3 slots
+    assert any(r["groups_kept"] > 0 and r["grad_norm"] > 0 for r in grpo)
+    assert all("routing_entropy" in r and "share_base" in r for r in grpo)
+    gates = load_file(str(Path(result["moe_path"]) / "gates.safetensors"))
+    assert any(float(t.abs().sum()) > 0 for t in gates.values())  # the gates moved
+    assert (run / "checkpoints" / "step_2" / "gates.safetensors").is_file()
+    assert json.loads((Path(result["moe_path"]) / "moe.json").read_text())["trained_by"] == "run"
+
+
+def test_config_errors_name_the_field(moe_dir) -> None:
+    with pytest.raises(UserInputError, match="envs"):
+        GateTrainConfig.from_dict({"moe": str(moe_dir)}, where="gates")
+    with pytest.raises(UserInputError, match="unknown fields \\['bogus'\\]"):
+        GateTrainConfig.from_dict({"moe": str(moe_dir), "envs": ["x"], "bogus": 1})
+    with pytest.raises(UserInputError, match="group"):
+        GateTrainConfig.from_dict({"moe": str(moe_dir), "envs": ["x"], "group": 1})
+
+
+def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, db_path) -> None:
+    from trace_lib.compose.catalog import list_moe_models, sync_gate_jobs
+    from trace_lib.compose.gate_training import submit_gate_job
+    from trace_lib.train import jobs
+
+    monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy_env:VowelEnv"], warm_seeds=1,
+                          warm_steps=2, steps=1, group=2, groups_per_step=1, max_turns=1,
+                          max_tokens=4)
+    spec = submit_gate_job(cfg)
+    status = jobs.wait(spec.id, timeout_s=300)
+    assert status.state == "succeeded", jobs.read_log(spec.run_dir)
+    listed = sync_gate_jobs(db_path)
+    assert [j["id"] for j in listed] == [spec.id]
+    models = list_moe_models(db_path)
+    assert len(models) == 1 and models[0]["job_id"] == spec.id
+    assert models[0]["path"] == str((Path(spec.run_dir) / "moe").resolve())

@@ -1,0 +1,139 @@
+"""Browser-test fixtures: a real `streamlit run` on a free 127.0.0.1 port, a real headless
+Chromium (Debian's /usr/bin/chromium through the `playwright` package).
+
+Reuse in any e2e test:
+
+    def test_x(streamlit_server, browser_page, wait_for_app, db_path):
+        server = streamlit_server(db_path)          # app.py by default; TRACE_DB=db_path
+        browser_page.goto(server.url + "/Trajectories")
+        wait_for_app(browser_page)                  # the `wait_for_app` fixture
+
+The server's output goes to a log file that a failing start quotes, so a crash in the app
+shows up in the test report rather than as a bare timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class StreamlitServer:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
+                    timeout_s: float = 90.0) -> StreamlitServer:
+    port = free_port()
+    env = {**os.environ, "TRACE_DB": str(db), "HF_HUB_OFFLINE": "1",
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    log = log_dir / f"streamlit-{port}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / app),
+             "--server.port", str(port), "--server.address", "127.0.0.1",
+             "--server.headless", "true", "--server.fileWatcherType", "none",
+             "--browser.gatherUsageStats", "false"],
+            cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+        )
+    server = StreamlitServer(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(server.url + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(0.3)
+    server.stop()
+    raise RuntimeError(f"streamlit did not come up on {server.url}:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def streamlit_server(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
+    """Factory: `streamlit_server(db_path, app="app.py")` -> a running server; all stop at
+    teardown."""
+    started: list[StreamlitServer] = []
+
+    def start(db: Path, app: str = "app.py") -> StreamlitServer:
+        server = start_streamlit(db, app, log_dir=tmp_path)
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def browser_page(browser):
+    """A fresh page (own context: no shared cookies or storage) with a wide viewport."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    yield page
+    context.close()
+
+
+def _wait_for_app(page, timeout_ms: int = 90_000) -> None:
+    """Wait until Streamlit has finished running the script (no running indicator)."""
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout_ms)
+    page.wait_for_timeout(300)  # let a rerun triggered by the last action start
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+        timeout=timeout_ms,
+    )
+
+
+@pytest.fixture
+def wait_for_app() -> Callable[..., None]:
+    """`wait_for_app(page)`: block until the script run the last action triggered is done."""
+    return _wait_for_app

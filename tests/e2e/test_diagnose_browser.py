@@ -1,0 +1,67 @@
+"""Real browser: imported trajectories -> label -> edit a label in the grid -> the ranking
+moves -> export selected_capabilities.json, all in the app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.e2e
+def test_label_edit_rank_export(streamlit_server, browser_page, wait_for_app, db_path: Path,
+                                tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from trace_lib import store
+    from trace_lib.demo import build_demo
+    from trace_lib.diagnose.ranking import rank
+
+    build_demo(tmp_path / "demo", n=24, seed=0, db=db_path)
+    server = streamlit_server(db_path)
+    page = browser_page
+
+    # 1. Label from the app (offline heuristic labeler, the default).
+    page.goto(server.url + "/Labels")
+    wait_for_app(page)
+    page.get_by_test_id("stSidebar").get_by_role("button", name="Label all trajectories").click()
+    wait_for_app(page)
+    expect(page.get_by_test_id("stAlert").filter(has_text="0 failed")).to_be_visible()
+    before = {r.capability: r for r in rank(db_path).rows}
+
+    # 2. Edit one cell of the grid: first row, first capability column (after 4 id columns).
+    grid = page.get_by_test_id("stDataFrame").first
+    expect(grid).to_be_visible()
+    box = grid.bounding_box()
+    page.mouse.click(box["x"] + 40, box["y"] + 35 + 17)  # header row is ~35 px
+    for _ in range(4):
+        page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)
+    page.keyboard.type("lacking")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(500)
+    page.keyboard.press("Escape")
+    wait_for_app(page)
+
+    with store.connect(db_path) as con:
+        edits = con.execute("SELECT trajectory_id, capability, new, note FROM label_edits"
+                            ).fetchall()
+    assert len(edits) == 1, edits
+    tid, cap, new, note = edits[0]
+    assert (new, note) == ("lacking", "grid edit")
+    after = {r.capability: r for r in rank(db_path).rows}
+    assert after[cap].pooled != before[cap].pooled  # the ranking moved at once
+
+    # 3. Rankings page: kept set shown, export offered.
+    page.goto(server.url + "/Rankings")
+    wait_for_app(page)
+    expect(page.get_by_test_id("stMetric").first).to_contain_text("of 14")
+    expect(page.get_by_role("button", name="Export selected_capabilities.json")).to_be_enabled()
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Export selected_capabilities.json").click()
+    saved = tmp_path / "selected_capabilities.json"
+    dl.value.save_as(saved)
+    doc = json.loads(saved.read_text())
+    assert {d["skill"] for d in doc} == {r.capability for r in rank(db_path).selected}

@@ -1,0 +1,133 @@
+"""Validation accepts every built-in and rejects each kind of broken environment."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from trace_lib.envs.capabilities import builtin_pairs, make_capability_env
+from trace_lib.envs.capabilities.task_env import TaskEnvironment
+from trace_lib.envs.validate import ValidationConfig, compare_tool_schemas, validate_environment
+
+SMALL = ValidationConfig(n_seeds=10, determinism_seeds=2)
+
+
+@pytest.mark.parametrize(("domain", "capability"), builtin_pairs())
+def test_every_builtin_validates(domain, capability):
+    report = validate_environment(make_capability_env(domain, capability), SMALL)
+    assert report["status"] == "validated", report["errors"]
+    figures = report["figures"]
+    assert figures["reference_solves"] == 1.0
+    assert figures["trivial_null"] <= 0.1 and figures["trivial_random"] <= 0.1
+    assert figures["schema_fidelity"] == 1.0 and figures["determinism"] == 1.0
+    assert figures["distinct_instances"] >= 0.9
+
+
+def _base() -> TaskEnvironment:
+    return make_capability_env("airline", "precondition_verification")
+
+
+class RenamedArgument(TaskEnvironment):
+    @property
+    def tool_schemas(self):
+        tools = copy.deepcopy(super().tool_schemas)
+        params = tools[0]["function"]["parameters"]["properties"]
+        first = sorted(params)[0]
+        params[first + "_x"] = params.pop(first)
+        return tools
+
+
+class RetypedArgument(TaskEnvironment):
+    @property
+    def tool_schemas(self):
+        tools = copy.deepcopy(super().tool_schemas)
+        for tool in tools:
+            props = tool["function"]["parameters"]["properties"]
+            if "reservation_id" in props:
+                props["reservation_id"] = {"type": "integer"}
+        return tools
+
+
+class InventedTool(TaskEnvironment):
+    @property
+    def tool_schemas(self):
+        extra = {"type": "function", "function": {"name": "refund_everything",
+                 "parameters": {"type": "object", "properties": {}}}}
+        return super().tool_schemas + [extra]
+
+
+class GlobalRandomness(TaskEnvironment):
+    def reset(self, seed):
+        super().reset(random.randrange(10**6))  # ignores the seed: not reproducible
+
+
+class SameInstanceEverySeed(TaskEnvironment):
+    def reset(self, seed):
+        super().reset(0)
+
+
+class LazyReference(TaskEnvironment):
+    def reference_action(self):
+        return None if self.done else {"content": "ok"}
+
+
+class GenerousVerifier(TaskEnvironment):
+    def summary(self):
+        return {**super().summary(), "reward": 1.0, "passed": True}
+
+
+class OutOfRange(TaskEnvironment):
+    def summary(self):
+        out = super().summary()
+        return {**out, "reward": out["reward"] * 2}
+
+
+def _make(cls):
+    base = _base()
+    return cls(base.name, base.capability, base.domain, base._builder, base.config)
+
+
+@pytest.mark.parametrize(("cls", "failing"), [
+    (RenamedArgument, "schema_fidelity"),
+    (RetypedArgument, "schema_fidelity"),
+    (InventedTool, "schema_fidelity"),
+    (GlobalRandomness, "determinism"),
+    (SameInstanceEverySeed, "distinct_instances"),
+    (LazyReference, "reference_solves"),
+    (GenerousVerifier, "trivial_null"),
+    (OutOfRange, "reward_range"),
+])
+def test_broken_environments_are_rejected_with_the_reason(cls, failing):
+    report = validate_environment(_make(cls), ValidationConfig(n_seeds=6, determinism_seeds=2))
+    assert report["status"] == "rejected"
+    assert report["checks"][failing]["passed"] is False
+    assert any(e.startswith(failing) for e in report["errors"])
+
+
+def test_an_exception_in_the_environment_is_a_rejection_not_a_crash():
+    class Crashing(TaskEnvironment):
+        def step(self, action):
+            raise ZeroDivisionError("bug in step")
+
+    report = validate_environment(_make(Crashing), SMALL)
+    assert report["status"] == "rejected"
+    assert "ZeroDivisionError" in report["checks"]["runtime"]["message"]
+
+
+def test_schema_comparison_names_the_problem():
+    original = make_capability_env("retail", "tool_calling_precision").tool_schemas
+    mine = copy.deepcopy(original)
+    mine[0]["function"]["parameters"]["properties"].pop(
+        sorted(mine[0]["function"]["parameters"]["properties"])[0])
+    result = compare_tool_schemas(mine, original)
+    assert not result[0]["ok"] and "missing" in result[0]["problems"][0]
+    assert all(r["ok"] for r in result[1:])
+
+
+def test_progress_is_reported():
+    seen = []
+    validate_environment(_base(), ValidationConfig(n_seeds=3, determinism_seeds=1),
+                         progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1][0] == seen[-1][1] and len(seen) > 3

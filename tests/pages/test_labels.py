@@ -1,0 +1,115 @@
+"""Labels page (Streamlit AppTest) on a real labeled demo store: grid, evidence, review
+queue decision, undo, capabilities, and the ranking moving after an edit."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from trace_lib import store
+from trace_lib.diagnose import labels as lb
+from trace_lib.diagnose.labeling import run_labeling
+from trace_lib.diagnose.ranking import rank
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "2_Labels.py")
+
+
+@pytest.fixture(scope="module")
+def labeled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trace_lib.demo import build_demo
+
+    root = tmp_path_factory.mktemp("labels_page")
+    db = root / "demo.duckdb"
+    build_demo(root / "files", n=24, seed=0, db=db)
+    run_labeling(db, "heuristic", run_prefix="h")
+    # A second, disagreeing run so the review queue has work: flip one lacking label.
+    with store.connect(db) as con:
+        con.execute("INSERT INTO label_runs (id, labeler) VALUES ('h2', 'test')")
+        con.execute("""INSERT INTO labels (run_id, trajectory_id, capability, value)
+                       SELECT 'h2', trajectory_id, capability,
+                              CASE WHEN value = 'lacking' THEN 'present' ELSE value END
+                       FROM labels WHERE run_id = 'h'""")
+    return db
+
+
+@pytest.fixture
+def labeled(labeled_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    db = tmp_path / "t.duckdb"
+    shutil.copy(labeled_template, db)
+    monkeypatch.setenv("TRACE_DB", str(db))
+    monkeypatch.setenv("USER", "tester")
+    return db
+
+
+def test_grid_and_transcript_with_evidence(labeled: Path) -> None:
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    grid = at.dataframe[0].value  # the st.data_editor grid
+    assert {"trajectory_id", "tool_calling_precision", "precondition_verification"} <= set(
+        grid.columns)
+    assert set(grid["tool_calling_precision"].dropna()) <= {"present", "lacking", "na"}
+    # Pick a failed trajectory whose capability is lacking: its evidence is highlighted.
+    g = lb.label_grid(labeled, lb.LabelFilter(capabilities=["tool_calling_precision"],
+                                              value="lacking"))
+    tid = g["trajectory_id"].iloc[0]
+    at.selectbox(key="t_pick").set_value(tid)
+    at.selectbox(key="t_cap").set_value("tool_calling_precision").run()
+    assert not at.exception
+    assert any(w.value.startswith("Evidence at message") for w in at.warning)
+    assert any("h (lacking):" in c.value for c in at.code)
+
+
+def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
+    before = {r.capability: r for r in rank(labeled).rows}
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    pick = at.selectbox(key="q_pick")
+    tid, cap = pick.value.split(" · ")
+    current = {r.capability: r for r in rank(labeled).rows}[cap]
+    at.selectbox(key="q_value").set_value("na")
+    at.text_input(key="q_note").set_value("checked by hand")
+    at.button(key="q_go").click().run()
+    assert not at.exception
+    hist = lb.edit_history(labeled)
+    assert (hist["editor"].iloc[0], hist["note"].iloc[0], hist["new"].iloc[0]) == (
+        "tester", "checked by hand", "na")
+    after = {r.capability: r for r in rank(labeled).rows}[cap]
+    assert after.pooled != current.pooled  # the ranking moved at once
+    # Undo from the History tab restores the figures.
+    at.selectbox(key="undo_pick").set_value(int(hist["id"].iloc[0]))
+    at.button(key="undo_go").click().run()
+    assert not at.exception
+    restored = {r.capability: r for r in rank(labeled).rows}[cap]
+    assert restored.pooled == before[cap].pooled
+
+
+def test_capability_accept_reject_and_add(labeled: Path) -> None:
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.selectbox(key="cap_pick").set_value("upselling")
+    at.button(key="cap_reject").click().run()
+    assert not at.exception
+    from trace_lib.diagnose.capabilities import list_capabilities
+
+    assert {c.name: c.status for c in list_capabilities(labeled)}["upselling"] == "rejected"
+    at.text_input(key="new_cap_name").set_value("refund_math")
+    at.text_area(key="new_cap_desc").set_value("Computes refunds from the fare rules.")
+    at.button(key="FormSubmitter:add_cap-Add").click().run()
+    names = {c.name for c in list_capabilities(labeled)}
+    assert "refund_math" in names
+
+
+def test_bulk_edit_of_filtered_selection(labeled: Path) -> None:
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.multiselect(key="f_caps").set_value(["upselling"])
+    at.selectbox(key="f_outcome").set_value("passed").run()
+    at.selectbox(key="bulk_value").set_value("present")
+    at.text_input(key="bulk_note").set_value("distractor never applies")
+    at.button(key="bulk_go").click().run()
+    assert not at.exception
+    with store.connect(labeled) as con:
+        n_passed = con.execute("SELECT count(*) FROM trajectories WHERE success").fetchone()[0]
+        edits = con.execute("SELECT count(*), min(new), max(new) FROM label_edits "
+                            "WHERE capability = 'upselling'").fetchone()
+    assert edits == (n_passed, "present", "present")

@@ -1,0 +1,104 @@
+"""The Ray backend against a real local Ray head (started and stopped by this test)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trace_lib.train import jobs
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+TOY = {
+    "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 4, "groups_per_step": 1,
+    "max_tokens": 3, "checkpoint_every": 0,
+    "lora": {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj"]},
+}
+
+
+def _free_port() -> int:
+    from trace_lib.train.policy_server import free_port
+
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """`ray start --head --block` in its own process group; stopped by that group's id only
+    (never `ray stop`, which would stop every Ray on the machine)."""
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    port, dash = _free_port(), _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # A short temp dir: Ray's unix socket paths must stay under 108 characters.
+    temp_dir = Path("/tmp") / f"ray_h6b_{os.getpid()}"
+    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+           "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+           "--include-dashboard", "true", "--num-cpus", "1",
+           "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", str(temp_dir),
+           "--disable-usage-stats"]
+    log = open(temp_dir.with_suffix(".log"), "w")  # noqa: SIM115
+    head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                JobSubmissionClient(address).list_jobs()
+                break
+            except Exception:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    pytest.fail("ray head did not start: "
+                                + temp_dir.with_suffix(".log").read_text()[-3000:])
+                time.sleep(1)
+        yield address
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(head.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                head.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # anything of that group still around (raylet workers) goes too
+            os.killpg(head.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        temp_dir.with_suffix(".log").unlink(missing_ok=True)
+
+
+def test_ray_job_runs_the_same_entrypoint_and_cancels(ray_head, tmp_path, monkeypatch):
+    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
+    spec = jobs.submit(jobs.JobSpec(kind="train_adapter", config={**TOY, "steps": 2},
+                                    backend="ray", backend_options={"address": ray_head}))
+    st = jobs.wait(spec.id, timeout_s=300)
+    assert st.state == "succeeded", jobs.read_log(spec.path)
+    assert len(jobs.read_metrics(spec.path)) == 2
+    assert (spec.path / "adapter" / "adapter_model.safetensors").exists()
+    deadline = time.monotonic() + 60  # Ray sees the entrypoint exit a moment later
+    while jobs.RayBackend().ray_state(spec) != "SUCCEEDED":
+        assert time.monotonic() < deadline, jobs.RayBackend().ray_state(spec)
+        time.sleep(0.5)
+
+    long = jobs.submit(jobs.JobSpec(kind="train_adapter", config={**TOY, "steps": 500},
+                                    backend="ray", backend_options={"address": ray_head}))
+    deadline = time.monotonic() + 180
+    while not jobs.read_metrics(long.path):
+        assert time.monotonic() < deadline, jobs.read_log(long.path)
+        time.sleep(0.5)
+    st = jobs.cancel(long.id, grace_s=20)
+    assert st.state == "cancelled"
+    assert jobs.RayBackend().ray_state(long) in ("STOPPED", "SUCCEEDED", "FAILED")

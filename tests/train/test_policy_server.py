@@ -1,0 +1,230 @@
+"""The CPU policy server, driven over real HTTP through the `openai` SDK and our client."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policy_fixtures import (  # noqa: E402
+    ASK,
+    TOOLS,
+    build_tool_model,
+    make_lora,
+    private_models_dir,
+    teacher_forced_logprobs,
+)
+
+from trace_lib.train import models  # noqa: E402
+from trace_lib.train.policy_client import (  # noqa: E402
+    OpenAIPolicyClient,
+    PolicyClient,
+    PolicyServerError,
+)
+from trace_lib.train.policy_server import PolicyServer, ServerConfig, free_port  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    with private_models_dir(tmp_path_factory.mktemp("models")) as path:
+        yield path
+
+
+@pytest.fixture(scope="module")
+def tool_model(models_dir, tmp_path_factory):
+    return build_tool_model(tmp_path_factory.mktemp("tool_model"))
+
+
+@pytest.fixture(scope="module")
+def server(tool_model):
+    with PolicyServer(ServerConfig(model=str(tool_model), served_model_name="tiny-tools")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with OpenAIPolicyClient(server.base_url) as c:
+        yield c
+
+
+def test_openai_sdk_sees_a_conformant_server(server, tool_model):
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="EMPTY", max_retries=0)
+    cards = sdk.models.list().data
+    assert [c.id for c in cards] == ["tiny-tools"]
+    resp = sdk.chat.completions.create(
+        model="tiny-tools", messages=[{"role": "user", "content": "hello <b>there</b>"}],
+        n=3, max_tokens=8, temperature=1.0, logprobs=True, top_logprobs=3,
+        extra_body={"return_token_ids": True})
+    assert resp.object == "chat.completion" and resp.id.startswith("chatcmpl-")
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    _, tok = models.load_model(str(tool_model))
+    expected_prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hello <b>there</b>"}], add_generation_prompt=True,
+        tokenize=True, return_dict=True)["input_ids"]
+    assert resp.model_extra["prompt_token_ids"] == list(expected_prompt)
+    assert resp.usage.prompt_tokens == len(expected_prompt)
+    total = 0
+    for choice in resp.choices:
+        ids = choice.model_extra["token_ids"]
+        entries = choice.logprobs.content
+        assert 1 <= len(ids) <= 8 and len(entries) == len(ids)
+        assert choice.finish_reason in ("stop", "length")
+        assert (choice.finish_reason == "length") == (len(ids) == 8 and ids[-1] != 2)
+        for e in entries:
+            assert len(e.top_logprobs) == 3 and e.logprob <= 0
+            assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # top-1 is the max
+        total += len(ids)
+    assert resp.usage.completion_tokens == total
+
+
+def test_logprobs_equal_a_teacher_forced_pass_under_batching(client, tool_model):
+    model, _ = models.load_model(str(tool_model))
+    prompts = [[{"role": "user", "content": "x " * k}] for k in (1, 7, 20, 3)]
+    with ThreadPoolExecutor(4) as pool:  # concurrent: decoded together, left-padded
+        results = list(pool.map(lambda m: client.chat(m, n=2, max_tokens=12), prompts))
+    for comps in results:
+        for comp in comps:
+            assert len(comp.token_ids) == len(comp.logprobs) > 0
+            ref = teacher_forced_logprobs(model, comp.prompt_token_ids, comp.token_ids)
+            assert comp.logprobs == pytest.approx(ref, abs=2e-4)
+
+
+def test_seed_reproduces_and_greedy_matches_generate(client, tool_model):
+    a = client.chat(ASK, n=2, max_tokens=10, seed=7)
+    b = client.chat(ASK, n=2, max_tokens=10, seed=7)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    model, tok = models.load_model(str(tool_model))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}],
+                                     add_generation_prompt=True, return_dict=True,
+                                     return_tensors="pt")
+    with torch.inference_mode():
+        ref = model.generate(**prompt, max_new_tokens=10, do_sample=False)
+    greedy = client.chat([{"role": "user", "content": "hi"}], max_tokens=10, temperature=0)[0]
+    expected = ref[0, prompt["input_ids"].shape[1]:].tolist()
+    assert greedy.token_ids == expected[:len(greedy.token_ids)]
+
+
+def test_tool_calls_come_back_as_openai_tool_calls(server, client):
+    comp = client.chat(ASK, tools=TOOLS, temperature=0, max_tokens=64)[0]
+    assert comp.finish_reason == "tool_calls"
+    assert comp.content == "Sure."
+    assert len(comp.tool_calls) == 1
+    call = comp.tool_calls[0]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_user"
+    assert json.loads(call["function"]["arguments"]) == {"user_id": "u1"}
+    # The assistant message goes straight back into the conversation.
+    follow = ASK + [comp.message, {"role": "tool", "tool_call_id": call["id"],
+                                   "content": '{"name": "Ann"}'}]
+    assert client.chat(follow, tools=TOOLS, max_tokens=4)[0].token_ids
+    # tool_choice="none": the same generation stays text.
+    raw = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": ASK, "tools": TOOLS, "tool_choice": "none", "temperature": 0,
+        "max_tokens": 64}).json()["choices"][0]
+    assert "<tool_call>" in raw["message"]["content"] and "tool_calls" not in raw["message"]
+    assert raw["finish_reason"] == "stop"
+
+
+def test_lora_adapters_hot_swap_like_vllm(server, client, tool_model, tmp_path):
+    from peft import PeftModel
+
+    first = make_lora(tool_model, tmp_path / "step1", seed=1)
+    second = make_lora(tool_model, tmp_path / "step2", seed=2)
+    client.load_adapter("cap", str(first))
+    cards = httpx.get(server.base_url + "/models").json()["data"]
+    assert {(c["id"], c["parent"]) for c in cards} == {("tiny-tools", None), ("cap", "tiny-tools")}
+
+    base = client.chat(ASK, max_tokens=6, temperature=0)[0]
+    tuned = client.chat(ASK, model="cap", max_tokens=6, temperature=0)[0]
+    model, _ = models.load_model(str(tool_model))
+    peft_model = PeftModel.from_pretrained(model, str(first))
+    ref = teacher_forced_logprobs(peft_model, tuned.prompt_token_ids, tuned.token_ids)
+    assert tuned.logprobs == pytest.approx(ref, abs=2e-4)
+    with peft_model.disable_adapter():
+        ref_base = teacher_forced_logprobs(peft_model, base.prompt_token_ids, base.token_ids)
+        untuned = teacher_forced_logprobs(peft_model, tuned.prompt_token_ids, tuned.token_ids)
+    assert base.logprobs == pytest.approx(ref_base, abs=2e-4)  # base is still served as is
+    # one optimizer step moved the served distribution
+    assert max(abs(a - b) for a, b in zip(tuned.logprobs, untuned, strict=True)) > 0.1
+
+    with pytest.raises(PolicyServerError, match="already been loaded") as err:
+        client.load_adapter("cap", str(second))
+    assert err.value.status == 400
+    client.load_adapter("cap", str(second), load_inplace=True)  # the per-step hot swap
+    swapped = client.chat(ASK, model="cap", max_tokens=6, temperature=0)[0]
+    ref2 = teacher_forced_logprobs(PeftModel.from_pretrained(
+        models.load_model(str(tool_model))[0], str(second)), swapped.prompt_token_ids,
+        swapped.token_ids)
+    assert swapped.logprobs == pytest.approx(ref2, abs=2e-4)
+
+    client.unload_adapter("cap")
+    with pytest.raises(PolicyServerError, match="does not exist") as err:
+        client.chat(ASK, model="cap", max_tokens=2)
+    assert err.value.status == 404
+    with pytest.raises(PolicyServerError, match="cannot be found"):
+        client.unload_adapter("cap")
+    with pytest.raises(PolicyServerError, match="No adapter found") as err:
+        client.load_adapter("ghost", str(tmp_path / "nowhere"))
+    assert err.value.status == 404
+    with pytest.raises(PolicyServerError, match="conflicts with a served base model"):
+        client.load_adapter("tiny-tools", str(first))
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ({"messages": []}, 400, "non-empty list"),
+    ({"messages": ASK, "stream": True}, 400, "streaming is not supported"),
+    ({"messages": ASK, "top_logprobs": 2}, 400, "requires logprobs"),
+    ({"messages": ASK, "n": 0}, 400, "n: expected an integer"),
+    ({"messages": ASK, "n": 2, "temperature": 0}, 400, "n must be 1 when using greedy"),
+    ({"messages": ASK, "temperature": 9}, 400, "temperature"),
+    ({"messages": ASK, "max_tokens": "lots"}, 400, "max_tokens"),
+    ({"messages": ASK, "tools": TOOLS, "tool_choice": "required"}, 400, "tool_choice"),
+    ({"messages": ASK, "tools": [{"type": "function"}]}, 400, "tools: expected"),
+    ({"messages": ASK, "model": "gpt-9"}, 404, "does not exist"),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "maximum context length"),
+])
+def test_bad_requests_get_openai_shaped_errors(server, body, status, needle):
+    resp = httpx.post(server.base_url + "/chat/completions", json=body)
+    assert resp.status_code == status
+    err = resp.json()["error"]
+    assert needle in err["message"] and err["code"] == status
+
+
+def test_non_json_body_is_refused(server):
+    resp = httpx.post(server.base_url + "/chat/completions", content=b"{nope",
+                      headers={"content-type": "application/json"})
+    assert resp.status_code == 400 and "not valid JSON" in resp.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_client_satisfies_the_protocol(client):
+    assert isinstance(client, PolicyClient)
+
+
+def test_cli_serve_runs_a_server_process(tool_model, tmp_path):
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trace_lib", "serve", "--model", str(tool_model), "--port",
+         str(port), "--served-model-name", "cli-tiny", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        with OpenAIPolicyClient(f"http://127.0.0.1:{port}/v1") as c:
+            c.wait_until_ready(timeout=120, process=proc)
+            assert c.models() == ["cli-tiny"]
+            comp = c.chat(ASK, tools=TOOLS, temperature=0, max_tokens=64)[0]
+            assert comp.tool_calls[0]["function"]["name"] == "get_user"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"serving cli-tiny on http://127.0.0.1:{port}/v1" in out.decode()

@@ -1,0 +1,178 @@
+"""The environments table: status, reports, approval, and the generation attempts.
+
+Design decisions
+- A built-in environment has no row until something is recorded about it (a validation, a
+  calibration, an approval); until then it lists as "draft". Generated environments get a
+  row, with their code, when the generation agent accepts them.
+- Status moves draft -> validated | rejected (by validation) -> approved | rejected (by a
+  person). Only an approved environment can be trained on (`is_approved`), and approving
+  needs a passing validation first; a new validation of an approved environment that
+  fails takes the approval away.
+- The report column is one JSON object with a key per producer ("validation",
+  "calibration", "review"), so validating does not erase a calibration and vice versa.
+- Row id = environment name (names are unique: generated ones carry their number).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trace_lib.envs.registry import EnvSpec, builtin_specs
+from trace_lib.errors import UserInputError
+from trace_lib.store import connect, transaction
+
+STATUSES = ("draft", "validated", "approved", "rejected")
+_COLUMNS = "id, name, capability, domain, version, source, code, code_sha256, status, report"
+
+
+def _row(cols: list[str], values: tuple) -> dict[str, Any]:
+    row = dict(zip(cols, values, strict=True))
+    if isinstance(row.get("report"), str):
+        row["report"] = json.loads(row["report"])
+    row["report"] = row.get("report") or {}
+    return row
+
+
+def get_row(name: str, db: str | Path | None = None) -> dict[str, Any] | None:
+    with connect(db) as con:
+        cur = con.execute(f"SELECT {_COLUMNS} FROM environments WHERE name = ?", [name])
+        found = cur.fetchone()
+        cols = [d[0] for d in cur.description]
+    return _row(cols, found) if found else None
+
+
+def _upsert(con: Any, spec: EnvSpec, status: str, report: dict[str, Any]) -> None:
+    con.execute("DELETE FROM environments WHERE id = ?", [spec.name])
+    con.execute(
+        f"INSERT INTO environments ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [spec.name, spec.name, spec.capability, spec.domain, spec.version, spec.source,
+         spec.code, spec.code_sha256, status, json.dumps(report, default=str)],
+    )
+
+
+def save_environment(spec: EnvSpec, status: str, report: dict[str, Any] | None = None,
+                     db: str | Path | None = None) -> None:
+    """Insert or replace the row of `spec` (a generated environment's code goes with it)."""
+    with connect(db) as con, transaction(con):
+        _upsert(con, spec, status, report or {})
+
+
+def record_report(spec: EnvSpec, key: str, report: dict[str, Any],
+                  status: str | None = None, db: str | Path | None = None) -> dict[str, Any]:
+    """Store `report` under `key` in the row's report (creating the row), maybe set status."""
+    with connect(db) as con, transaction(con):
+        cur = con.execute(f"SELECT {_COLUMNS} FROM environments WHERE id = ?", [spec.name])
+        found = cur.fetchone()
+        row = _row([d[0] for d in cur.description], found) if found else None
+        merged = dict(row["report"]) if row else {}
+        merged[key] = report
+        new_status = status or (row["status"] if row else "draft")
+        if spec.code is None and row and row.get("code"):
+            spec = EnvSpec(**{**spec.__dict__, "code": row["code"]})
+        _upsert(con, spec, new_status, merged)
+    return merged
+
+
+def set_status(spec: EnvSpec, status: str, note: str = "", force: bool = False,
+               db: str | Path | None = None) -> dict[str, Any]:
+    """Approve or reject (a person's decision), recorded under report["review"]."""
+    if status not in ("approved", "rejected"):
+        raise UserInputError(f"status {status!r}: a review sets 'approved' or 'rejected'")
+    row = get_row(spec.name, db=db)
+    current = row["status"] if row else "draft"
+    if status == "approved" and current not in ("validated", "approved") and not force:
+        raise UserInputError(
+            f"environment {spec.name!r} is {current}: only a validated environment can be "
+            f"approved (run `python -m trace_lib env validate {spec.name}` first)"
+        )
+    record_report(spec, "review", {"decision": status, "note": note, "from": current},
+                  status=status, db=db)
+    return get_row(spec.name, db=db) or {}
+
+
+def list_environments(db: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every known environment: built-ins (with their row, if any) and stored ones."""
+    with connect(db) as con:
+        cur = con.execute(f"SELECT {_COLUMNS} FROM environments ORDER BY name")
+        cols = [d[0] for d in cur.description]
+        rows = {r["name"]: r for r in (_row(cols, v) for v in cur.fetchall())}
+    out = []
+    for spec in builtin_specs():
+        row = rows.pop(spec.name, None)
+        out.append(_listing(spec.to_dict(), row))
+    for row in rows.values():
+        base = {k: row[k] for k in ("name", "capability", "domain", "version", "source",
+                                    "code_sha256")}
+        out.append(_listing(base, row))
+    return out
+
+
+def _listing(base: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
+    report = row["report"] if row else {}
+    validation = report.get("validation") or {}
+    calibration = report.get("calibration") or {}
+    return {
+        **base,
+        "status": row["status"] if row else "draft",
+        "validated_figures": validation.get("figures"),
+        "calibration_mean_reward": calibration.get("mean_reward"),
+        "calibration_in_band": calibration.get("in_band"),
+    }
+
+
+def is_approved(name: str, db: str | Path | None = None) -> bool:
+    """True only for an environment a person approved (what training requires)."""
+    row = get_row(name, db=db)
+    return bool(row and row["status"] == "approved")
+
+
+# ------------------------------------------------------------------ generation attempts
+
+
+def save_attempt(generation_id: str, attempt: int, spec: EnvSpec, generator: str,
+                 model: str | None, status: str, report: dict[str, Any],
+                 db: str | Path | None = None) -> None:
+    with connect(db) as con, transaction(con):
+        con.execute(
+            "INSERT INTO env_generation_attempts (generation_id, attempt, env_name, capability, "
+            "domain, generator, model, code, code_sha256, status, report) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [generation_id, attempt, spec.name, spec.capability, spec.domain, generator, model,
+             spec.code, spec.code_sha256, status, json.dumps(report, default=str)],
+        )
+
+
+def list_attempts(env_name: str | None = None, generation_id: str | None = None,
+                  db: str | Path | None = None) -> list[dict[str, Any]]:
+    where, params = [], []
+    if env_name:
+        where.append("env_name = ?")
+        params.append(env_name)
+    if generation_id:
+        where.append("generation_id = ?")
+        params.append(generation_id)
+    sql = ("SELECT generation_id, attempt, env_name, capability, domain, generator, model, "
+           "code, code_sha256, status, report, created_at FROM env_generation_attempts")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    with connect(db) as con:
+        cur = con.execute(sql + " ORDER BY created_at, generation_id, attempt", params)
+        cols = [d[0] for d in cur.description]
+        return [_row(cols, v) for v in cur.fetchall()]
+
+
+def next_generated_name(domain: str, capability: str, db: str | Path | None = None) -> tuple[
+        str, int]:
+    """The next free "DOMAIN/CAPABILITY/genN" name and its version N."""
+    prefix = f"{domain}/{capability}/gen"
+    with connect(db) as con:
+        names = [r[0] for r in con.execute(
+            "SELECT name FROM environments WHERE name LIKE ? UNION "
+            "SELECT env_name FROM env_generation_attempts WHERE env_name LIKE ?",
+            [prefix + "%", prefix + "%"]).fetchall()]
+    used = [int(n[len(prefix):]) for n in names if n[len(prefix):].isdigit()]
+    version = max(used, default=0) + 1
+    return f"{prefix}{version}", version
+
