@@ -42,7 +42,7 @@ from trace_lib.train.smoke_envs import TargetLetterEnv  # noqa: E402
 ENV = "trace_lib.train.smoke_envs:TargetLetterEnv"
 
 
-def run_ours(args: argparse.Namespace, targets: list[str], work: Path) -> list[float]:
+def run_ours(args: argparse.Namespace, targets: list[str], work: Path) -> list[dict]:
     from trace_lib.train.jobs import read_metrics
     from trace_lib.train.trainer import TrainConfig, train
 
@@ -54,7 +54,7 @@ def run_ours(args: argparse.Namespace, targets: list[str], work: Path) -> list[f
         "loss": {"kl_coef": 0.0, "clip_low": 0.2, "clip_high": 0.28, "scale": "group"},
     })
     train(cfg, work / "ours", resume=False)
-    return [r["wall_s"] for r in read_metrics(work / "ours")]
+    return read_metrics(work / "ours")
 
 
 def run_trl(args: argparse.Namespace, targets: list[str], work: Path) -> list[float]:
@@ -127,8 +127,9 @@ def main() -> None:
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
         work = Path(tmp)
-        ours = run_ours(args, targets, work)
+        ours_rows = run_ours(args, targets, work)
         trl = run_trl(args, targets, work)
+    ours = [r["wall_s"] for r in ours_rows]
     print(f"model={args.model} steps={args.steps} group={args.group} prompts/step={args.groups} "
           f"completion tokens={args.max_tokens} lora r={args.rank} torch threads="
           f"{torch.get_num_threads()}")
@@ -137,6 +138,9 @@ def main() -> None:
     o = statistics.median(ours[1:] or ours)
     t = statistics.median(trl[1:] or trl)
     print(f"{'median step (s)':22s}{o:18.2f}{t:18.2f}")
+    later = ours_rows[1:] or ours_rows
+    print(f"{'ours: rollout / train':22s}{statistics.median(r['rollout_s'] for r in later):9.2f}"
+          f" /{statistics.median(r['train_s'] for r in later):6.2f} s (median of the same steps)")
     print(f"ratio TRL / ours (median step wall time): x{t / o:.2f}  (> 1: ours is faster)")
 
 

@@ -35,10 +35,9 @@ def _upload() -> None:
         for i, f in enumerate(files or []):
             try:
                 report = ingest_bytes(f.name, f.getvalue(), db=DB, skip_invalid=skip)
-            except UserInputError as exc:
-                st.error(str(exc))
-            except store.StoreError as exc:
-                st.error(str(exc))
+            except (UserInputError, store.StoreError) as exc:
+                # the same text the CLI prints; escaped because st.error renders markdown
+                st.error(transcript.markdown_literal(exc))
             else:
                 st.success(f"imported {report.trajectories} trajectories")
                 st.code(report.summary(), language=None)
@@ -168,9 +167,11 @@ with tab_sig:
         pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
         with store.connect(DB, read_only=True) as con:
             members = clusters.signature_members(con, flt, path=pick.split(clusters.PATH_SEP))
-        st.dataframe(members, hide_index=True, width="stretch")
-        if st.button("Open the first member", key="sig_open") and not members.empty:
-            st.session_state[open_key] = members.trajectory_id.iloc[0]
+        st.caption("Select a row to open its transcript below.")
+        ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
+                          on_select="rerun", selection_mode="single-row")
+        rows_sel = ev.selection.rows if ev and ev.selection else []
+        _open_on_change("sig", members.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
 
 with tab_sem:
     failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
@@ -201,7 +202,8 @@ with tab_sem:
         st.info("Nothing embedded in this filter yet.")
     else:
         st.caption(f"k = {smap.k}" + (f", silhouette {smap.silhouette:.2f}"
-                                      if smap.silhouette is not None else ""))
+                                      if smap.silhouette is not None else "")
+                   + " · click a point to open its transcript below")
         event = st.plotly_chart(charts.semantic_map(smap.points), on_select="rerun",
                                 selection_mode="points", key="sem_map", width="stretch")
         pts = (event.selection.points if event and event.selection else []) or []
@@ -211,8 +213,13 @@ with tab_sem:
         cid = st.selectbox("Typical members of cluster", smap.clusters.cluster.tolist(),
                            key="sem_cluster")
         typical = smap.points[smap.points.cluster == cid].sort_values("typical_rank").head(5)
-        for _, row in typical.iterrows():
-            st.text(f"{row.trajectory_id} · task {row.task_id} · {row.outcome}\n{row.text}")
+        ev = st.dataframe(
+            typical[["trajectory_id", "task_id", "outcome", "termination", "distance", "text"]],
+            hide_index=True, width="stretch", key="sem_typical", on_select="rerun",
+            selection_mode="single-row")
+        rows_sel = ev.selection.rows if ev and ev.selection else []
+        _open_on_change("typical",
+                        typical.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
 
 st.subheader(f"Trajectories ({len(listing)}{'+' if len(listing) >= 500 else ''})")
 picked = st.dataframe(listing, hide_index=True, width="stretch", key="listing",
@@ -242,15 +249,15 @@ try:
         tr = transcript.load_transcript(con, tid)
         pair = transcript.contrast_pair(con, tid)
 except UserInputError as exc:
-    st.error(str(exc))
+    st.error(transcript.markdown_literal(exc))
     st.stop()
 
 meta = tr.trajectory
-st.caption(
+st.caption(transcript.markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
     f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
     f"termination {meta.get('termination')}"
-)
+))
 left, right = st.columns([3, 2])
 with left:
     st.html(transcript.render_transcript_html(tr))

@@ -21,6 +21,8 @@ def make_adapter(base_dir: Path, out: Path, seed: int, targets: list[str] | None
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # see one_torch_thread below
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets or TARGETS_ALL,
@@ -31,6 +33,7 @@ def make_adapter(base_dir: Path, out: Path, seed: int, targets: list[str] | None
             if "lora_B" in name:
                 p.normal_(0.0, 0.3)
     peft_model.save_pretrained(str(out))
+    torch.set_num_threads(previous)
     if capability:
         (out / "trace_adapter.json").write_text(json.dumps({"capability": capability}))
     return out
@@ -54,3 +57,13 @@ def adapter_dirs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> li
         out.append(make_adapter(tiny_dir, root / cap, seed=100 + i, targets=targets,
                                 capability=cap))
     return out
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models run fastest on one thread; two threads spin against each other on a
+    busy 2-core CI machine (measured: 1 ms vs up to 1 s per tiny forward)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

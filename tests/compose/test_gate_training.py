@@ -108,7 +108,7 @@ def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, d
         p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
     cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy_env:VowelEnv"], warm_seeds=1,
                           warm_steps=2, steps=1, group=2, groups_per_step=1, max_turns=1,
-                          max_tokens=4)
+                          max_tokens=4, torch_threads=1)
     spec = submit_gate_job(cfg)
     status = jobs.wait(spec.id, timeout_s=300)
     assert status.state == "succeeded", jobs.read_log(spec.run_dir)

@@ -100,3 +100,11 @@ def test_real_pair_alignment_covers_both_trials(real_db):
             assert r.left.key == r.right.key
         if r.status == "args differ":
             assert r.left.name == r.right.name and r.left.key != r.right.key
+
+
+def test_markdown_literal_escapes_links_images_and_math():
+    out = tr.markdown_literal('see [x](http://e) ![i](u) <b> $x$ *a*_b_')
+    for raw in ("[x]", "](", "![", "<b>", "$x$", "*a*"):
+        assert raw not in out
+    assert re.sub(r"\\(.)", r"\1", out) == 'see [x](http://e) ![i](u) <b> $x$ *a*_b_'
+    assert tr.markdown_literal(None) == ""

@@ -215,3 +215,48 @@ def test_exit_status_mapping() -> None:
     assert termination_from_exit("exit_total_execution_time") == "max_steps"
     assert termination_from_exit("exit_format") == "error"
     assert termination_from_exit(None) is None
+
+
+def test_steps_are_used_when_the_history_is_empty(tmp_path: Path, db_path: Path) -> None:
+    doc = {
+        "trajectory": [
+            {"thought": "List files.", "action": "ls -la\n", "observation": "a.py\nb.py"},
+            {"response": "Done.", "action": "submit", "observation": "diff --git a/a.py"},
+        ],
+        "history": [],
+        "info": {"exit_status": "exit_format"},
+    }
+    ingest_paths([write(tmp_path, "x__y-1.traj", doc)], db=db_path)
+    with store.connect(db_path, read_only=True) as con:
+        term = con.execute("SELECT termination FROM trajectories").fetchone()[0]
+        msgs = con.execute("SELECT role, content, name FROM messages ORDER BY idx").fetchall()
+        calls = con.execute(
+            "SELECT name, arguments FROM tool_calls ORDER BY message_idx"
+        ).fetchall()
+    assert term == "error"
+    assert msgs == [
+        ("assistant", "List files.", None),
+        ("tool", "a.py\nb.py", "ls"),
+        ("assistant", "Done.", None),
+        ("tool", "diff --git a/a.py", "submit"),
+    ]
+    assert [(n, json.loads(a)) for n, a in calls] == [
+        ("ls", {"command": "ls -la"}),
+        ("submit", {"command": "submit"}),
+    ]
+
+
+def test_a_bad_traj_file_is_skipped_whole_with_skip_invalid(tmp_path: Path, db_path: Path) -> None:
+    good = write(tmp_path, "g__g-1.traj", function_calling_run())
+    bad_doc = function_calling_run()
+    bad_doc["history"][2]["tool_calls"][0]["function"]["name"] = 5
+    bad = write(tmp_path, "b__b-1.traj", bad_doc)
+    with pytest.raises(
+        UserInputError,
+        match=r"b__b-1.traj: record 0: field 'history\[2\].tool_calls\[0\].function.name'",
+    ):
+        ingest_paths([good, bad], db=db_path)
+    report = ingest_paths([good, bad], db=db_path, skip_invalid=True)
+    assert report.trajectories == 1 and [(s.file, s.record) for s in report.skipped] == [
+        (str(bad), 0)
+    ]

@@ -29,6 +29,15 @@ def _adapter(base_dir: Path, out: Path, seed: int, capability: str) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The page runs a tiny model in-process; one thread avoids spinning on a busy CI box."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def composed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import load_file, save_file
@@ -36,6 +45,8 @@ def composed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trace_lib.compose.gated import compose
     from trace_lib.train.models import ensure_model_dir
 
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # module fixtures run before the autouse one
     root = tmp_path_factory.mktemp("routing_page")
     tiny = ensure_model_dir("tiny")
     specs = [(None, _adapter(tiny, root / cap, i, cap))
@@ -45,6 +56,7 @@ def composed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     g = torch.Generator().manual_seed(0)
     save_file({k: torch.randn(v.shape, generator=g) * 2 for k, v in gates.items()},
               str(root / "moe" / "gates.safetensors"))
+    torch.set_num_threads(previous)
     return root / "moe"
 
 

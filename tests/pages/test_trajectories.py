@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.explore import queries as q
+from trace_lib.explore import transcript
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "1_Trajectories.py")
 HOSTILE = {
@@ -120,7 +121,9 @@ def test_upload_reports_the_same_errors_as_the_library(page_db, tmp_path, monkey
     at = run(db, monkeypatch)
     at.sidebar.get("file_uploader")[0].upload("bad.jsonl", bad).run()
     at.button(key="upload_go").click().run()
-    assert [e.value for e in at.error] == [str(exc.value)]
+    # the library's message, shown literally (markdown metacharacters escaped)
+    assert [e.value for e in at.error] == [transcript.markdown_literal(exc.value)]
+    assert "bad.jsonl" in str(exc.value)
 
     at = run(db, monkeypatch)
     at.sidebar.get("file_uploader")[0].upload("ok.jsonl", json.dumps(HOSTILE).encode()).run()

@@ -66,6 +66,7 @@ class GateTrainConfig:
     eval_seeds: int = 0
     eval_seed_start: int = 10_000
     seed: int = 0
+    torch_threads: int = 0  # 0 = torch's default; 1 is fastest for tiny models on a busy box
     loss: LossConfig = field(default_factory=LossConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -223,6 +224,8 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     metrics_path.unlink(missing_ok=True)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
+    if cfg.torch_threads > 0:
+        torch.set_num_threads(cfg.torch_threads)
     moe = load_moe(cfg.moe)
     k1 = moe.k + 1
     makers = {name: (env_makers or {}).get(name) or env_factory(name) for name in cfg.envs}

@@ -17,6 +17,13 @@ Design decisions
   policy trained here sees the tools it will see on the benchmark.
 - `hint` is optional text added to a share of each group's rollouts; the trainer strips
   it before the gradient step.
+- Two optional members serve validation and inspection, not training: `ground_truth`
+  (the hidden answer, JSON-serialisable) and `reference_action()` (the next action of a
+  policy that solves the instance). Validation requires them; `ValidatedEnvironment`
+  names the full shape. Before the first `reset`, properties return empty values
+  (so `isinstance(env, Environment)` works on a fresh object); `step`/`summary` raise.
+- The same protocol is served across the sandbox boundary (`SandboxedEnvironment`), so a
+  caller never knows whether an environment runs in-process or in a confined child.
 """
 
 from __future__ import annotations
@@ -65,6 +72,20 @@ class Environment(Protocol):
 
     def summary(self) -> dict[str, Any]:
         """{"reward": float in [0, 1], "passed": bool, "steps": int, "reasons": [str, ...]}."""
+        ...
+
+
+@runtime_checkable
+class ValidatedEnvironment(Environment, Protocol):
+    """An Environment that also exposes its ground truth and a reference policy."""
+
+    @property
+    def ground_truth(self) -> Any:
+        """The instance's hidden answer (shown behind a toggle; never sent to the agent)."""
+        ...
+
+    def reference_action(self) -> dict[str, Any] | None:
+        """The next action of the reference policy; None once the episode is done."""
         ...
 
 

@@ -119,3 +119,14 @@ def open_environment(
         yield env
     finally:
         env.close()
+
+
+def source_code(spec: EnvSpec) -> str:
+    """The code behind an environment: a generated module, or a built-in's task builder."""
+    if spec.code is not None:
+        return spec.code
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"trace_lib.envs.capabilities.{spec.capability}")
+    return inspect.getsource(module)

@@ -299,17 +299,22 @@ class SandboxedEnvironment:
     def reset(self, seed: int) -> None:
         self._desc = self.sandbox.call("reset", seed=int(seed))
 
+    def _get(self, key: str) -> Any:
+        if key not in self._desc:  # asked before reset: the module's own answer, if any
+            self._desc.update(self.sandbox.call("describe"))
+        return self._desc[key]
+
     @property
     def system_prompt(self) -> str:
-        return self._desc["system_prompt"]
+        return self._get("system_prompt")
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return self._desc["tool_schemas"]
+        return self._get("tool_schemas")
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        return self._desc["messages"]
+        return self._get("messages")
 
     @property
     def hint(self) -> str | None:

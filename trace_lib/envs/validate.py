@@ -262,3 +262,18 @@ def _mean(values: Any) -> float:
 
 class _Stop(Exception):
     """Stop validating: a check failed that makes the rest meaningless."""
+
+
+def schema_diff(tools: list[dict[str, Any]], domain: str) -> dict[str, Any]:
+    """The environment's tools against the domain's: per-tool verdicts and a unified diff."""
+    import difflib
+
+    from trace_lib.envs.domains import get_domain
+
+    original = get_domain(domain).tool_schemas()
+    a = json.dumps(original, indent=1, sort_keys=True).splitlines()
+    b = json.dumps(tools, indent=1, sort_keys=True).splitlines()
+    diff = "\n".join(difflib.unified_diff(a, b, f"{domain} (original)", "environment",
+                                          lineterm="", n=2))
+    return {"tools": compare_tool_schemas(tools, original), "diff": diff,
+            "identical": a == b}

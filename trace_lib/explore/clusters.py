@@ -12,10 +12,11 @@ Design decisions
      "(all expected actions made)" when every one was reproduced (the failure lies
      elsewhere: an extra write, a wrong answer), "(no expected actions)" when the
      benchmark ships none for the task.
-- Matching is order-insensitive and by exact arguments after sorting top-level keys
-  (DuckDB casts the JSON object to a MAP and sorts its entries). Positional matching would
-  flag every interleaved read as a deviation; nested key order is compared as written,
-  which the tau-bench and tau2 files keep consistent.
+- Matching is order-insensitive (positional matching would flag every interleaved read
+  as a deviation) and by exact arguments compared as JSON with keys sorted at every depth
+  (tau2 files hold the agent's nested keys sorted and the expected actions' as authored).
+  Equal text and different lengths settle most pairs in SQL; the rest go through a small
+  Python UDF registered on the connection.
 - Everything runs in one SQL statement per call (aggregates with `arg_min` rather than
   window functions), so the page stays interactive at 100k trajectories.
 - Only failures (`success = false`) get a signature; the filter narrows further.
@@ -23,11 +24,13 @@ Design decisions
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import duckdb
 import pandas as pd
+from duckdb.sqltypes import VARCHAR
 
 from trace_lib.explore.queries import TrajectoryFilter, error_kind_sql, where_sql
 
@@ -38,25 +41,44 @@ ALL_MADE = "(all expected actions made)"
 PATH_SEP = " / "
 
 
-def _canonical_args_sql(column: str) -> str:
-    # Top-level keys sorted; a non-object (or NULL) falls back to its own text.
-    return (
-        f"coalesce(list_sort(map_entries(TRY_CAST({column}::JSON AS MAP(VARCHAR, JSON))))::VARCHAR, "
-        f"{column}::VARCHAR, '{{}}')"
-    )
+CANON_UDF = "trace_canonical_json"
+
+
+def _canonical_json(text: str | None) -> str | None:
+    # Recursive sort_keys: the same canonical form `transcript.canonical_json` uses, so the
+    # signature and the transcript's "expected vs actual" never disagree.
+    if text is None:
+        return None
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _ensure_udf(con: duckdb.DuckDBPyConnection) -> None:
+    registered = con.execute(
+        "SELECT count(*) FROM duckdb_functions() WHERE function_name = ?", [CANON_UDF]
+    ).fetchall()[0][0]
+    if not registered:
+        con.create_function(CANON_UDF, _canonical_json, [VARCHAR], VARCHAR,
+                            null_handling="special", side_effects=False)
 
 
 def _same_args_sql(a: str, b: str) -> str:
     # Cheap tests first (CASE evaluates a branch only on the rows that reach it): equal
     # minified text is a match; minified objects that differ in length cannot be key
-    # permutations of each other; only the rest pays for the sort-keys cast.
+    # permutations of each other (at any depth); only the rest pays for the Python
+    # canonicaliser. tau2 writes the agent's nested keys sorted and the expected
+    # actions' keys as authored, so this branch is needed on real files.
     return (
         f"CASE WHEN {a} = {b} THEN true WHEN length({a}) <> length({b}) THEN false "
-        f"ELSE {_canonical_args_sql(a)} = {_canonical_args_sql(b)} END"
+        f"ELSE {CANON_UDF}({a}) = {CANON_UDF}({b}) END"
     )
 
 
-def _signature_sql(where: str) -> str:
+def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
+    _ensure_udf(con)
     return f"""
         WITH f AS MATERIALIZED (
             SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
@@ -120,7 +142,7 @@ def failure_signatures(
 ) -> pd.DataFrame:
     """One row per failed trajectory with its four signature levels."""
     where, params = where_sql(flt)
-    sql = _signature_sql(where) + """
+    sql = _signature_sql(con, where) + """
         SELECT id AS trajectory_id, dataset_id, task_id, trial, domain, agent_model,
                sig_termination AS termination, sig_error_tool AS error_tool,
                sig_error_kind AS error_kind, sig_deviation AS deviation
@@ -134,7 +156,7 @@ def signature_counts(
 ) -> pd.DataFrame:
     """Failures per full signature, largest first, with a `path` key and a few examples."""
     where, params = where_sql(flt)
-    sql = _signature_sql(where) + """
+    sql = _signature_sql(con, where) + """
         SELECT sig_termination AS termination, sig_error_tool AS error_tool,
                sig_error_kind AS error_kind, sig_deviation AS deviation,
                count(*) AS n, count(DISTINCT task_id) AS n_tasks,
@@ -162,7 +184,7 @@ def signature_members(
         raise ValueError(f"signature path has {len(path)} levels; at most {len(LEVELS)}")
     where, params = where_sql(flt)
     conds = " AND ".join(f"sig_{lvl} = ?" for lvl in LEVELS[: len(path)]) or "TRUE"
-    sql = _signature_sql(where) + f"""
+    sql = _signature_sql(con, where) + f"""
         SELECT id AS trajectory_id, task_id, trial, domain, agent_model, reward,
                sig_termination AS termination, sig_error_tool AS error_tool,
                sig_error_kind AS error_kind, sig_deviation AS deviation

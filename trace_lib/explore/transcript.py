@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import html
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +246,16 @@ _STATUS_STYLE = {
     "only right": "background:#eff6ff",
 }
 _PRE = "white-space:pre-wrap;word-break:break-word;margin:4px 0;font-size:0.85em"
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
+
+
+def markdown_literal(text: Any) -> str:
+    """Untrusted text for a markdown-rendering widget (st.caption, st.error): every
+    markdown/LaTeX metacharacter backslash-escaped, so it shows exactly as written and a
+    `[link](...)` or `![img](...)` in a file name or field stays text."""
+    return _MD_SPECIAL.sub(r"\\\1", "" if text is None else str(text))
 
 
 def _e(value: Any) -> str:

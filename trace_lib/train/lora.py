@@ -112,9 +112,3 @@ def load_adapter_weights(model: PeftModel, path: str | Path) -> None:
     if unexpected:
         raise ValueError(f"{weights}: keys that are not in this model's adapter: {unexpected[:5]}")
 
-
-def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
-    """A copy of the adapter's trainable tensors (for comparisons and checkpoints)."""
-    return {
-        n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad
-    }

@@ -9,9 +9,9 @@ Design decisions
   and top-p), as vLLM reports them by default (`logprobs_mode=raw_logprobs`): at
   temperature 1 they are exactly the behaviour policy's logprobs GRPO needs.
 - Dynamic batching: one worker thread owns the model; requests queue up and the worker
-  decodes together every waiting request with the same adapter and sampling settings
-  (left-padded, positions from the attention mask), so G concurrent rollouts cost about one
-  decode instead of G. A request with a `seed` runs alone with its own `torch.Generator`,
+  decodes together every request with the same adapter and sampling settings that is
+  waiting or arrives within 10 ms (left-padded, positions from the attention mask), so G
+  concurrent rollouts cost about one decode instead of G. A request with a `seed` runs alone with its own `torch.Generator`,
   so the same seed gives the same tokens whatever else is queued.
 - LoRA adapters via peft multi-adapter on one frozen base: `load_adapter(name, path)` as
   vLLM's `/v1/load_lora_adapter` (same name again only with `load_inplace`), selection by
@@ -24,12 +24,14 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 MAX_BATCH_ROWS = 32
+BATCH_WINDOW_S = 0.01  # costs at most 10 ms of latency per batch; decoding takes far longer
 
 
 class EngineError(Exception):
@@ -141,9 +143,12 @@ class PolicyEngine:
             batch = [job]
             rows = job.n
             if job.params.seed is None:
-                while True:  # gather every compatible request already waiting
+                # Gather compatible requests arriving within a short window: G concurrent
+                # rollouts reach the server a few ms apart (HTTP + template rendering).
+                deadline = time.monotonic() + BATCH_WINDOW_S
+                while rows < MAX_BATCH_ROWS:
                     try:
-                        other = self._queue.get_nowait()
+                        other = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                     except queue.Empty:
                         break
                     if (other is not None and isinstance(other, _Job)

@@ -1,0 +1,131 @@
+"""Helpers for the whole-journey and reliability browser tests (fixtures live in conftest.py).
+
+Design decisions
+- Set-up a new user would do from a shell goes through the real CLI in a subprocess
+  (`python -m trace_lib demo build ...`), so the journey exercises what `make demo` runs.
+- Screenshots are the test's artifacts: one PNG per page visit under
+  `artifacts/journey/`, kept whatever the outcome, so a failing CI run shows the page the
+  walk stopped on.
+- `wide_tiny_model` builds the project's own random-init tiny Llama with a longer position
+  range: the registry's `tiny` has 4096 positions, and a built-in airline environment's
+  first prompt is ~7.9k tiny-tokenizer tokens (the domain policy is long), so the tiny model
+  cannot roll out on it. Everything else (builder, tokenizer, seed) is `TinyLlama`'s.
+- Label-grid cells are edited the way a person does it (click the canvas, arrows, type):
+  Streamlit's data editor is a canvas, so there is no DOM cell to target.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "artifacts"
+GRID_ID_COLUMNS = 4  # trajectory_id, task_id, domain, success come before the capabilities
+GRID_HEADER_PX = 35
+GRID_ROW_PX = 35
+
+
+def run_cli(*args: str, db: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """`python -m trace_lib ARGS --db DB` as a user types it; fail loudly with its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trace_lib", *args, "--db", str(db)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"trace_lib {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def shot_dir(name: str) -> Path:
+    out = ARTIFACTS / name
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def screenshot(page: Any, folder: Path, name: str) -> Path:
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def wide_tiny_model(dest: Path, positions: int = 16384) -> Path:
+    """The project's tiny Llama (same builder and seed) with `positions` positions."""
+    from trace_lib.train.models import TinyLlama
+
+    if not (dest / "config.json").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        TinyLlama(max_position_embeddings=positions).build(dest)
+    return dest
+
+
+def goto(page: Any, url: str, wait_for_app: Any) -> None:
+    page.goto(url)
+    wait_for_app(page)
+
+
+def fill_number(page: Any, label: str, value: Any, wait_for_app: Any | None = None) -> None:
+    """Type into a labelled number/text input and commit it (Tab), as a person would."""
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Tab")
+    if wait_for_app is not None:
+        wait_for_app(page)
+
+
+def pick_option(page: Any, selectbox_label: str, option: str, wait_for_app: Any) -> None:
+    """Open the selectbox whose label is `selectbox_label` and choose `option`."""
+    page.get_by_test_id("stSelectbox").filter(has_text=selectbox_label).first.click()
+    page.get_by_role("option", name=option, exact=True).click()
+    wait_for_app(page)
+
+
+def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None:
+    """Type `value` into the data editor's cell (row, col), 0-based over all columns."""
+    box = grid.bounding_box()
+    page.mouse.click(box["x"] + 40, box["y"] + GRID_HEADER_PX + GRID_ROW_PX * row + 17)
+    for _ in range(col):
+        page.keyboard.press("ArrowRight")
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(400)
+    page.keyboard.type(value)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(400)
+    page.keyboard.press("Escape")
+
+
+def table_fingerprint(db: Path) -> dict[str, tuple[int, str]]:
+    """(row count, order-independent content hash) of every base table in the store."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = 'main' AND table_type = 'BASE TABLE' ORDER BY 1").fetchall()]
+        out = {}
+        for t in tables:
+            n, h = con.execute(
+                f'SELECT count(*), coalesce(sum(hash(t::VARCHAR)), 0)::VARCHAR FROM "{t}" t'
+            ).fetchone()
+            out[t] = (int(n), str(h))
+        return out
+    finally:
+        con.close()
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, every_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(every_s)

@@ -1,0 +1,70 @@
+"""Real browser: a person inspects an environment, plays an instance by hand, validates
+and approves it on the Environments page (streamlit run + headless Chromium)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.e2e
+def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_app,
+                                       db_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from trace_lib.envs import is_approved
+
+    name = "retail/structured_data_reasoning"
+    server = streamlit_server(db_path)
+    page = browser_page
+    page.goto(server.url + "/Environments")
+    wait_for_app(page)
+
+    # choose the environment
+    page.get_by_test_id("stSelectbox").filter(has_text="Environment").click()
+    page.get_by_role("option", name=name, exact=True).click()
+    wait_for_app(page)
+    expect(page.get_by_text("capability structured_data_reasoning · domain retail")
+           ).to_be_visible()
+
+    # inspect: the instance and its ground truth
+    page.get_by_role("tab", name="Instance").click()
+    expect(page.get_by_text("Hi, my email is").first).to_be_visible()
+    page.get_by_text("Show ground truth").click()
+    wait_for_app(page)
+    expect(page.get_by_text("reference_actions").first).to_be_visible()
+
+    # play by hand: a tool call typed in, then the reference finishes the episode
+    page.get_by_role("tab", name="Play").click()
+    box = page.get_by_label("Action (JSON)")
+    box.fill('{"name": "list_all_product_types", "arguments": {}}')
+    box.press("Control+Enter")
+    wait_for_app(page)
+    page.get_by_role("button", name="Send").click()
+    wait_for_app(page)
+    expect(page.get_by_text('[1] {"name": "list_all_product_types"')).to_be_visible()
+    page.get_by_role("button", name="Restart").click()
+    wait_for_app(page)
+    for _ in range(6):
+        button = page.get_by_role("button", name="Reference step")
+        if button.is_disabled():
+            break
+        button.click()
+        wait_for_app(page)
+    expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000")
+
+    # validate, then approve
+    page.get_by_role("tab", name="Validation").click()
+    seeds = page.get_by_label("Seeds").first
+    seeds.fill("6")
+    seeds.press("Enter")
+    wait_for_app(page)
+    page.get_by_role("button", name="Validate").click()
+    wait_for_app(page)
+    expect(page.get_by_test_id("stMetric").filter(has_text="Validation")
+           ).to_contain_text("validated")
+    page.get_by_role("tab", name="Review").click()
+    page.get_by_role("button", name="Approve").click()
+    wait_for_app(page)
+    assert is_approved(name, db=db_path)
