@@ -48,11 +48,12 @@ def _build(args: argparse.Namespace, root: Path) -> None:
                          num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
                          tie_word_embeddings=True, max_position_embeddings=4096)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(root / "base"))
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(root / "base"))
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     for k in range(args.experts):
         torch.manual_seed(100 + k)
-        model = LlamaForCausalLM(config)
+        # One base instance for every adapter: wrap, write, unwrap (no copy per adapter).
         peft_model = get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=args.rank,
                                                       target_modules=targets,
                                                       task_type="CAUSAL_LM"))
@@ -61,6 +62,7 @@ def _build(args: argparse.Namespace, root: Path) -> None:
                 if "lora_B" in name:
                     p.normal_(0, 0.02)
         peft_model.save_pretrained(str(root / f"adapter{k}"))
+        model = peft_model.unload()
 
 
 def _runner(variant: str, args: argparse.Namespace, root: Path):

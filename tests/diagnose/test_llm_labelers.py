@@ -97,3 +97,49 @@ def test_timeouts_after_retries_are_recorded_as_failed(db_path: Path) -> None:
     with store.connect(db_path) as con:
         errors = [r[0] for r in con.execute("SELECT error FROM labels").fetchall()]
     assert all("call failed" in e and "Timeout" in e for e in errors)
+
+
+def test_anthropic_message_batches_with_repair_of_invalid_answers(db_path: Path) -> None:
+    _store(db_path)
+    state: dict = {"polls": 0}
+
+    def respond(path, body, n):
+        if path == "/v1/messages/batches" and body:
+            state["reqs"] = body["requests"]
+            return Reply(_batch("in_progress"))
+        if path.endswith("/results"):
+            lines = []
+            for r in state["reqs"]:
+                props = list(r["params"]["tools"][0]["input_schema"]["properties"])
+                # trajectory b's batch answer misses a capability: repaired by a direct call
+                ans = _answer(props if r["custom_id"] == "a" else props[:1])
+                msg = anthropic_tool_reply("record_labels", ans).body
+                lines.append(json.dumps({"custom_id": r["custom_id"],
+                                         "result": {"type": "succeeded", "message": msg}}))
+            return Reply(raw="\n".join(lines))
+        if path == "/v1/messages":  # the repair call for trajectory b
+            props = list(body["tools"][0]["input_schema"]["properties"])
+            return anthropic_tool_reply("record_labels", _answer(props, "na"))
+        state["polls"] += 1
+        return Reply(_batch("ended", url=srv.url))
+
+    with WireServer(respond) as srv:
+        [s] = run_labeling(db_path, "anthropic", capabilities=CAPS, run_prefix="batch",
+                           api_key="k", base_url=srv.url, batch=True, batch_poll_s=0.01)
+    assert s.n_failed == 0
+    assert sum(p == "/v1/messages" for p, _ in srv.requests) == 1  # one repair call only
+    with store.connect(db_path) as con:
+        vals = dict(con.execute("SELECT trajectory_id, list(DISTINCT value) FROM labels "
+                                "GROUP BY 1").fetchall())
+    assert vals == {"a": ["lacking"], "b": ["na"]}
+
+
+def _batch(status: str, url: str = "") -> dict:
+    return {
+        "id": "msgbatch_1", "type": "message_batch", "processing_status": status,
+        "request_counts": {"processing": 0, "succeeded": 2, "errored": 0, "canceled": 0,
+                           "expired": 0},
+        "created_at": "2026-01-01T00:00:00Z", "expires_at": "2026-01-02T00:00:00Z",
+        "ended_at": None, "cancel_initiated_at": None, "archived_at": None,
+        "results_url": f"{url}/v1/messages/batches/msgbatch_1/results" if url else None,
+    }

@@ -66,7 +66,10 @@ def wide_tiny_model(dest: Path, positions: int = 16384) -> Path:
 
 
 def goto(page: Any, url: str, wait_for_app: Any) -> None:
+    """Open a page and wait until its script has drawn its title and finished running
+    (on a loaded machine the first run can start later than `wait_for_app`'s grace)."""
     page.goto(url)
+    page.wait_for_selector('[data-testid="stMain"] h1', timeout=90_000)
     wait_for_app(page)
 
 

@@ -27,19 +27,27 @@ def test_label_edit_rank_export(streamlit_server, browser_page, wait_for_app, db
     wait_for_app(page)
     page.get_by_test_id("stSidebar").get_by_role("button", name="Label all trajectories").click()
     wait_for_app(page)
-    expect(page.get_by_test_id("stAlert").filter(has_text="0 failed")).to_be_visible()
+    expect(page.get_by_test_id("stAlert").filter(has_text="0 failed")).to_be_visible(
+        timeout=120_000)
     before = {r.capability: r for r in rank(db_path).rows}
 
-    # 2. Edit one cell of the grid: first row, first capability column (after 4 id columns).
+    # 2. Edit one cell of the grid: first row, first capability column (after 4 id columns),
+    #    to a value it does not have yet.
+    from trace_lib.diagnose import labels as lb
+    from trace_lib.diagnose.capabilities import CORE
+
+    first = lb.label_grid(db_path, lb.LabelFilter(capabilities=list(CORE))).iloc[0]
+    target = "na" if first[CORE[0]] != "na" else "present"
     grid = page.get_by_test_id("stDataFrame").first
-    expect(grid).to_be_visible()
+    expect(grid).to_be_visible(timeout=60_000)
+    page.wait_for_timeout(1000)  # the grid canvas paints after the element appears
     box = grid.bounding_box()
     page.mouse.click(box["x"] + 40, box["y"] + 35 + 17)  # header row is ~35 px
     for _ in range(4):
         page.keyboard.press("ArrowRight")
     page.keyboard.press("Enter")
     page.wait_for_timeout(500)
-    page.keyboard.type("lacking")
+    page.keyboard.type(target)
     page.keyboard.press("Enter")
     page.wait_for_timeout(500)
     page.keyboard.press("Escape")
@@ -50,15 +58,16 @@ def test_label_edit_rank_export(streamlit_server, browser_page, wait_for_app, db
                             ).fetchall()
     assert len(edits) == 1, edits
     tid, cap, new, note = edits[0]
-    assert (new, note) == ("lacking", "grid edit")
+    assert (tid, cap, new, note) == (first["trajectory_id"], CORE[0], target, "grid edit")
     after = {r.capability: r for r in rank(db_path).rows}
     assert after[cap].pooled != before[cap].pooled  # the ranking moved at once
 
     # 3. Rankings page: kept set shown, export offered.
     page.goto(server.url + "/Rankings")
     wait_for_app(page)
-    expect(page.get_by_test_id("stMetric").first).to_contain_text("of 14")
-    expect(page.get_by_role("button", name="Export selected_capabilities.json")).to_be_enabled()
+    expect(page.get_by_test_id("stMetric").first).to_contain_text("of 14", timeout=60_000)
+    expect(page.get_by_role("button", name="Export selected_capabilities.json")).to_be_enabled(
+        timeout=60_000)
     with page.expect_download() as dl:
         page.get_by_role("button", name="Export selected_capabilities.json").click()
     saved = tmp_path / "selected_capabilities.json"

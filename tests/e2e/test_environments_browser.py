@@ -30,20 +30,24 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
 
     # inspect: the instance and its ground truth
     page.get_by_role("tab", name="Instance").click()
-    expect(page.get_by_text("Hi, my email is").first).to_be_visible()
-    page.get_by_text("Show ground truth").click()
+    panel = page.get_by_role("tabpanel", name="Instance")
+    expect(panel.get_by_text("Hi, my email is")).to_be_visible()
+    panel.get_by_text("Show ground truth").click()
     wait_for_app(page)
-    expect(page.get_by_text("reference_actions").first).to_be_visible()
+    expect(page.get_by_role("tabpanel", name="Instance").get_by_text("reference_actions")
+           ).to_be_visible()
 
     # play by hand: a tool call typed in, then the reference finishes the episode
     page.get_by_role("tab", name="Play").click()
-    box = page.get_by_label("Action (JSON)")
+    play = page.get_by_role("tabpanel", name="Play")
+    box = play.get_by_label("Action (JSON)")
     box.fill('{"name": "list_all_product_types", "arguments": {}}')
     box.press("Control+Enter")
     wait_for_app(page)
     page.get_by_role("button", name="Send").click()
     wait_for_app(page)
-    expect(page.get_by_text('[1] {"name": "list_all_product_types"')).to_be_visible()
+    expect(page.get_by_role("tabpanel", name="Play").get_by_text(
+        '[1] {"name": "list_all_product_types"')).to_be_visible()
     page.get_by_role("button", name="Restart").click()
     wait_for_app(page)
     for _ in range(6):
@@ -56,15 +60,16 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
 
     # validate, then approve
     page.get_by_role("tab", name="Validation").click()
-    seeds = page.get_by_label("Seeds").first
+    seeds = page.get_by_role("tabpanel", name="Validation").get_by_label("Seeds")
     seeds.fill("6")
     seeds.press("Enter")
     wait_for_app(page)
-    page.get_by_role("button", name="Validate").click()
+    page.get_by_role("tabpanel", name="Validation").get_by_role("button", name="Validate",
+                                                                exact=True).click()
     wait_for_app(page)
     expect(page.get_by_test_id("stMetric").filter(has_text="Validation")
            ).to_contain_text("validated")
     page.get_by_role("tab", name="Review").click()
-    page.get_by_role("button", name="Approve").click()
+    page.get_by_role("tabpanel", name="Review").get_by_role("button", name="Approve").click()
     wait_for_app(page)
     assert is_approved(name, db=db_path)

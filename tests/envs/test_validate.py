@@ -11,7 +11,7 @@ from trace_lib.envs.capabilities import builtin_pairs, make_capability_env
 from trace_lib.envs.capabilities.task_env import TaskEnvironment
 from trace_lib.envs.validate import ValidationConfig, compare_tool_schemas, validate_environment
 
-SMALL = ValidationConfig(n_seeds=10, determinism_seeds=2)
+SMALL = ValidationConfig(n_seeds=6, determinism_seeds=2)
 
 
 @pytest.mark.parametrize(("domain", "capability"), builtin_pairs())

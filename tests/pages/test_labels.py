@@ -93,6 +93,12 @@ def test_capability_accept_reject_and_add(labeled: Path) -> None:
     from trace_lib.diagnose.capabilities import list_capabilities
 
     assert {c.name: c.status for c in list_capabilities(labeled)}["upselling"] == "rejected"
+    at.selectbox(key="cap_pick").set_value("tone_empathy").run()
+    at.text_area(key="edit_cap_desc_tone_empathy").set_value("Warm and professional tone.")
+    at.button(key="FormSubmitter:edit_cap-Save description").click().run()
+    assert not at.exception
+    assert {c.name: c.description for c in list_capabilities(labeled)}["tone_empathy"] == \
+        "Warm and professional tone."
     at.text_input(key="new_cap_name").set_value("refund_math")
     at.text_area(key="new_cap_desc").set_value("Computes refunds from the fare rules.")
     at.button(key="FormSubmitter:add_cap-Add").click().run()

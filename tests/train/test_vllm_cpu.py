@@ -32,6 +32,7 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 pytestmark = [
     pytest.mark.vllm,
+    pytest.mark.slow,  # the engine alone takes 25 s (idle) to 140 s (loaded box) to start
     pytest.mark.skipif(not VLLM_PYTHON.exists(),
                        reason="no .venv-vllm (build it: bash scripts/setup_vllm_venv.sh)"),
 ]

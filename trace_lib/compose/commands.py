@@ -1,4 +1,5 @@
-"""CLI verbs of the compose stage: `compose`, `route`, `gates`, `moe-eval`, `moe-merge`.
+"""CLI verbs of the compose stage: `compose`, `route`, `gates`, `moe-eval`, `moe-serve`,
+`moe-merge`.
 
 Design decisions
 - `compose` builds the gated model with zero gates and writes its folder (and registers
@@ -169,6 +170,27 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import time
+
+    from trace_lib.compose.serving import MoEPolicyServer
+
+    server = MoEPolicyServer(args.moe, record_dir=args.record_dir, mode=args.mode,
+                             host=args.host, port=args.port,
+                             served_model_name=args.served_model_name)
+    server.start()
+    print(f"serving {args.moe} as {server.model_name!r} on {server.base_url}"
+          + (f", traces -> {args.record_dir}" if args.record_dir else ""), file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
 def _register_job_kind() -> None:
     """`train_gates` jobs run through the training stage's runner; import lazily."""
     from trace_lib.train.jobs import register_job_kind
@@ -243,6 +265,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-merge", action="store_true", help="skip the linear-merge baseline")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_evaluate)
+
+    p = sub.add_parser("moe-serve", parents=[common],
+                       help="serve a composed model with the policy server's OpenAI API")
+    p.add_argument("--moe", required=True, help="composed model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--mode", default=None, choices=["top1", "soft", "trajectory"])
+    p.add_argument("--record-dir", default=None, help="save a routing trace per completion")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser("moe-merge", parents=[common],
                        help="exact linear merge of LoRA adapters (baseline, vLLM export)")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -102,6 +103,27 @@ class RoutingRecord:
         self._chunks = []
 
 
+class _RoutingState(threading.local):
+    """Per-thread routing state: a server thread generating and a request thread tracing
+    can share one model, each with its own force/mix/recording and in-flight routes."""
+
+    def __init__(self) -> None:
+        self.force_slot: int | None = None
+        self.mix_weights: torch.Tensor | None = None
+        self.current: dict[int, LayerRoute] = {}
+        self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.new_sequence = True
+        self.attention_mask: torch.Tensor | None = None
+        self.prompt_mask: torch.Tensor | None = None
+        self.record: RoutingRecord | None = None
+        self.collect: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+
+
+def _state_property(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self._state, name),
+                    lambda self, value: setattr(self._state, name, value), doc=doc)
+
+
 class ExpertBank(nn.Module):
     """The K adapters' factors for one projection (None where an adapter skips it)."""
 
@@ -147,6 +169,11 @@ def load_base(name_or_path: str) -> tuple[nn.Module, Any]:
 class GatedMoE:
     """A base causal LM with K LoRA experts and per-block top-1 gates installed in place."""
 
+    force_slot = _state_property("force_slot", "route every token to this slot (None = gates)")
+    mix_weights = _state_property("mix_weights", "fixed [K+1] mixture (the linear merge)")
+    prompt_mask = _state_property("prompt_mask", "[B, T] prompt tokens for trajectory pooling")
+    collect = _state_property("collect", "gate training: route() appends (layer, probs, chosen)")
+
     def __init__(
         self,
         model: nn.Module,
@@ -179,18 +206,8 @@ class GatedMoE:
             nn.init.zeros_(gate.weight)
             nn.init.zeros_(gate.bias)
             self.gates.append(gate)
-        self.force_slot: int | None = None
-        self.mix_weights: torch.Tensor | None = None  # fixed [K+1] mixture (linear merge)
+        self._state = _RoutingState()
         self.folder: Path | None = None  # set when loaded from / saved to a folder
-        self._current: list[LayerRoute | None] = [None] * self.layers
-        self._held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._new_sequence = True
-        self._attention_mask: torch.Tensor | None = None
-        self.prompt_mask: torch.Tensor | None = None  # [B, T] for trajectory pooling in a loss pass
-        self._record: RoutingRecord | None = None
-        # Gate training sets this to a list: route() appends (layer, probs, chosen) with the
-        # graph attached, for the KL warm start and the load-balance term.
-        self.collect: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
         self._handles: list[Any] = []
         self._banks: list[ExpertBank] = []
         self._install(dtype, device)
@@ -258,20 +275,21 @@ class GatedMoE:
         past = 0
         if cache is not None and hasattr(cache, "get_seq_length"):
             past = int(cache.get_seq_length())
-        self._new_sequence = past == 0
-        if self._new_sequence:
-            self._held = {}
-            self._attention_mask = kwargs.get("attention_mask")
+        st = self._state
+        st.new_sequence = past == 0
+        if st.new_sequence:
+            st.held = {}
+            st.attention_mask = kwargs.get("attention_mask")
 
     def _gate_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
-            self._current[layer] = self.route(layer, hidden)
+            self._state.current[layer] = self.route(layer, hidden)
         return hook
 
     def _lora_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            route = self._current[layer]
+            route = self._state.current.get(layer)
             if route is None or (not route.dense and not route.groups):
                 return output
             return self._apply_experts(module.trace_experts, args[0], output, route)
@@ -302,26 +320,27 @@ class GatedMoE:
             hard = F.one_hot(chosen, self.k + 1).to(probs.dtype)
             weights = self._straight_through(hard, probs) if grad else hard
         else:  # trajectory: pooled over the prompt at prefill, held while decoding
-            if self._new_sequence or layer not in self._held:
-                mask = self.prompt_mask
-                if mask is None and self._attention_mask is not None:
-                    mask = self._attention_mask[:, -t:]
+            st = self._state
+            if st.new_sequence or layer not in st.held:
+                mask = st.prompt_mask
+                if mask is None and st.attention_mask is not None:
+                    mask = st.attention_mask[:, -t:]
                 if mask is None:
                     mask = torch.ones(b, t, device=hidden.device)
                 mask = mask.to(probs.dtype).unsqueeze(-1)
                 pooled = (probs * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # [B, K+1]
                 seq_chosen = pooled.argmax(-1)
-                self._held[layer] = (seq_chosen.detach(), pooled.detach())
+                st.held[layer] = (seq_chosen.detach(), pooled.detach())
             else:
-                seq_chosen, pooled = self._held[layer]
+                seq_chosen, pooled = st.held[layer]
             hard = F.one_hot(seq_chosen, self.k + 1).to(probs.dtype)
             seq_w = self._straight_through(hard, pooled) if grad else hard
             chosen = seq_chosen[:, None].expand(b, t)
             weights = seq_w[:, None, :].expand(b, t, self.k + 1)
         if self.collect is not None:
             self.collect.append((layer, probs, chosen))
-        if self._record is not None:
-            self._record._chunks[layer].append((chosen.detach().cpu().to(torch.int16),
+        if self._state.record is not None:
+            self._state.record._chunks[layer].append((chosen.detach().cpu().to(torch.int16),
                                                 probs.detach().cpu().float()))
         flat_chosen = chosen.reshape(-1)
         dense = (mode == "soft" and self.force_slot is None) or self.config.dispatch == "dense" \
@@ -404,11 +423,11 @@ class GatedMoE:
     def recording(self) -> Iterator[RoutingRecord]:
         """Capture per-token, per-layer routing of every forward inside the block."""
         record = RoutingRecord(_chunks=[[] for _ in range(self.layers)])
-        previous, self._record = self._record, record
+        previous, self._state.record = self._state.record, record
         try:
             yield record
         finally:
-            self._record = previous
+            self._state.record = previous
             record.finish()
 
     def set_mode(self, mode: str) -> None:

@@ -192,11 +192,23 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
         if flt.search:
             where.append("(t.id ILIKE ? OR t.source_id ILIKE ? OR t.task_id ILIKE ?)")
             params += [f"%{flt.search}%"] * 3
+        if flt.value is not None:
+            where.append("""EXISTS (SELECT 1 FROM effective_labels v WHERE v.trajectory_id = t.id
+                            AND v.value = ? AND v.capability IN (SELECT unnest(?::VARCHAR[])))""")
+            params += [flt.value, caps]
+        # Page first (the limit applies to trajectories, in SQL), then pivot only that page:
+        # the grid stays fast on stores with 100k trajectories.
         long = con.execute(f"""
-            SELECT t.id AS trajectory_id, t.task_id, t.domain, t.success, e.capability, e.value
-            FROM trajectories t
-            JOIN effective_labels e ON e.trajectory_id = t.id
-            WHERE {' AND '.join(where)} AND e.capability IN (SELECT unnest(?::VARCHAR[]))
+            WITH page AS (
+                SELECT t.id, t.task_id, t.domain, t.success FROM trajectories t
+                WHERE {' AND '.join(where)}
+                  AND EXISTS (SELECT 1 FROM labels l WHERE l.trajectory_id = t.id)
+                ORDER BY t.id LIMIT {int(flt.limit)}
+            )
+            SELECT p.id AS trajectory_id, p.task_id, p.domain, p.success, e.capability, e.value
+            FROM page p
+            JOIN effective_labels e ON e.trajectory_id = p.id
+            WHERE e.capability IN (SELECT unnest(?::VARCHAR[]))
         """, params + [caps]).df()
     if long.empty:
         return pd.DataFrame(columns=[*_GRID_META, *caps])
@@ -208,9 +220,7 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
             wide[c] = None
     wide = wide[[*_GRID_META, *caps]]
     wide = wide[wide[caps].notna().any(axis=1)]
-    if flt.value is not None:
-        wide = wide[(wide[caps] == flt.value).any(axis=1)]
-    return wide.sort_values("trajectory_id").head(flt.limit).reset_index(drop=True)
+    return wide.sort_values("trajectory_id").reset_index(drop=True)
 
 
 def grid_changes(before: pd.DataFrame, after: pd.DataFrame) -> list[tuple[str, str, str]]:

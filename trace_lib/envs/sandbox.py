@@ -90,12 +90,11 @@ class Sandbox:
             os.chown(self.workdir, NOBODY, NOBODY)
         fd, stderr_name = tempfile.mkstemp(prefix="trace-sandbox-stderr-")
         self.stderr_path = Path(stderr_name)
+        worker_limits = ("cpu_s", "memory_mb", "file_mb", "isolate_network")
         config = {
             "workdir": str(self.workdir),
             "library_root": str(LIBRARY_ROOT),
-            **{k: v for k, v in asdict(self.limits).items() if k in ("cpu_s", "memory_mb",
-                                                                      "file_mb",
-                                                                      "isolate_network")},
+            **{k: v for k, v in asdict(self.limits).items() if k in worker_limits},
         }
         env = {
             "PATH": "/usr/bin:/bin",

@@ -15,8 +15,9 @@ Design decisions
 - Matching is order-insensitive (positional matching would flag every interleaved read
   as a deviation) and by exact arguments compared as JSON with keys sorted at every depth
   (tau2 files hold the agent's nested keys sorted and the expected actions' as authored).
-  Equal text and different lengths settle most pairs in SQL; the rest go through a small
-  Python UDF registered on the connection.
+  The canonical form comes from a small Python UDF registered on the connection and is
+  computed once per *distinct* argument text (far fewer than calls), then compared by a
+  hash join.
 - Everything runs in one SQL statement per call (aggregates with `arg_min` rather than
   window functions), so the page stays interactive at 100k trajectories.
 - Only failures (`success = false`) get a signature; the filter narrows further.
@@ -65,18 +66,6 @@ def _ensure_udf(con: duckdb.DuckDBPyConnection) -> None:
                             null_handling="special", side_effects=False)
 
 
-def _same_args_sql(a: str, b: str) -> str:
-    # Cheap tests first (CASE evaluates a branch only on the rows that reach it): equal
-    # minified text is a match; minified objects that differ in length cannot be key
-    # permutations of each other (at any depth); only the rest pays for the Python
-    # canonicaliser. tau2 writes the agent's nested keys sorted and the expected
-    # actions' keys as authored, so this branch is needed on real files.
-    return (
-        f"CASE WHEN {a} = {b} THEN true WHEN length({a}) <> length({b}) THEN false "
-        f"ELSE {CANON_UDF}({a}) = {CANON_UDF}({b}) END"
-    )
-
-
 def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
     _ensure_udf(con)
     return f"""
@@ -92,21 +81,34 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
             FROM tool_calls c JOIN f ON f.id = c.trajectory_id
             WHERE c.error IS NOT NULL GROUP BY c.trajectory_id
         ),
-        exp AS MATERIALIZED (
+        exp0 AS MATERIALIZED (
             SELECT f.id AS trajectory_id, e.idx, e.name,
                    coalesce(json(e.arguments)::VARCHAR, '{{}}') AS args
             FROM f JOIN expected_actions e
               ON e.dataset_id = f.dataset_id AND e.task_id = f.task_id
         ),
-        calls AS MATERIALIZED (
-            SELECT c.trajectory_id, c.name, coalesce(json(c.arguments)::VARCHAR, '{{}}') AS args
+        calls0 AS MATERIALIZED (
+            SELECT DISTINCT c.trajectory_id, c.name,
+                   coalesce(json(c.arguments)::VARCHAR, '{{}}') AS args
             FROM tool_calls c
-            WHERE c.trajectory_id IN (SELECT DISTINCT trajectory_id FROM exp)
-              AND c.name IN (SELECT DISTINCT name FROM exp)
+            WHERE c.trajectory_id IN (SELECT trajectory_id FROM exp0)
+              AND c.name IN (SELECT name FROM exp0)
+        ),
+        canon AS MATERIALIZED (
+            SELECT args, {CANON_UDF}(args) AS canon
+            FROM (SELECT args FROM exp0 UNION SELECT args FROM calls0)
+        ),
+        exp AS MATERIALIZED (
+            SELECT x.trajectory_id, x.idx, x.name, k.canon
+            FROM exp0 x JOIN canon k ON k.args = x.args
+        ),
+        calls AS MATERIALIZED (
+            SELECT c.trajectory_id, c.name, k.canon
+            FROM calls0 c JOIN canon k ON k.args = c.args
         ),
         exp_status AS MATERIALIZED (
             SELECT x.trajectory_id, x.idx, x.name,
-                   coalesce(bool_or({_same_args_sql("c.args", "x.args")}), false) AS exact,
+                   coalesce(bool_or(c.canon = x.canon), false) AS exact,
                    count(c.name) > 0 AS named
             FROM exp x LEFT JOIN calls c
               ON c.trajectory_id = x.trajectory_id AND c.name = x.name

@@ -33,8 +33,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64, help="per assistant turn")
+    p.add_argument("--max-sequence", type=int, default=8192,
+                   help="episode token budget (prompt included); stops before overrunning it")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--micro-batch", type=int, default=8, help="gradient accumulation chunk")
+    p.add_argument("--micro-batch", type=int, default=4, help="gradient accumulation chunk")
     p.add_argument("--epochs-per-step", type=int, default=1)
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward pass (long prompts, less RAM)")
@@ -57,6 +59,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "env": args.env, "model": args.model, "steps": args.steps, "group": args.group,
         "groups_per_step": args.groups_per_step, "lr": args.lr,
         "max_turns": args.max_turns, "max_tokens": args.max_tokens,
+        "max_sequence": args.max_sequence,
         "temperature": args.temperature, "micro_batch": args.micro_batch,
         "epochs_per_step": args.epochs_per_step,
         "gradient_checkpointing": args.gradient_checkpointing, "hint_share": args.hint_share,
@@ -72,10 +75,12 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from trace_lib.train import jobs, records
-    from trace_lib.train.trainer import TrainConfig, train
+    from trace_lib.train.config import TrainConfig
+    from trace_lib.train.trainer import train
 
-    config = records.with_environment_code(args.db, config_from_args(args))
-    TrainConfig.from_dict(config, where="train arguments")  # fail before submitting
+    config = config_from_args(args)
+    TrainConfig.from_dict(config, where="train arguments")  # fail before anything starts
+    config = records.with_environment_code(args.db, config)
     if args.background:
         options = {"address": args.ray_address} if args.ray_address else {}
         spec = jobs.submit(jobs.JobSpec(kind="train_adapter", config=config,
@@ -130,7 +135,7 @@ def _cmd_job_submit(args: argparse.Namespace) -> int:
     data["backend"] = args.backend
     spec = jobs.JobSpec.from_dict(data, str(path))
     if spec.kind == "train_adapter":
-        from trace_lib.train.trainer import TrainConfig
+        from trace_lib.train.config import TrainConfig
 
         TrainConfig.from_dict(spec.config, where=f"{path}: config")
     jobs.submit(spec)

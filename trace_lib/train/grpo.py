@@ -26,22 +26,11 @@ Design decisions
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-AdvantageScale = Literal["group", "batch", "none"]
-ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
-
-
-@dataclass
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0  # 0 = no KL term and no reference forward pass
-    scale: AdvantageScale = "group"
-    eps: float = 1e-6
+from trace_lib.train.config import ADVANTAGE_SCALES, AdvantageScale, LossConfig
 
 
 @dataclass

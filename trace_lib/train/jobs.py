@@ -187,7 +187,8 @@ JobFn = Callable[[JobSpec, Path, Callable[[], bool]], dict[str, Any]]
 
 
 def _train_adapter(spec: JobSpec, run_dir: Path, should_stop: Callable[[], bool]) -> dict:
-    from trace_lib.train.trainer import TrainConfig, train
+    from trace_lib.train.config import TrainConfig
+    from trace_lib.train.trainer import train
 
     cfg = TrainConfig.from_dict(spec.config, where=f"{run_dir / 'spec.json'}: config")
     return train(cfg, run_dir, should_stop=should_stop, resume=True).to_dict()

@@ -18,29 +18,12 @@ Design decisions
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-DEFAULT_TARGETS: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-
-
-@dataclass
-class LoraSettings:
-    rank: int = 16
-    alpha: int = 16
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+from trace_lib.train.config import LoraSettings
 
 
 def _linear_names(model: torch.nn.Module) -> set[str]:

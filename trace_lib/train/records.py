@@ -144,10 +144,10 @@ def launch_training(
     backend_options: dict[str, Any] | None = None,
 ) -> jobs.JobSpec:
     """Validate a training config, submit it as a job and record the job (the Launch button)."""
-    from trace_lib.train.trainer import TrainConfig
+    from trace_lib.train.config import TrainConfig
 
-    config = with_environment_code(db, config)
     TrainConfig.from_dict(config, where="training settings")
+    config = with_environment_code(db, config)
     spec = jobs.submit(jobs.JobSpec(kind="train_adapter", config=config, backend=backend,
                                     backend_options=backend_options or {}))
     record_job(db, spec)

@@ -159,7 +159,7 @@ class OpenAIChatClient:
 class RolloutConfig:
     max_turns: int = 8
     max_tokens: int = 128  # per assistant turn
-    max_sequence: int = 2048  # stop the episode once the training sequence is this long
+    max_sequence: int = 8192  # stop before the next turn could overrun this many tokens
     temperature: float = 1.0
 
 
@@ -283,7 +283,7 @@ def run_group(
             msgs.extend(_apply_turn(env, sample.message))
             if env.done:
                 break
-            if turns >= cfg.max_turns or len(seq) >= cfg.max_sequence:
+            if turns >= cfg.max_turns or len(seq) + cfg.max_tokens > cfg.max_sequence:
                 truncated = True
                 break
             sample = client.chat(msgs, tools, model=model, n=1, max_tokens=cfg.max_tokens,

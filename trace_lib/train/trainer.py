@@ -39,7 +39,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,97 +47,16 @@ import torch
 
 from trace_lib.envs.protocol import Environment
 from trace_lib.errors import UserInputError
-from trace_lib.train.grpo import LossConfig, group_advantages, grpo_loss, token_logprobs
+from trace_lib.train.config import TrainConfig
+from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
 from trace_lib.train.jobs import Cancelled
 from trace_lib.train.lora import (
-    LoraSettings,
     attach_lora,
     load_adapter_weights,
     save_adapter,
     trainable_parameters,
 )
 from trace_lib.train.rollout import OpenAIChatClient, Rollout, RolloutConfig, evaluate, run_group
-
-
-@dataclass
-class TrainConfig:
-    env: str  # registry name, or "module:Factory" for your own Environment class
-    env_code: str | None = None  # a generated environment's code (runs in the sandbox)
-    model: str = "tiny"
-    steps: int = 10
-    group: int = 8
-    groups_per_step: int = 2
-    max_turns: int = 4
-    max_tokens: int = 64
-    max_sequence: int = 2048
-    temperature: float = 1.0
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch: int = 8
-    epochs_per_step: int = 1
-    gradient_checkpointing: bool = False  # recompute activations: long prompts fit in RAM
-    hint_share: float = 0.0
-    checkpoint_every: int = 5
-    seed: int = 0
-    eval_seeds: int = 0
-    eval_seed_start: int = 1_000_000
-    server_url: str | None = None  # None: start the project's CPU policy server
-    served_model: str | None = None  # base model name on a remote server (vLLM)
-    api_key_env: str | None = None  # env var holding the remote server's key (never stored)
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    loss: LossConfig = field(default_factory=LossConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
-        if not data.get("env"):
-            raise UserInputError(f"{where}: field `env` is required (an environment name)")
-        kwargs = dict(data)
-        for name, sub in (("lora", LoraSettings), ("loss", LossConfig)):
-            value = kwargs.get(name)
-            if isinstance(value, dict):
-                sub_known = {f.name for f in dataclasses.fields(sub)}
-                bad = sorted(set(value) - sub_known)
-                if bad:
-                    raise UserInputError(f"{where}.{name}: unknown fields {bad}")
-                kwargs[name] = sub(**value)
-        cfg = cls(**kwargs)
-        cfg.validate(where)
-        return cfg
-
-    def validate(self, where: str = "config") -> None:
-        checks = [
-            (self.steps >= 1, "steps", "an integer >= 1"),
-            (self.group >= 2, "group", "an integer >= 2 (GRPO compares rollouts of a seed)"),
-            (self.groups_per_step >= 1, "groups_per_step", "an integer >= 1"),
-            (self.max_turns >= 1, "max_turns", "an integer >= 1"),
-            (self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
-            (self.lr > 0, "lr", "a positive learning rate"),
-            (self.micro_batch >= 1, "micro_batch", "an integer >= 1"),
-            (self.epochs_per_step >= 1, "epochs_per_step", "an integer >= 1"),
-            (0.0 <= self.hint_share <= 1.0, "hint_share", "a share in [0, 1]"),
-            (self.checkpoint_every >= 0, "checkpoint_every", "an integer >= 0 (0 = only last)"),
-            (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
-            (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
-            (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise UserInputError(f"{where}: field `{name}` is {_get(self, name)!r}; "
-                                     f"expected {expected}")
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 @dataclass
@@ -256,6 +175,10 @@ def _truncate_metrics(path: Path, upto_step: int) -> None:
     path.write_text("".join(k + "\n" for k in keep))
 
 
+def _eval_log(label: str) -> Callable[[int, int], None]:
+    return lambda k, n: print(f"[eval {label}] {k}/{n} held-out seeds", flush=True)
+
+
 def optimise(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -370,8 +293,9 @@ def train(
         start_step = int(state["step"])
         _truncate_metrics(metrics_path, start_step)
         print(f"[train] resumed from {ckpt} at step {start_step}", flush=True)
-    elif metrics_path.exists():
-        metrics_path.unlink()
+    else:  # a fresh run: nothing of an earlier run in this folder may leak into it
+        for stale in (metrics_path, run_dir / "eval.json"):
+            stale.unlink(missing_ok=True)
 
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
     eval_path = run_dir / "eval.json"
@@ -407,7 +331,8 @@ def train(
             if start_step > 0:
                 publish(start_step)
             if eval_seeds and "before" not in evals:
-                res = evaluate(make_env, eval_seeds, client, rollout_cfg, model=ep.base_model)
+                res = evaluate(make_env, eval_seeds, client, rollout_cfg, model=ep.base_model,
+                               on_progress=_eval_log("before"))
                 evals["before"] = dataclasses.asdict(res)
                 eval_path.write_text(json.dumps(evals, indent=2))
             for step in range(start_step, cfg.steps):
@@ -463,6 +388,10 @@ def train(
                 }
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
+                print(f"[train] step {step + 1}/{cfg.steps} reward {row['reward_mean']:.3f} "
+                      f"pass {row['pass_rate']:.2f} loss {row['loss']:.4f} "
+                      f"groups kept {row['groups_kept']}/{cfg.groups_per_step} "
+                      f"{row['wall_s']:.1f}s", flush=True)
                 last_reward = row["reward_mean"]
                 every = cfg.checkpoint_every
                 if (every and (step + 1) % every == 0) or step + 1 == cfg.steps:
@@ -477,7 +406,8 @@ def train(
                     bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.4f}")
             adapter = save_adapter(model, run_dir / "adapter", model_path)
             if eval_seeds:
-                res = evaluate(make_env, eval_seeds, client, rollout_cfg, model=served)
+                res = evaluate(make_env, eval_seeds, client, rollout_cfg, model=served,
+                               on_progress=_eval_log("after"))
                 evals["after"] = dataclasses.asdict(res)
                 eval_path.write_text(json.dumps(evals, indent=2))
         finally:

@@ -27,8 +27,13 @@ Design decisions
   a prior read that shares one of its entity ids (reservation_id, order_id, user_id,
   ...): without it, or when the write is not among the expected actions at all, the
   agent did not verify preconditions.
-- Stopping with expected writes never attempted is a multi-step completion failure;
-  evidence points at the last agent message.
+- Writes that match no expected action, and expected writes never made, are blamed by
+  what the agent had seen: it had read that record (misjudged it: structured data
+  reasoning), it read another record and acted on this one (tool calling precision), or
+  it never looked (precondition verification). An expected write whose record was never
+  touched, or expected look-ups never made, mean it stopped early (multi-step task
+  completion); evidence then points at the last agent message.
+- Each wrong action is blamed on one capability, so one slip does not count four times.
 - Every evidence item names a message index so the Labels page can highlight it.
 """
 
@@ -144,9 +149,8 @@ class HeuristicLabeler:
         out = []
         for cap in capabilities:
             rule = rules.get(cap.name)
-            if rule is None:
+            if rule is None:  # no grounds: `na`, with no evidence to point at
                 out.append(PairLabel(cap.name, "na", [], None, None))
-                out[-1].evidence = [_ev(0, "no algorithmic rule for this capability")]
                 continue
             value, evidence = rule()
             out.append(PairLabel(cap.name, value, evidence, 1.0 if value != "na" else None))
@@ -185,8 +189,72 @@ class ActionDiff:
             else:
                 self.missing.append(i)
         self.expected_names = {n for n, _ in self.expected}
+        self.used = used
+        self.blame: dict[str, list[dict[str, Any]]] = {
+            "structured_data_reasoning": [], "tool_calling_precision": [],
+            "precondition_verification": [], "multi_step_task_completion": []}
+
         last = [m["idx"] for m in t.messages if m["role"] == "assistant"]
         self.last_agent_idx = last[-1] if last else (t.messages[-1]["idx"] if t.messages else 0)
+        self._classify_unexpected_writes()
+
+    def _ids(self, c: Call) -> set[str]:
+        return {str(v) for k, v in c.arguments.items()
+                if k.endswith("_id") and "payment" not in k and isinstance(v, str | int)}
+
+    def _looked_up(self, before_idx: int) -> tuple[set[str], set[str]]:
+        """(id values the agent looked up before `before_idx`, their argument names)."""
+        vals, keys = set(), set()
+        for r in self.all_calls:
+            if is_read(r.name) and r.message_idx < before_idx:
+                for k, v in r.arguments.items():
+                    vals.add(str(v))
+                    keys.add(k)
+        return vals, keys
+
+    def _classify_unexpected_writes(self) -> None:
+        """Blame writes that match no expected action, and expected writes never made.
+
+        Acting on a record it had read, against the expected outcome, or reading a record
+        and then not doing the required write: the agent had the data and judged it wrongly
+        (structured_data_reasoning). Acting on a record it never read while it read another
+        one of the same kind, with this id visible in a tool output: it took the wrong
+        record (tool_calling_precision). Acting on a record it never looked at:
+        precondition_verification. Never touching a required write's record at all:
+        multi_step_task_completion."""
+        if not self.expected:
+            return
+        end = 1 << 30
+        for w in self.agent:
+            if not is_write(w.name) or id(w) in self.used or w.error:
+                continue
+            ids = self._ids(w)
+            looked, keys = self._looked_up(w.message_idx)
+            what = f"{w.name} on {sorted(ids)} is not among the expected actions"
+            if ids and ids <= looked:
+                self.blame["structured_data_reasoning"].append(_ev(
+                    w.message_idx, f"{what}: it read that record and misjudged it"))
+            elif ids and any(k.endswith("_id") and k in keys for k in w.arguments) and all(
+                    _seen_before(self.t, w.message_idx, i) is not None for i in ids):
+                self.blame["tool_calling_precision"].append(_ev(
+                    w.message_idx, f"{what}: it read another record and acted on this one"))
+            else:
+                self.blame["precondition_verification"].append(_ev(
+                    w.message_idx, f"{what}: the policy's conditions for it were not checked"))
+        looked_all, _ = self._looked_up(end)
+        for i in self.missing:
+            name, args = self.expected[i]
+            if not is_write(name):
+                continue
+            ids = {str(v) for k, v in args.items() if k.endswith("_id") and "payment" not in k}
+            if ids and ids <= looked_all:
+                self.blame["structured_data_reasoning"].append(_ev(
+                    self.last_agent_idx, f"read {sorted(ids)} but never made the required "
+                                         f"{name}: misjudged the record"))
+            else:
+                self.blame["multi_step_task_completion"].append(_ev(
+                    self.last_agent_idx, f"stopped ({self.t.termination or 'end'}) with the "
+                                         f"expected {name} never attempted"))
 
     def _data_reading_keys(self, i: int, call: Call, keys: list[str]) -> list[str]:
         """Differing keys the agent got wrong by reasoning over data, not by copying.
@@ -223,6 +291,7 @@ class ActionDiff:
                 ev.append(_ev(c.message_idx, f"{c.name}: wrong argument(s) {format_keys}: "
                                              f"expected {json.dumps(exp)[:160]}, "
                                              f"got {json.dumps(got)[:160]}"))
+        ev += self.blame["tool_calling_precision"]
         if ev:
             return "lacking", ev
         if not self.agent:
@@ -240,6 +309,7 @@ class ActionDiff:
                 ev.append(_ev(c.message_idx, f"{c.name}.{k} = {json.dumps(c.arguments.get(k))[:120]}"
                                              f", derived wrongly from the records read; expected "
                                              f"{json.dumps(want)[:120]}"))
+        ev += self.blame["structured_data_reasoning"]
         if ev:
             return "lacking", ev
         # Grounds for "present": an argument of a correct call was read out of a tool output.
@@ -265,21 +335,12 @@ class ActionDiff:
                   and not any(c.name == n and not _diff_keys(a, c.arguments)
                               for c in self.all_calls)
                   and not any(str(v) in touched for k, v in a.items() if k.endswith("_id"))]
-        # Multiset: two expected cancellations need two cancel calls.
-        left: dict[str, int] = {}
-        for c in self.all_calls:
-            left[c.name] = left.get(c.name, 0) + 1
-        pending = []
-        for _, n in writes:
-            if left.get(n, 0) > 0:
-                left[n] -= 1
-            else:
-                pending.append(n)
-        if pending or unread:
-            what = ", ".join(pending + [f"{n} (look-up)" for n in unread])
-            return "lacking", [_ev(self.last_agent_idx,
-                                   f"stopped ({self.t.termination or 'end'}) with expected "
-                                   f"action(s) never attempted: {what}")]
+        ev = list(self.blame["multi_step_task_completion"])
+        if unread:
+            ev.append(_ev(self.last_agent_idx, f"stopped ({self.t.termination or 'end'}) before "
+                                               f"the look-ups {', '.join(unread)}"))
+        if ev:
+            return "lacking", ev
         if not writes:
             return "na", []
         first = min((c.message_idx for c in self.all_calls if c.name == writes[-1][1]), default=0)
@@ -297,6 +358,8 @@ class ActionDiff:
         for w in writes:
             if id(w) in wrong_calls:
                 continue
+            if self.expected and id(w) not in self.used and not w.error:
+                continue  # an unexpected write: `_classify_unexpected_writes` blamed it
             if w.error:
                 ev.append(_ev(w.message_idx, f"{w.name} was refused: {w.error[:160]}"))
                 continue
@@ -309,9 +372,8 @@ class ActionDiff:
                     ev.append(_ev(w.message_idx, f"{w.name} on {sorted(ids)} without an earlier "
                                                  "look-up of that record"))
                     continue
-            if self.expected and w.name not in self.expected_names:
-                ev.append(_ev(w.message_idx, f"{w.name} is not among the expected actions: the "
-                                             "policy's conditions for it were not met"))
+        ev += [e for e in self.blame["precondition_verification"]
+               if e["message_idx"] not in {x["message_idx"] for x in ev}]
         if ev:
             return "lacking", ev
         return "present", [_ev(writes[0].message_idx,

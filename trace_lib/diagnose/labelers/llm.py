@@ -72,7 +72,7 @@ def user_prompt(t: Transcript, max_chars: int = 60_000) -> str:
 class LLMLabeler:
     def __init__(self, provider: LLMProvider, *, name: str, concurrency: int = 8,
                  temperature: float | None = None, max_chars: int = 60_000,
-                 max_repairs: int = 1, batch: bool = False) -> None:
+                 max_repairs: int = 1, batch: bool = False, batch_poll_s: float = 10.0) -> None:
         self.provider = provider
         self.name = name
         self.model = provider.model
@@ -81,6 +81,7 @@ class LLMLabeler:
         self.max_chars = max_chars
         self.max_repairs = max_repairs
         self.batch = batch
+        self.batch_poll_s = batch_poll_s
 
     def prompt_sha256(self, capabilities: list[Capability]) -> str:
         return prompt_sha256(system_prompt(capabilities))
@@ -112,7 +113,8 @@ class LLMLabeler:
             return [self.label(t, capabilities, seed=seed, n_runs=n_runs) for t in ts]
         system, schema = system_prompt(capabilities), label_schema(capabilities)
         results = batch_fn([(t.id, system, user_prompt(t, self.max_chars)) for t in ts], schema,
-                           schema_name="record_labels", temperature=self._temperature(n_runs))
+                           schema_name="record_labels", temperature=self._temperature(n_runs),
+                           poll_s=self.batch_poll_s)
         out = []
         for t in ts:
             r = results[t.id]
@@ -147,11 +149,12 @@ def _parse(tid: str, capabilities: list[Capability], data: dict[str, Any], usage
 def anthropic_labeler(model: str | None = None, api_key: str | None = None,
                       base_url: str | None = None, concurrency: int = 8,
                       temperature: float | None = None, batch: bool = False,
-                      max_retries: int = 4, timeout: float = 120.0) -> LLMLabeler:
+                      max_retries: int = 4, timeout: float = 120.0,
+                      batch_poll_s: float = 10.0) -> LLMLabeler:
     provider = get_provider("anthropic", model=model, api_key=api_key, base_url=base_url,
                             max_retries=max_retries, timeout=timeout)
     return LLMLabeler(provider, name="anthropic", concurrency=concurrency,
-                      temperature=temperature, batch=batch)
+                      temperature=temperature, batch=batch, batch_poll_s=batch_poll_s)
 
 
 def openai_labeler(model: str | None = None, base_url: str | None = None,

@@ -1,0 +1,132 @@
+"""Training settings as plain dataclasses: what a job spec, the CLI and the page share.
+
+Design decisions
+- No torch, peft or transformers here: the Training page and the CLI build, validate and
+  show these settings without paying for those imports; the modules that do the work
+  (`grpo`, `lora`, `trainer`) import their settings from here.
+- `TrainConfig.from_dict` is the one place a spec's `config` object is checked: unknown
+  fields and out-of-range values raise `UserInputError` naming the field and what was
+  expected, before any job starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trace_lib.errors import UserInputError
+
+AdvantageScale = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # 0 = no KL term and no reference forward pass
+    scale: AdvantageScale = "group"
+    eps: float = 1e-6
+
+
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 16
+    alpha: int = 16
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+
+
+@dataclass
+class TrainConfig:
+    env: str  # registry name, or "module:Factory" for your own Environment class
+    env_code: str | None = None  # a generated environment's code (runs in the sandbox)
+    model: str = "tiny"
+    steps: int = 10
+    group: int = 8
+    groups_per_step: int = 2
+    max_turns: int = 4
+    max_tokens: int = 64
+    max_sequence: int = 8192  # whole episode, prompt included (SmolLM2's context)
+    temperature: float = 1.0
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch: int = 4
+    epochs_per_step: int = 1
+    gradient_checkpointing: bool = False  # recompute activations: long prompts fit in RAM
+    hint_share: float = 0.0
+    checkpoint_every: int = 5
+    seed: int = 0
+    eval_seeds: int = 0
+    eval_seed_start: int = 1_000_000
+    server_url: str | None = None  # None: start the project's CPU policy server
+    served_model: str | None = None  # base model name on a remote server (vLLM)
+    api_key_env: str | None = None  # env var holding the remote server's key (never stored)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(data) - known)
+        if extra:
+            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
+        if not data.get("env"):
+            raise UserInputError(f"{where}: field `env` is required (an environment name)")
+        kwargs = dict(data)
+        for name, sub in (("lora", LoraSettings), ("loss", LossConfig)):
+            value = kwargs.get(name)
+            if isinstance(value, dict):
+                sub_known = {f.name for f in dataclasses.fields(sub)}
+                bad = sorted(set(value) - sub_known)
+                if bad:
+                    raise UserInputError(f"{where}.{name}: unknown fields {bad}")
+                kwargs[name] = sub(**value)
+        cfg = cls(**kwargs)
+        cfg.validate(where)
+        return cfg
+
+    def validate(self, where: str = "config") -> None:
+        checks = [
+            (self.steps >= 1, "steps", "an integer >= 1"),
+            (self.group >= 2, "group", "an integer >= 2 (GRPO compares rollouts of a seed)"),
+            (self.groups_per_step >= 1, "groups_per_step", "an integer >= 1"),
+            (self.max_turns >= 1, "max_turns", "an integer >= 1"),
+            (self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
+            (self.lr > 0, "lr", "a positive learning rate"),
+            (self.micro_batch >= 1, "micro_batch", "an integer >= 1"),
+            (self.epochs_per_step >= 1, "epochs_per_step", "an integer >= 1"),
+            (0.0 <= self.hint_share <= 1.0, "hint_share", "a share in [0, 1]"),
+            (self.checkpoint_every >= 0, "checkpoint_every", "an integer >= 0 (0 = only last)"),
+            (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
+            (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
+            (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise UserInputError(f"{where}: field `{name}` is {_get(self, name)!r}; "
+                                     f"expected {expected}")
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
