@@ -221,3 +221,16 @@ def test_missing_folder_and_duplicate_names(tmp_path, adapter_dirs) -> None:
         read_adapter(tmp_path / "nope")
     with pytest.raises(UserInputError, match="two adapters are named"):
         read_adapters([("x", adapter_dirs[0]), ("x", adapter_dirs[1])])
+
+
+def test_mix_is_the_exact_linear_merge(moe: GatedMoE, tiny_dir, adapter_dirs, tmp_path) -> None:
+    k = moe.k
+    merged = linear_merge(moe.adapters, tmp_path / "merge", weights=[1.0 / k] * k)
+    ids = _ids()
+    _randomise_gates(moe)  # a fixed mix ignores the gates
+    with torch.no_grad(), moe.mix([0.0] + [1.0 / k] * k):
+        ours = moe(input_ids=ids).logits
+    torch.testing.assert_close(ours, _peft_logits(tiny_dir, merged, ids), atol=1e-5, rtol=1e-4)
+    with pytest.raises(UserInputError, match="expected 4 weights"):
+        with moe.mix([1.0]):
+            pass

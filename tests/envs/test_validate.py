@@ -131,3 +131,13 @@ def test_progress_is_reported():
     validate_environment(_base(), ValidationConfig(n_seeds=3, determinism_seeds=1),
                          progress=lambda done, total: seen.append((done, total)))
     assert seen[-1][0] == seen[-1][1] and len(seen) > 3
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_builtin_tools_match_tau2_published_schemas(domain, shared_data):
+    from trace_lib.envs.validate import tau2_comparison
+
+    env = make_capability_env(domain, "tool_calling_precision")
+    result = tau2_comparison(env.tool_schemas, domain)
+    assert result is not None and result["problems"] == []
+    assert result["matching"] == result["compared"] >= 14

@@ -153,3 +153,22 @@ def test_semantic_clusters_embed_then_map(page_db, tmp_path, monkeypatch):
     table = [d.value for d in at.dataframe if "top_terms" in d.value.columns][0]
     assert table.n.sum() == n_fail
     assert any(c.value.startswith("k = ") for c in at.caption)
+
+
+def test_passed_and_failed_trials_side_by_side(page_db, monkeypatch):
+    from trace_lib.explore import transcript as tr
+
+    with store.connect(page_db, read_only=True) as con:
+        failed_id = con.execute(
+            "SELECT any_value(id) FILTER (WHERE NOT success) FROM trajectories "
+            "GROUP BY dataset_id, task_id HAVING bool_or(success) AND bool_or(NOT success) "
+            "ORDER BY 1 LIMIT 1").fetchone()[0]
+        passed_id, _ = tr.contrast_pair(con, failed_id)
+    at = run(page_db, monkeypatch)
+    at.selectbox(key="trajectory_pick").set_value(failed_id).run()
+    assert not at.exception
+    assert any(e.label.startswith("Passed vs failed trial") for e in at.expander)
+    bodies = [h.proto.body for h in at.get("html")]
+    table = [b for b in bodies if f"passed {passed_id}" in b and f"failed {failed_id}" in b]
+    assert len(table) == 1 and "trace-alignment" in table[0]
+    assert sum("trace-transcript" in b for b in bodies) == 3  # the open one + the pair

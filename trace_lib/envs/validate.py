@@ -28,6 +28,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from trace_lib.envs.policies import make_policy, run_episode
@@ -113,6 +114,26 @@ def compare_tool_schemas(tools: list[dict[str, Any]], original: list[dict[str, A
     return results
 
 
+TAU2_SCHEMAS = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau2-bench" / \
+    "tool_schemas_by_domain.json"
+
+
+def tau2_comparison(tools: list[dict[str, Any]], domain: str) -> dict[str, Any] | None:
+    """Informational: the tools against tau2-bench's published schemas, when that file is
+    beside the repository. Not a gate: a domain may add tools tau2 lacks (e.g. `think`)."""
+    if not TAU2_SCHEMAS.exists():
+        return None
+    published = json.loads(TAU2_SCHEMAS.read_text(encoding="utf-8")).get("domains", {})
+    if domain not in published:
+        return None
+    names = {t["function"]["name"] for t in published[domain]}
+    shared = [t for t in tools if t.get("function", {}).get("name") in names]
+    per_tool = compare_tool_schemas(shared, published[domain])
+    return {"matching": sum(t["ok"] for t in per_tool), "compared": len(per_tool),
+            "not_in_tau2": sorted({t["function"]["name"] for t in tools} - names),
+            "problems": [f"{t['tool']}: {p}" for t in per_tool for p in t["problems"]]}
+
+
 def _original_schemas(env: Environment) -> list[dict[str, Any]] | None:
     from trace_lib.envs.domains import get_domain
 
@@ -191,6 +212,7 @@ def validate_environment(
                 "figure": ok / max(1, len(per_tool)), "threshold": "1.0",
                 "n_tools": len(per_tool), "n_original": len(original),
                 "problems": [f"{t['tool']}: {p}" for t in per_tool for p in t["problems"]],
+                "tau2": tau2_comparison(tools, env.domain),
             }
 
         # reference, trivial policies, diversity, reward range

@@ -54,7 +54,8 @@ def success_rate_chart(df: pd.DataFrame) -> go.Figure:
                  hover_data={"n_known": True, "n_success": True, "err_plus": False,
                              "err_minus": False},
                  title=title, range_y=[0, 1])
-    fig.update_layout(yaxis_tickformat=".0%", height=350, legend_title_text="agent")
+    fig.update_layout(yaxis_tickformat=".0%", height=420, legend_title_text="agent",
+                      legend={"orientation": "h", "y": -0.25})
     return fig
 
 
