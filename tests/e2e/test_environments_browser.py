@@ -56,7 +56,8 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
             break
         button.click()
         wait_for_app(page)
-    expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000")
+    expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000",
+                                                                              timeout=60_000)
 
     # validate, then approve
     page.get_by_role("tab", name="Validation").click()
@@ -68,7 +69,7 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
                                                                 exact=True).click()
     wait_for_app(page)
     expect(page.get_by_test_id("stMetric").filter(has_text="Validation")
-           ).to_contain_text("validated")
+           ).to_contain_text("validated", timeout=180_000)  # 6 seeds x 3 policies, shared box
     page.get_by_role("tab", name="Review").click()
     page.get_by_role("tabpanel", name="Review").get_by_role("button", name="Approve").click()
     wait_for_app(page)

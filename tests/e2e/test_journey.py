@@ -144,16 +144,18 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     expect(page.get_by_text("User request")).to_be_visible()
     page.get_by_role("tab", name="Play").click()
     reward = page.get_by_test_id("stMetric").filter(has_text="Reward")
+    step = page.get_by_role("button", name="Reference step")
     for i in range(12):  # the reference policy one action at a time, until the episode ends
-        if reward.count():
+        if reward.count() or step.is_disabled():
             break
-        page.get_by_role("button", name="Reference step").click()
+        step.click()
         expect(page.get_by_text(f"[{i + 1}] {{").first).to_be_visible()
         wait_for_app(page)
+        page.wait_for_timeout(500)  # the rest of the rerun (reward, disabled button) lands
     expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000")
     screenshot(page, shots, "04_environments_play")
     page.get_by_role("tab", name="Validation").click()
-    seeds = page.get_by_label("Seeds").first
+    seeds = page.get_by_test_id("stTabs").get_by_label("Seeds", exact=True).first  # Validation tab
     seeds.fill("6")
     seeds.press("Enter")
     wait_for_app(page)
@@ -161,8 +163,12 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     wait_for_app(page)
     expect(page.get_by_test_id("stMetric").filter(has_text="Validation")
            ).to_contain_text("validated", timeout=120_000)
+    wait_for_app(page)
     page.get_by_role("tab", name="Review").click()
-    page.get_by_role("button", name="Approve", exact=True).click()
+    approve = page.get_by_role("button", name="Approve", exact=True)
+    expect(approve).to_be_enabled()
+    approve.click()
+    expect(page.get_by_text("status approved").first).to_be_visible()
     wait_for_app(page)
     screenshot(page, shots, "04_environments_review")
     assert is_approved(ENV_NAME, db=db_path)
@@ -178,8 +184,8 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
                          ("Held-out seeds (before/after)", 0), ("LoRA rank", 4),
                          ("LoRA targets", "q_proj,v_proj"), ("Checkpoint every N steps", 1)):
         fill_number(page, label, value)
-    expect(page.get_by_test_id("stSelectbox").filter(has_text="Environment")
-           ).to_contain_text(ENV_NAME)
+    # the approved environment is the only one offered, so it is already chosen
+    expect(page.get_by_role("combobox", name="Environment")).to_have_value(ENV_NAME)
     page.get_by_role("button", name="Launch").click()
     expect(page.get_by_text("Launched job")).to_be_visible(timeout=60_000)
     # The live panel re-reads the run directory every 2 s until the job ends.

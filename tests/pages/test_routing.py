@@ -125,6 +125,35 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
     assert len(list_moe_models(db)) == 2
 
 
+
+def test_gate_training_starts_as_a_background_job(store_with_moe) -> None:
+    from trace_lib.train import jobs
+
+    db, _moe_dir = store_with_moe
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    at.number_input(key="warm_seeds").set_value(1)
+    at.number_input(key="gate_steps").set_value(1)
+    at.button(key="gates_go").click().run()
+    assert not at.exception
+    started = [s.value for s in at.success if s.value.startswith("started job")]
+    assert started, [e.value for e in at.error]
+    job_id = started[0].split()[2]
+    try:
+        spec = jobs.find_spec(job_id)
+        assert spec.kind == "train_gates" and spec.config["warm_seeds"] == 1
+        at.run()  # the job list shows it
+        assert job_id in at.dataframe[0].value["id"].tolist()
+    finally:
+        status = jobs.cancel(job_id, grace_s=5)  # leave no process running
+    assert status.state in ("cancelled", "failed", "succeeded")
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    kinds = [r[0] for r in con.execute("SELECT kind FROM jobs").fetchall()]
+    con.close()
+    assert kinds == ["train_gates"]
+
 # ------------------------------------------------------------------ real browser
 HOSTILE = '<img src=x onerror="window.__xss=1"> cancel ABC123'
 

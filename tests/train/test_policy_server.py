@@ -78,7 +78,9 @@ def test_openai_sdk_sees_a_conformant_server(server, tool_model):
         entries = choice.logprobs.content
         assert 1 <= len(ids) <= 8 and len(entries) == len(ids)
         assert choice.finish_reason in ("stop", "length")
-        assert (choice.finish_reason == "length") == (len(ids) == 8 and ids[-1] != 2)
+        stop_ids = {tok.eos_token_id, tok.pad_token_id}  # <|im_end|>, <|endoftext|>
+        assert (choice.finish_reason == "length") == (len(ids) == 8 and ids[-1] not in stop_ids)
+        assert all(t not in stop_ids for t in ids[:-1])  # nothing is sampled after a stop
         for e in entries:
             assert len(e.top_logprobs) == 3 and e.logprob <= 0
             assert e.top_logprobs[0].logprob >= e.logprob - 1e-6  # top-1 is the max

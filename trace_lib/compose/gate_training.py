@@ -230,12 +230,22 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     k1 = moe.k + 1
     makers = {name: (env_makers or {}).get(name) or env_factory(name) for name in cfg.envs}
 
+    bar = None
+    if progress:  # the CLI's foreground run: one bar over warm-start and GRPO steps
+        from tqdm import tqdm
+
+        warm_total = cfg.warm_steps if cfg.warm_seeds else 0
+        bar = tqdm(total=warm_total + cfg.steps, desc="gates", unit="step")
+
     def write(row: dict[str, Any]) -> None:
         row = {**row, "elapsed_s": time.perf_counter() - t_start}
         with metrics_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        if progress:
-            print(json.dumps(row), flush=True)
+        if bar is not None:
+            bar.update(1)
+            shown = {k: round(v, 4) for k, v in row.items()
+                     if k in ("kl", "reward_mean", "routing_entropy") and v is not None}
+            bar.set_postfix(phase=row["phase"], **shown)
 
     greedy = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, temperature=0.0)
     evals: dict[str, Any] = {}
@@ -337,6 +347,8 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
         _save_gates(moe, run / "checkpoints" / f"step_{step + 1}")
     if eval_seeds:
         run_eval("after")
+    if bar is not None:
+        bar.close()
     out = moe.save(run / "moe", extra={"trained_by": run.name})
     return {"moe_path": str(out.resolve()), "run_dir": str(run), "steps": cfg.steps,
             "warm_steps": cfg.warm_steps if table else 0, "final_reward": last_reward,

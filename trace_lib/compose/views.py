@@ -64,7 +64,7 @@ def token_html(trace: RoutingTrace, layer: int | None = None, max_tokens: int = 
         border = ROLE_COLORS.get(trace.roles[t], "#000")
         parts.append(
             f'<span title="{html.escape(_hover(trace, t), quote=True)}" '
-            f'style="background:{slot_color(slot)}55;border-bottom:2px solid {border}">'
+            f'style="background:{slot_color(slot)}88;border-bottom:2px solid {border}">'
             f"{shown}</span>")
     if trace.n_tokens > max_tokens:
         parts.append(f"<em> … {trace.n_tokens - max_tokens} more tokens</em>")

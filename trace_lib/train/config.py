@@ -74,6 +74,7 @@ class TrainConfig:
     eval_seed_start: int = 1_000_000
     server_url: str | None = None  # None: start the project's CPU policy server
     served_model: str | None = None  # base model name on a remote server (vLLM)
+    request_timeout_s: float = 3600.0  # one chat request; CPU prefill of long prompts is slow
     api_key_env: str | None = None  # env var holding the remote server's key (never stored)
     lora: LoraSettings = field(default_factory=LoraSettings)
     loss: LossConfig = field(default_factory=LossConfig)

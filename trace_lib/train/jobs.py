@@ -372,10 +372,26 @@ class RayBackend:
                if k in ("PYTHONPATH", "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                         "TOKENIZERS_PARALLELISM", RUNS_ENV, "TRACE_MODELS_DIR")}
         cmd = " ".join(_entrypoint(spec.path / "spec.json"))
-        submission_id = self._client(spec).submit_job(
-            entrypoint=cmd, submission_id=spec.id, runtime_env={"env_vars": env},
-            entrypoint_num_cpus=float(spec.backend_options.get("num_cpus", 1)),
-        )
+        client = self._client(spec)
+        deadline = time.monotonic() + float(spec.backend_options.get("agent_wait_s", 90))
+        while True:
+            try:
+                submission_id = client.submit_job(
+                    entrypoint=cmd, submission_id=spec.id, runtime_env={"env_vars": env},
+                    entrypoint_num_cpus=float(spec.backend_options.get("num_cpus", 1)),
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - transient ones are retried below
+                text = str(exc)
+                if "already exists" in text:  # an earlier attempt got through after all
+                    submission_id = spec.id
+                    break
+                # A head that just started answers before its job agent is up, or drops
+                # the connection while it starts: wait for it, up to the deadline.
+                transient = "No available agent" in text or "onnection" in text
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
         update_status(spec.path, ray_submission_id=submission_id)
         return submission_id
 

@@ -311,7 +311,7 @@ def train(
     run_name = re.sub(r"[^A-Za-z0-9_-]", "_", run_dir.name)
 
     with policy_endpoint(cfg, model_path) as ep:
-        client = OpenAIChatClient(ep.url, api_key=ep.api_key)
+        client = OpenAIChatClient(ep.url, api_key=ep.api_key, timeout_s=cfg.request_timeout_s)
         served = ep.base_model
         live_dirs: list[Path] = []
 
