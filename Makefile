@@ -37,6 +37,7 @@ demo: venv
 	$(BIN)/python -m trace_lib demo build --if-absent
 	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
 
+test: export OMP_NUM_THREADS := 1
 test: venv-dev chromium vllm-venv
 	$(BIN)/python -m pytest
 

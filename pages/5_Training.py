@@ -155,6 +155,11 @@ else:
         if status.state == "failed":
             st.error(status.error or "failed")
             st.code(status.log_tail or "", language="text")
+        samples = jobs.read_samples(status.run_dir)
+        if samples:
+            with st.expander(f"Latest sample rollout (step {samples[-1]['step']}, "
+                             f"reward {samples[-1]['reward']:.2f})"):
+                st.json(samples[-1])  # st.json escapes: trajectory text is untrusted
         with st.expander("Log"):
             st.code(jobs.read_log(status.run_dir, tail=60), language="text")
 

@@ -77,7 +77,11 @@ with tab_compose:
             adapters = list_adapters(DB)
         except (ImportError, store.StoreError):
             adapters = []
-    options = {f"{a.get('capability')} · {a.get('id')}": a["path"] for a in adapters}
+    # cap=PATH: a trained adapter's folder is named `adapter`, so without its capability
+    # every slot would be labelled "adapter" in the legend and the routing views.
+    options = {f"{a.get('capability')} · {a.get('id')}":
+               f"{a['capability']}={a['path']}" if a.get("capability") else a["path"]
+               for a in adapters}
     chosen = st.multiselect("Trained adapters", list(options), key="compose_adapters")
     extra = st.text_area("More adapter folders (one per line, optionally cap=PATH)",
                          key="compose_extra")

@@ -8,6 +8,7 @@ hanging CI; a notebook may lower it with `metadata.trace.timeout_s`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -22,7 +23,13 @@ DEFAULT_TIMEOUT_S = 600
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("TRACE_DB", str(tmp_path / "trace.duckdb"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRACE_NOTEBOOK_N", "36")  # notebooks that build demo data keep it small
+    for key in ("ANTHROPIC_API_KEY", "TRACE_OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(key, raising=False)  # embedded defaults: offline
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    # The kernel imports trace_lib from this checkout even where it is not pip-installed.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(NOTEBOOKS.parent), os.environ.get("PYTHONPATH", "")) if p))
     nb = nbformat.read(path, as_version=4)
     timeout = int(nb.metadata.get("trace", {}).get("timeout_s", DEFAULT_TIMEOUT_S))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",

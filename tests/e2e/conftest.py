@@ -101,7 +101,9 @@ def streamlit_server(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]
         s.stop()
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: a live sync_playwright keeps its event loop marked as running
+# in the main thread, so a later test that starts its own sync_playwright would fail.
+@pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")

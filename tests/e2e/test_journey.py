@@ -28,6 +28,7 @@ from journey_helpers import (  # noqa: E402
     run_cli,
     screenshot,
     shot_dir,
+    wait_until,
     wide_tiny_model,
 )
 
@@ -192,11 +193,12 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     expect(page.get_by_text("2/2 steps")).to_be_visible(timeout=300_000)
     expect(page.get_by_test_id("stMetric").filter(has_text="State")
            ).to_contain_text("succeeded", timeout=120_000)
+    # the fragment then reruns the whole page, which records the job's adapter
+    adapters = wait_until(lambda: records.list_adapters(db_path), 60, "the adapter row")
     wait_for_app(page)
-    adapters = records.list_adapters(db_path)
     assert len(adapters) == 1 and adapters[0]["environment"] == ENV_NAME
     assert (Path(adapters[0]["path"]) / "adapter_config.json").is_file()
-    expect(page.get_by_text(adapters[0]["id"]).first).to_be_visible()
+    expect(page.get_by_text(adapters[0]["id"]).first).to_be_attached()  # a grid cell
     screenshot(page, shots, "05_training")
 
     # ---- 6. Routing: compose the trained adapter, route a prompt, see per-token routing.
@@ -218,6 +220,8 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     tokens = page.locator(".trace-tokens").first
     expect(tokens).to_be_visible(timeout=120_000)
     assert tokens.locator("span").count() > 0
+    # the legend names the slot by the adapter's capability, not its folder name
+    expect(page.locator(".trace-legend").first).to_contain_text("1: precondition_verification")
     with store.connect(db_path, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM routing_traces").fetchone()[0] == 1
     screenshot(page, shots, "06_routing")

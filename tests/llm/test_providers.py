@@ -9,6 +9,7 @@ import pytest
 from wire_server import (
     Reply,
     WireServer,
+    anthropic_batch,
     anthropic_text_reply,
     anthropic_tool_reply,
     error_reply,
@@ -106,7 +107,7 @@ def test_anthropic_message_batches() -> None:
     def respond(path, body, n):
         if path == "/v1/messages/batches" and body:
             state["ids"] = [r["custom_id"] for r in body["requests"]]
-            return Reply(_batch("in_progress"))
+            return Reply(anthropic_batch("in_progress"))
         if path.endswith("/results"):
             lines = []
             for i, cid in enumerate(state["ids"]):
@@ -116,24 +117,13 @@ def test_anthropic_message_batches() -> None:
                                          "result": {"type": "succeeded", "message": msg}}))
             return Reply(raw="\n".join(lines))
         state["polls"] += 1
-        return Reply(_batch("ended" if state["polls"] >= 2 else "in_progress", url=srv.url))
+        return Reply(anthropic_batch("ended" if state["polls"] >= 2 else "in_progress", url=srv.url))
 
     with WireServer(respond) as srv:
         out = _anthropic(srv.url).complete_json_batch(
             [("a", "S", "U1"), ("b", "S", "U2")], SCHEMA, poll_s=0.01)
     assert out["a"].data["verdict"] == "yes"
     assert isinstance(out["b"], MalformedOutputError)
-
-
-def _batch(status: str, url: str = "") -> dict:
-    return {
-        "id": "msgbatch_1", "type": "message_batch", "processing_status": status,
-        "request_counts": {"processing": 0, "succeeded": 2, "errored": 0, "canceled": 0,
-                           "expired": 0},
-        "created_at": "2026-01-01T00:00:00Z", "expires_at": "2026-01-02T00:00:00Z",
-        "ended_at": None, "cancel_initiated_at": None, "archived_at": None,
-        "results_url": f"{url}/v1/messages/batches/msgbatch_1/results" if url else None,
-    }
 
 
 def test_openai_json_schema_seed_and_cached_tokens() -> None:

@@ -95,6 +95,18 @@ class WireServer:
 
 # ---------------------------------------------------------------- reply builders
 
+def anthropic_batch(status: str, url: str = "") -> dict:
+    """A Message Batch object (`msgbatch_1`); with `url`, its results live on that server."""
+    return {
+        "id": "msgbatch_1", "type": "message_batch", "processing_status": status,
+        "request_counts": {"processing": 0, "succeeded": 2, "errored": 0, "canceled": 0,
+                           "expired": 0},
+        "created_at": "2026-01-01T00:00:00Z", "expires_at": "2026-01-02T00:00:00Z",
+        "ended_at": None, "cancel_initiated_at": None, "archived_at": None,
+        "results_url": f"{url}/v1/messages/batches/msgbatch_1/results" if url else None,
+    }
+
+
 def anthropic_tool_reply(name: str, tool_input: Any, *, input_tokens: int = 100,
                          output_tokens: int = 20, cache_read: int = 0,
                          cache_write: int = 0) -> Reply:

@@ -71,6 +71,7 @@ def test_launch_watch_and_adapter(store_with_env):
     assert not at.exception
     assert at.metric[0].value == "succeeded" and at.metric[1].value == "2/2"
     assert len(at.get("plotly_chart")) == 1
+    assert any(e.label.startswith("Latest sample rollout") for e in at.expander)
     adapters = at.dataframe[1].value
     assert adapters["id"].tolist() == [f"a_{job_id}"]
     assert adapters["capability"].tolist() == ["toy_target_letter"]

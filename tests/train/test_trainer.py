@@ -43,6 +43,9 @@ def test_reward_rises_on_toy_environment(tmp_path):
                 "rollouts_per_s", "wall_s"):
         assert all(key in r for r in rows)
     assert result.final_reward == rows[-1]["reward_mean"]
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12 * 2  # one transcript per group per step
+    assert samples[-1]["messages"][-1]["role"] == "assistant" and "reward" in samples[-1]
     assert result.eval_before["n"] == 4 and result.eval_after["n"] == 4
     adapter = Path(result.adapter_path)
     config = json.loads((adapter / "adapter_config.json").read_text())

@@ -21,14 +21,12 @@ Design decisions
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from trace_lib.compose.gated import GatedMoE, load_moe
 from trace_lib.compose.traces import trace_ids
-from trace_lib.train.policy_engine import PolicyEngine
-from trace_lib.train.policy_server import ChatService, PolicyServer, ServerConfig, build_app
+from trace_lib.train.policy_server import ChatService, PolicyServer, ServerConfig
 
 
 def chatml_roles(tokens: list[str]) -> tuple[list[str], list[int]]:
@@ -60,24 +58,10 @@ class MoEChatService(ChatService):
     """`ChatService` over a composed model folder, optionally recording routing traces."""
 
     def __init__(self, config: ServerConfig, moe: GatedMoE, record_dir: str | Path | None = None):
-        import torch
-
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+        super().__init__(config, model=moe.model, tokenizer=moe.tokenizer)
         self.moe = moe
         self.record_dir = Path(record_dir) if record_dir else None
-        model, tok = moe.model, moe.tokenizer
-        self.tokenizer = tok
-        self.served_name = config.served_model_name or config.model
-        self.model_path = str(moe.folder or config.model)
-        self.max_model_len = config.max_model_len or int(
-            getattr(model.config, "max_position_embeddings", 2048))
-        eos = model.generation_config.eos_token_id
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        eos_ids = eos_ids or [tok.eos_token_id]
-        self.engine = PolicyEngine(model, tok, eos_ids, self.max_model_len)
-        self.default_max_tokens = config.default_max_tokens
-        self.created = int(time.time())
+        self.model_path = str(moe.folder or config.model)  # the composed folder, not the base
 
     def response(self, prompt_ids: list[int], samples: list[Any],
                  opts: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +84,8 @@ class MoEChatService(ChatService):
 class MoEPolicyServer(PolicyServer):
     """The policy server (background thread) serving a composed model folder."""
 
+    thread_name = "moe-policy-server"
+
     def __init__(self, moe_dir: str | Path, record_dir: str | Path | None = None,
                  mode: str | None = None, config: ServerConfig | None = None,
                  **overrides: Any):
@@ -109,28 +95,6 @@ class MoEPolicyServer(PolicyServer):
         self.record_dir = record_dir
         self.mode = mode
 
-    def start(self, timeout: float = 120.0) -> MoEPolicyServer:
-        import threading
-
-        import uvicorn
-
-        from trace_lib.train.policy_server import free_port
-
-        if self.config.port == 0:
-            self.config.port = free_port(self.config.host)
-        moe = load_moe(self.moe_dir, mode=self.mode)
-        self.service = MoEChatService(self.config, moe, self.record_dir)
-        cfg = uvicorn.Config(build_app(self.service), host=self.config.host,
-                             port=self.config.port, log_level="warning", access_log=False,
-                             lifespan="off")
-        self._server = uvicorn.Server(cfg)
-        self._thread = threading.Thread(target=self._server.run, name="moe-policy-server",
-                                        daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"policy server did not start on {self.url}")
-            time.sleep(0.02)
-        return self
+    def make_service(self) -> MoEChatService:
+        return MoEChatService(self.config, load_moe(self.moe_dir, mode=self.mode),
+                              self.record_dir)

@@ -31,12 +31,12 @@ from typing import Any
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.records import (
-    ROLES,
     ParsedFile,
     RawMessage,
     Skipped,
     as_object,
     assemble,
+    check_role,
     check_type,
     field,
     infer_termination,
@@ -79,11 +79,7 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
         if type(role) is not str:
             m = as_object(m, record, f"messages[{i}]")
             role = field(m, "role", (str,), record, f"messages[{i}]")
-        role = ROLE_ALIASES.get(role, role)
-        if role not in ROLES:
-            raise RecordError(
-                record, f"messages[{i}].role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
-            )
+        role = check_role(ROLE_ALIASES.get(role, role), record, f"messages[{i}]")
         path = f"messages[{i}]"
         content = m.get("content")
         if content is not None and type(content) is not str:

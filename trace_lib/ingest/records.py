@@ -131,6 +131,32 @@ def parse_arguments(raw: Any, record: int, path: str) -> dict[str, Any]:
     raise RecordError(record, path, f"expected an object or a JSON string, got {type_name(raw)}")
 
 
+def check_role(role: str, record: int, path: str) -> str:
+    """`role` if it is one of ROLES; `path` names the message (`traj[3]`)."""
+    if role not in ROLES:
+        raise RecordError(
+            record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
+        )
+    return role
+
+
+def expected_actions(
+    actions: Any, record: int, path: str, args_key: str = "arguments"
+) -> list[ExpectedAction]:
+    """A list of `{name, <args_key>: object}` (tau-bench names the arguments `kwargs`)."""
+    out = []
+    for k, a in enumerate(check_type(actions, (list,), record, path)):
+        apath = f"{path}[{k}]"
+        a = as_object(a, record, apath)
+        out.append(
+            ExpectedAction(
+                name=field(a, "name", (str,), record, apath),
+                arguments=opt_field(a, args_key, (dict,), record, apath) or {},
+            )
+        )
+    return out
+
+
 def text_content(value: Any, record: int, path: str) -> str | None:
     """Message content: a string, null, or a list of OpenAI content parts (texts joined)."""
     if value is None or isinstance(value, str):

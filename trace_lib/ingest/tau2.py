@@ -34,7 +34,8 @@ from trace_lib.ingest.records import (
     Skipped,
     as_object,
     assemble,
-    check_type,
+    check_role,
+    expected_actions,
     field,
     opt_field,
     parse_arguments,
@@ -46,7 +47,6 @@ from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
 
 SCHEMA_FILE = "tool_schemas_by_domain.json"
 SCHEMA_ENV = "TRACE_TAU2_TOOL_SCHEMAS"
-ROLES = ("system", "user", "assistant", "tool")
 
 
 def find_schema_file(src: Source) -> Path | None:
@@ -104,11 +104,7 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
     for i, raw in enumerate(raw_messages):
         path = f"messages[{i}]"
         m = as_object(raw, record, path)
-        role = field(m, "role", (str,), record, path)
-        if role not in ROLES:
-            raise RecordError(
-                record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
-            )
+        role = check_role(field(m, "role", (str,), record, path), record, path)
         content = text_content(m.get("content"), record, f"{path}.content")
         if role == "tool":
             failed = opt_field(m, "error", (bool,), record, path)
@@ -143,18 +139,7 @@ def _expected(task: dict[str, Any], record: int) -> list[ExpectedAction] | None:
     crit = task.get("evaluation_criteria")
     if not isinstance(crit, dict) or crit.get("actions") is None:
         return None
-    actions = check_type(crit["actions"], (list,), record, "tasks.evaluation_criteria.actions")
-    out = []
-    for k, a in enumerate(actions):
-        path = f"tasks.evaluation_criteria.actions[{k}]"
-        a = as_object(a, record, path)
-        out.append(
-            ExpectedAction(
-                name=field(a, "name", (str,), record, path),
-                arguments=opt_field(a, "arguments", (dict,), record, path) or {},
-            )
-        )
-    return out
+    return expected_actions(crit["actions"], record, "tasks.evaluation_criteria.actions")
 
 
 def parse_simulation(

@@ -26,13 +26,13 @@ from typing import Any
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.records import (
-    ROLES,
     ParsedFile,
     RawMessage,
     Skipped,
     as_object,
     assemble,
-    check_type,
+    check_role,
+    expected_actions,
     field,
     opt_field,
     parse_arguments,
@@ -68,11 +68,7 @@ def _messages(traj: list[Any], record: int) -> list[RawMessage]:
     for i, raw in enumerate(traj):
         path = f"traj[{i}]"
         m = as_object(raw, record, path)
-        role = field(m, "role", (str,), record, path)
-        if role not in ROLES:
-            raise RecordError(
-                record, f"{path}.role", f"expected one of {'/'.join(ROLES)}, got {role!r}"
-            )
+        role = check_role(field(m, "role", (str,), record, path), record, path)
         content = opt_field(m, "content", (str,), record, path)
         calls = []
         for j, tc in enumerate(opt_field(m, "tool_calls", (list,), record, path) or []):
@@ -107,18 +103,7 @@ def _messages(traj: list[Any], record: int) -> list[RawMessage]:
 def _expected(task: dict[str, Any] | None, record: int) -> list[ExpectedAction] | None:
     if not task or task.get("actions") is None:
         return None
-    actions = check_type(task["actions"], (list,), record, "info.task.actions")
-    out = []
-    for k, a in enumerate(actions):
-        path = f"info.task.actions[{k}]"
-        a = as_object(a, record, path)
-        out.append(
-            ExpectedAction(
-                name=field(a, "name", (str,), record, path),
-                arguments=opt_field(a, "kwargs", (dict,), record, path) or {},
-            )
-        )
-    return out
+    return expected_actions(task["actions"], record, "info.task.actions", args_key="kwargs")
 
 
 def parse_record(

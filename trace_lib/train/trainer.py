@@ -294,7 +294,7 @@ def train(
         _truncate_metrics(metrics_path, start_step)
         print(f"[train] resumed from {ckpt} at step {start_step}", flush=True)
     else:  # a fresh run: nothing of an earlier run in this folder may leak into it
-        for stale in (metrics_path, run_dir / "eval.json"):
+        for stale in (metrics_path, run_dir / "eval.json", run_dir / "samples.jsonl"):
             stale.unlink(missing_ok=True)
 
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
@@ -388,6 +388,13 @@ def train(
                 }
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
+                with (run_dir / "samples.jsonl").open("a") as fh:  # one transcript per group
+                    for grp in groups:
+                        r = grp[0]
+                        fh.write(json.dumps({"step": step + 1, "seed": r.seed, "reward": r.reward,
+                                             "passed": r.passed, "reasons": r.reasons,
+                                             "hinted": r.hinted, "messages": r.messages},
+                                            default=str) + "\n")
                 print(f"[train] step {step + 1}/{cfg.steps} reward {row['reward_mean']:.3f} "
                       f"pass {row['pass_rate']:.2f} loss {row['loss']:.4f} "
                       f"groups kept {row['groups_kept']}/{cfg.groups_per_step} "

@@ -16,7 +16,6 @@ Design decisions
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -24,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from trace_lib.diagnose.transcript import Transcript
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
+from trace_lib.llm.protocol import build_lazily
 from trace_lib.models import Capability
 
 
@@ -72,8 +72,4 @@ def register_labeler(name: str, factory: Callable[..., Labeler]) -> None:
 def get_labeler(name: str, **cfg: Any) -> Labeler:
     if name not in LABELERS:
         raise UserInputError(f"--labeler {name!r}: expected one of {', '.join(sorted(LABELERS))}")
-    target = LABELERS[name]
-    if isinstance(target, str):
-        module, attr = target.split(":")
-        target = getattr(importlib.import_module(module), attr)
-    return target(**{k: v for k, v in cfg.items() if v is not None})
+    return build_lazily(LABELERS[name], cfg)

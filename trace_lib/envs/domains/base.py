@@ -33,6 +33,10 @@ Design decisions
   are always enforced.
 - `db_hash` is the sha256 of the canonical JSON dump: equal states hash equal whatever
   the dict order, so a verifier compares one string.
+- What tau2's airline and retail share is written once here: the customer records (`Name`,
+  `Address`, `CreditCard`, same field names in both benchmarks) and the domain-free tools
+  (`think`, `transfer_to_human_agents`) in `CustomerServiceTools`. `calculate` stays per
+  domain: its argument example differs, and the schemas must stay as they were.
 """
 
 from __future__ import annotations
@@ -46,9 +50,34 @@ import re
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, create_model
+
+# ----------------------------------------------------------------------------- records
+# Customer records with the same fields in tau2's airline and retail databases.
+
+
+class Name(BaseModel):
+    first_name: str
+    last_name: str
+
+
+class Address(BaseModel):
+    address1: str
+    address2: str
+    city: str
+    country: str
+    state: str
+    zip: str
+
+
+class CreditCard(BaseModel):
+    source: Literal["credit_card"] = "credit_card"
+    id: str
+    brand: str
+    last_four: str
+
 
 # ----------------------------------------------------------------------------- tools
 
@@ -151,6 +180,29 @@ class Toolkit:
     def tool_schemas(cls) -> list[dict[str, Any]]:
         """OpenAI function tools for every tool, sorted by name."""
         return [tool_schema(cls, name) for name in cls.tool_names()]
+
+
+class CustomerServiceTools(Toolkit):
+    """The tools every customer-service domain has, whatever its database."""
+
+    @tool
+    def think(self, thought: str) -> str:
+        """Write down a reasoning step. Changes nothing and returns nothing.
+
+        Args:
+            thought: The reasoning to record.
+        """
+        return ""
+
+    @tool
+    def transfer_to_human_agents(self, summary: str) -> str:
+        """Hand the conversation to a human agent, with a summary of the user's problem. Only
+        when the user asks for a human, or the policy and tools cannot resolve the request.
+
+        Args:
+            summary: What the user needs and what has been done so far.
+        """
+        return "Transfer successful"
 
 
 _MODEL_CACHE: dict[tuple[type, str], type[BaseModel]] = {}

@@ -1,9 +1,8 @@
-"""Airline tools: schema fidelity with tau2-bench and the rules they apply."""
+"""Airline tools: the rules they apply (schema fidelity: ../test_schema_fidelity.py)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -19,34 +18,6 @@ from trace_lib.envs.domains.airline.data_model import (
 )
 from trace_lib.envs.domains.airline.tools import cancellation_allowed, reservation_flown
 from trace_lib.envs.domains.base import db_hash
-
-
-def _strip_descriptions(x):
-    if isinstance(x, dict):
-        return {k: _strip_descriptions(v) for k, v in x.items() if k != "description"}
-    if isinstance(x, list):
-        return [_strip_descriptions(v) for v in x]
-    return x
-
-
-def test_schemas_match_tau2_airline(shared_data: Path):
-    ref = json.loads((shared_data / "tau2-bench" / "tool_schemas_by_domain.json").read_text())
-    ref_tools = {t["function"]["name"]: t for t in ref["domains"]["airline"]}
-    mine = {t["function"]["name"]: t for t in get_domain("airline").tool_schemas()}
-    assert set(ref_tools) <= set(mine)
-    assert set(mine) - set(ref_tools) == {"think"}  # tau-bench's extra scratchpad tool
-    for name, theirs in ref_tools.items():
-        ours = mine[name]
-        assert ours["type"] == "function"
-        assert ours["function"]["description"], name
-        p, q = ours["function"]["parameters"], theirs["function"]["parameters"]
-        assert list(p["properties"]) == list(q["properties"]), name
-        assert p.get("required", []) == q.get("required", []), name
-        for arg, spec in q["properties"].items():
-            assert p["properties"][arg].get("type") == spec.get("type"), (name, arg)
-            assert p["properties"][arg].get("description"), (name, arg)
-        # Beyond names and types: nested item schemas, enums and $defs agree too.
-        assert _strip_descriptions(p) == _strip_descriptions(q), name
 
 
 @pytest.fixture(scope="module")

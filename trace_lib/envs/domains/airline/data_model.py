@@ -19,6 +19,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from trace_lib.envs.domains.base import Address, CreditCard, Name
+
 NOW = "2024-05-15T15:00:00"  # the domain's current time (EST)
 TODAY = NOW[:10]
 
@@ -54,27 +56,6 @@ class Passenger(BaseModel):
 class Payment(BaseModel):
     payment_id: str = Field(description="Id of a payment method in the user's profile")
     amount: int = Field(description="Amount in dollars (negative for a refund)")
-
-
-class Name(BaseModel):
-    first_name: str
-    last_name: str
-
-
-class Address(BaseModel):
-    address1: str
-    address2: str
-    city: str
-    country: str
-    state: str
-    zip: str
-
-
-class CreditCard(BaseModel):
-    source: Literal["credit_card"] = "credit_card"
-    id: str
-    brand: str
-    last_four: str
 
 
 class GiftCard(BaseModel):

@@ -47,7 +47,12 @@ from trace_lib.envs.domains.airline.data_model import (
     ReservationFlight,
     User,
 )
-from trace_lib.envs.domains.base import ToolError, Toolkit, calculate_expression, tool
+from trace_lib.envs.domains.base import (
+    CustomerServiceTools,
+    ToolError,
+    calculate_expression,
+    tool,
+)
 
 
 def _coerce(model: type[BaseModel], items: list[Any], arg: str) -> list[Any]:
@@ -105,7 +110,7 @@ def free_bags(membership: str, cabin: str, n_passengers: int) -> int:
     return FREE_BAGS[membership][cabin] * n_passengers
 
 
-class AirlineTools(Toolkit):
+class AirlineTools(CustomerServiceTools):
     """Tools over an `AirlineDB` (mutated in place)."""
 
     domain = "airline"
@@ -259,25 +264,6 @@ class AirlineTools(Toolkit):
             expression: Numbers, + - * /, parentheses and spaces, such as '(120 + 80) * 2'.
         """
         return calculate_expression(expression)
-
-    @tool
-    def think(self, thought: str) -> str:
-        """Write down a reasoning step. Changes nothing and returns nothing.
-
-        Args:
-            thought: The reasoning to record.
-        """
-        return ""
-
-    @tool
-    def transfer_to_human_agents(self, summary: str) -> str:
-        """Hand the conversation to a human agent, with a summary of the user's problem. Only
-        when the user asks for a human, or the policy and tools cannot resolve the request.
-
-        Args:
-            summary: What the user needs and what has been done so far.
-        """
-        return "Transfer successful"
 
     # ------------------------------------------------------------------- writes
     @tool(write=True)

@@ -19,6 +19,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from trace_lib.envs.domains.base import Address, CreditCard, Name
+
 OrderStatus = Literal[
     "pending", "processed", "delivered", "cancelled", "pending (item modified)",
     "return requested", "exchange requested",
@@ -37,27 +39,6 @@ class Product(BaseModel):
     product_id: str
     name: str
     variants: dict[str, Variant]
-
-
-class Name(BaseModel):
-    first_name: str
-    last_name: str
-
-
-class Address(BaseModel):
-    address1: str
-    address2: str
-    city: str
-    country: str
-    state: str
-    zip: str
-
-
-class CreditCard(BaseModel):
-    source: Literal["credit_card"] = "credit_card"
-    id: str
-    brand: str
-    last_four: str
 
 
 class Paypal(BaseModel):

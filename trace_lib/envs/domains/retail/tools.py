@@ -25,7 +25,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from trace_lib.envs.domains.base import ToolError, Toolkit, calculate_expression, tool
+from trace_lib.envs.domains.base import (
+    CustomerServiceTools,
+    ToolError,
+    calculate_expression,
+    tool,
+)
 from trace_lib.envs.domains.retail.data_model import (
     CANCEL_REASONS,
     Address,
@@ -37,7 +42,7 @@ from trace_lib.envs.domains.retail.data_model import (
 )
 
 
-class RetailTools(Toolkit):
+class RetailTools(CustomerServiceTools):
     """Tools over a `RetailDB` (mutated in place)."""
 
     domain = "retail"
@@ -49,11 +54,16 @@ class RetailTools(Toolkit):
             raise ToolError(f"user {user_id} not found")
         return self.db.users[user_id]
 
-    def _order(self, order_id: str) -> Order:
+    def _order(self, order_id: str, status: str | None = None, action: str = "") -> Order:
+        """The order; with `status`, refused unless it is in that status (for `action`)."""
         if order_id not in self.db.orders:
             hint = "" if order_id.startswith("#") else " (order ids start with '#')"
             raise ToolError(f"order {order_id} not found{hint}")
-        return self.db.orders[order_id]
+        order = self.db.orders[order_id]
+        if status is not None and order.status != status:
+            raise ToolError(f"order {order_id} is {order.status}; only {status} orders can be "
+                            f"{action}")
+        return order
 
     def _method(self, user: User, payment_method_id: str) -> Any:
         method = user.payment_methods.get(payment_method_id)
@@ -168,25 +178,6 @@ class RetailTools(Toolkit):
         """
         return calculate_expression(expression)
 
-    @tool
-    def think(self, thought: str) -> str:
-        """Write down a reasoning step. Changes nothing and returns nothing.
-
-        Args:
-            thought: The reasoning to record.
-        """
-        return ""
-
-    @tool
-    def transfer_to_human_agents(self, summary: str) -> str:
-        """Hand the conversation to a human agent, with a summary of the user's problem. Only
-        when the user asks for a human, or the policy and tools cannot resolve the request.
-
-        Args:
-            summary: What the user needs and what has been done so far.
-        """
-        return "Transfer successful"
-
     # ------------------------------------------------------------------- writes
     @tool(write=True)
     def cancel_pending_order(self, order_id: str, reason: str) -> Order:
@@ -197,10 +188,7 @@ class RetailTools(Toolkit):
             order_id: The order id, which starts with '#', such as '#W0000000'.
             reason: Either 'no longer needed' or 'ordered by mistake'.
         """
-        order = self._order(order_id)
-        if order.status != "pending":
-            raise ToolError(f"order {order_id} is {order.status}; only pending orders can be "
-                            "cancelled")
+        order = self._order(order_id, "pending", "cancelled")
         if reason not in CANCEL_REASONS:
             raise ToolError(f"reason must be one of {', '.join(map(repr, CANCEL_REASONS))}")
         user = self._user(order.user_id)
@@ -232,10 +220,7 @@ class RetailTools(Toolkit):
             country: Country, such as 'USA'.
             zip: Zip code, such as '78701'.
         """
-        order = self._order(order_id)
-        if order.status != "pending":
-            raise ToolError(f"order {order_id} is {order.status}; only pending orders can be "
-                            "modified")
+        order = self._order(order_id, "pending", "modified")
         order.address = Address(address1=address1, address2=address2, city=city, state=state,
                                 country=country, zip=zip)
         return order
@@ -256,10 +241,7 @@ class RetailTools(Toolkit):
             payment_method_id: Payment method id from the user's profile, such as
                 'gift_card_0000000' or 'credit_card_0000000'.
         """
-        order = self._order(order_id)
-        if order.status != "pending":
-            raise ToolError(f"order {order_id} is {order.status}; only pending orders can be "
-                            "modified")
+        order = self._order(order_id, "pending", "modified")
         diff = self._swap_check(order, item_ids, new_item_ids)
         user = self._user(order.user_id)
         self._pay_difference(user, payment_method_id, diff)
@@ -283,10 +265,7 @@ class RetailTools(Toolkit):
             payment_method_id: The new payment method id, such as 'gift_card_0000000' or
                 'credit_card_0000000'.
         """
-        order = self._order(order_id)
-        if order.status != "pending":
-            raise ToolError(f"order {order_id} is {order.status}; only pending orders can be "
-                            "modified")
+        order = self._order(order_id, "pending", "modified")
         payments = [p for p in order.payment_history if p.transaction_type == "payment"]
         if len(payments) != 1:
             raise ToolError(f"order {order_id} has {len(payments)} payments; expected one")
@@ -338,10 +317,7 @@ class RetailTools(Toolkit):
             payment_method_id: Where the refund goes: the order's original payment method or a
                 gift card of the user, such as 'gift_card_0000000'.
         """
-        order = self._order(order_id)
-        if order.status != "delivered":
-            raise ToolError(f"order {order_id} is {order.status}; only delivered orders can be "
-                            "returned")
+        order = self._order(order_id, "delivered", "returned")
         if not item_ids:
             raise ToolError("item_ids must list at least one item")
         have = Counter(i.item_id for i in order.items)
@@ -375,10 +351,7 @@ class RetailTools(Toolkit):
             payment_method_id: Payment method id from the user's profile, such as
                 'gift_card_0000000' or 'credit_card_0000000'.
         """
-        order = self._order(order_id)
-        if order.status != "delivered":
-            raise ToolError(f"order {order_id} is {order.status}; only delivered orders can be "
-                            "exchanged")
+        order = self._order(order_id, "delivered", "exchanged")
         diff = self._swap_check(order, item_ids, new_item_ids)
         user = self._user(order.user_id)
         self._pay_difference(user, payment_method_id, diff)

@@ -1,0 +1,121 @@
+"""Screenshots of every page for the README: `make screenshots` (or `python scripts/screenshots.py`).
+
+Design decisions
+- The app runs on a throwaway store in a temp dir (demo data, labeled offline), never on the
+  user's data/trace.duckdb, so the pictures are reproducible and nothing private leaks in.
+- A real `streamlit run` on a free 127.0.0.1 port and Debian's headless Chromium through
+  the `playwright` package (never `playwright install`), like the e2e tests.
+- One PNG per page, `docs/screenshots/<page>.png`, taken after the page's script has
+  finished running (no running indicator) so no half-drawn page is committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PAGES = (("home", ""), ("trajectories", "Trajectories"), ("labels", "Labels"),
+         ("rankings", "Rankings"), ("environments", "Environments"),
+         ("training", "Training"), ("routing", "Routing"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prepare_store(tmp: Path, n: int, runs: int) -> Path:
+    from trace_lib.demo import build_demo
+    from trace_lib.diagnose.labeling import run_labeling
+
+    db = tmp / "trace.duckdb"
+    build_demo(tmp / "demo", n=n, seed=0, db=db, progress=True)
+    run_labeling(db, "heuristic", runs=runs)
+    return db
+
+
+def _start_app(db: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "TRACE_DB": str(db), "TRACE_RUNS_DIR": str(tmp / "runs"),
+           "HF_HUB_OFFLINE": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    log = open(tmp / "streamlit.log", "wb")  # noqa: SIM115 - lives as long as the app
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "app.py"),
+         "--server.port", str(port), "--server.address", "127.0.0.1",
+         "--server.headless", "true", "--server.fileWatcherType", "none"],
+        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.3)
+    proc.terminate()
+    raise SystemExit(f"streamlit did not start:\n{(tmp / 'streamlit.log').read_text()[-3000:]}")
+
+
+def _settle(page) -> None:
+    page.wait_for_selector('[data-testid="stMain"] h1', timeout=120_000)
+    page.wait_for_timeout(500)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
+                           timeout=120_000)
+    page.wait_for_timeout(1500)  # plotly draws after the script ends
+
+
+def take(out: Path, n: int, runs: int) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    saved = []
+    with tempfile.TemporaryDirectory(prefix="trace-shots-") as t:
+        tmp = Path(t)
+        db = _prepare_store(tmp, n, runs)
+        proc, url = _start_app(db, tmp)
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1500, "height": 1000})
+                for name, path in PAGES:
+                    page.goto(f"{url}/{path}")
+                    _settle(page)
+                    target = out / f"{name}.png"
+                    page.screenshot(path=str(target), full_page=False)
+                    saved.append(target)
+                    print(f"saved {target.relative_to(REPO_ROOT)}")
+                browser.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "screenshots")
+    p.add_argument("--n", type=int, default=120, help="demo trajectories")
+    p.add_argument("--runs", type=int, default=3, help="offline labeling runs")
+    args = p.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        raise SystemExit(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
+    take(args.out, args.n, args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

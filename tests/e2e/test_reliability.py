@@ -1,0 +1,274 @@
+"""Reliability under the four things that go wrong in real use, each measured for real.
+
+1. Two browser sessions edit labels on the Labels page at the same time: no edit is lost.
+2. An import is killed with SIGKILL half way through writing: the store is unchanged.
+3. A training job is killed with SIGKILL: it is shown as failed, its checkpoints load.
+4. The app is restarted while a job runs: the new app still tracks (and can cancel) it.
+
+Each test appends its figures to `artifacts/reliability.json` (counts, timings), which is
+where the `## Reliability` section of bench/README.md takes its numbers from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import (  # noqa: E402
+    ARTIFACTS,
+    GRID_ID_COLUMNS,
+    REPO_ROOT,
+    edit_grid_cell,
+    goto,
+    run_cli,
+    screenshot,
+    shot_dir,
+    table_fingerprint,
+    wait_until,
+)
+
+TOY_ENV = "trace_lib.train.smoke_envs:TargetLetterEnv"
+TAU2_RESULTS = "tau2-bench/results"
+
+
+def _record(name: str, figures: dict) -> None:
+    """Merge one test's figures into artifacts/reliability.json (read by the bench notes)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "reliability.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[name] = {**figures, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.write_text(json.dumps(data, indent=2))
+    print(f"{name}: {json.dumps(figures)}")
+
+
+def _n_edits(db: Path) -> int:
+    from trace_lib import store
+
+    with store.connect(db, read_only=True) as con:
+        return con.execute("SELECT count(*) FROM label_edits").fetchone()[0]
+
+
+def _toy_env_store(db: Path) -> None:
+    from trace_lib.envs.catalog import save_environment
+    from trace_lib.envs.registry import EnvSpec
+
+    save_environment(EnvSpec(name=TOY_ENV, capability="toy_target_letter", domain="toy",
+                             version=1, source="file", code="# smoke env, trace_lib.train"),
+                     status="approved", db=db)
+
+
+def _toy_config(steps: int) -> dict:
+    return {"env": TOY_ENV, "model": "tiny", "steps": steps, "group": 4, "groups_per_step": 1,
+            "max_tokens": 3, "eval_seeds": 0, "checkpoint_every": 1,
+            "lora": {"rank": 4, "targets": ["q_proj", "v_proj"]}}
+
+
+# --------------------------------------------------------- 1. concurrent label edits
+@pytest.mark.e2e
+def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_app,
+                                          db_path: Path, tmp_path: Path) -> None:
+    from trace_lib import store
+    from trace_lib.diagnose import capabilities as capmod
+    from trace_lib.diagnose import labels as lb
+
+    run_cli("demo", "build", "--n", "24", "--out", str(tmp_path / "demo"), db=db_path)
+    run_cli("label", "--labeler", "heuristic", db=db_path)
+    all_caps = [c.name for c in capmod.list_capabilities(db_path) if c.status != "rejected"]
+    shown = [c for c in capmod.CORE if c in all_caps] or all_caps
+    grid = lb.label_grid(db_path, lb.LabelFilter(capabilities=shown))
+    server = streamlit_server(db_path)
+    shots = shot_dir("reliability")
+
+    pages = []
+    for _ in range(2):
+        ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+        page = ctx.new_page()
+        page.set_default_timeout(60_000)
+        goto(page, server.url + "/Labels", wait_for_app)
+        pages.append(page)
+
+    rounds = 4  # each session edits its own column, row by row, both in flight at once
+    wanted: dict[tuple[str, str], str] = {}
+    latencies: list[float] = []
+    started = time.monotonic()
+    for row in range(rounds):
+        t0 = time.monotonic()
+        for who, page in enumerate(pages):
+            cap = grid.columns[GRID_ID_COLUMNS + who]
+            tid = grid.iloc[row]["trajectory_id"]
+            new = "present" if grid.iloc[row][cap] == "lacking" else "lacking"
+            wanted[(tid, cap)] = new
+            edit_grid_cell(page, page.get_by_test_id("stDataFrame").first, row=row,
+                           col=GRID_ID_COLUMNS + who, value=new)
+        for page in pages:
+            wait_for_app(page)
+
+        n_wanted = len(wanted)
+        wait_until(lambda n=n_wanted: _n_edits(db_path) >= n, 30, f"{n_wanted} saved edits")
+        latencies.append(time.monotonic() - t0)
+    for i, page in enumerate(pages):
+        screenshot(page, shots, f"labels_session_{i}")
+        page.context.close()
+
+    with store.connect(db_path, read_only=True) as con:
+        rows = con.execute("SELECT trajectory_id, capability, new FROM label_edits").fetchall()
+    got = {(t, c): v for t, c, v in rows}
+    effective = lb.label_grid(db_path, lb.LabelFilter(capabilities=shown)).set_index(
+        "trajectory_id")
+    lost = [k for k, v in wanted.items() if got.get(k) != v or effective.loc[k[0], k[1]] != v]
+    _record("concurrent_label_edits", {
+        "sessions": 2, "edits_attempted": len(wanted), "edits_saved": len(rows),
+        "edits_lost": len(lost), "round_s_max": round(max(latencies), 2),
+        "round_s_mean": round(sum(latencies) / len(latencies), 2),
+        "total_s": round(time.monotonic() - started, 1)})
+    assert not lost, lost
+    assert len(rows) == len(wanted)  # and nothing saved twice
+
+
+# -------------------------------------------------------------- 2. import killed
+def test_import_killed_half_way_leaves_store_unchanged(db_path: Path, tmp_path: Path,
+                                                        shared_data: Path) -> None:
+    from trace_lib.ingest import ingest_paths
+
+    files = sorted(str(p) for p in (shared_data / TAU2_RESULTS).rglob("*.json"))
+    run_cli("demo", "build", "--n", "24", "--out", str(tmp_path / "demo"), db=db_path)
+    before = table_fingerprint(db_path)
+    kills = []
+    for delay_after_write_s in (0.0, 0.15, 0.4):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trace_lib", "ingest", "--db", str(db_path), *files],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        writing = threading.Event()
+        seen: list[bytes] = []
+
+        def watch(stream=proc.stderr, seen=seen, writing=writing):
+            # tqdm redraws with \r, so read raw chunks rather than lines
+            while chunk := stream.read1(4096):
+                seen.append(chunk)
+                if b"writing" in b"".join(seen[-2:]):
+                    writing.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        t0 = time.monotonic()
+        assert writing.wait(240), b"".join(seen)[-2000:]
+        t_write = time.monotonic() - t0
+        time.sleep(delay_after_write_s)
+        alive = proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        kills.append({"killed_at_s": round(time.monotonic() - t0, 2),
+                      "writing_began_s": round(t_write, 2), "was_running": alive})
+        assert alive, "the import finished before the kill: use more data"
+        assert table_fingerprint(db_path) == before  # all or nothing, even under SIGKILL
+
+    # The store is still healthy: the same import, unkilled, goes through.
+    t0 = time.monotonic()
+    report = ingest_paths(files, db=db_path)
+    full_s = time.monotonic() - t0
+    after = table_fingerprint(db_path)
+    _record("import_killed", {
+        "files": len(files), "kills": kills, "store_unchanged_after_each_kill": True,
+        "full_import_trajectories": report.trajectories, "full_import_s": round(full_s, 1)})
+    assert after["trajectories"][0] == before["trajectories"][0] + report.trajectories > 0
+
+
+# ------------------------------------------------------------- 3. job SIGKILLed
+def test_job_killed_is_failed_with_checkpoints_intact(db_path: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    from safetensors.torch import load_file
+    from streamlit.testing.v1 import AppTest
+
+    from trace_lib.train import jobs, records
+    from trace_lib.train.trainer import latest_checkpoint
+
+    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
+    monkeypatch.setenv("TRACE_DB", str(db_path))
+    _toy_env_store(db_path)
+    spec = records.launch_training(db_path, _toy_config(steps=400))
+    ckpts = spec.path / "checkpoints"
+    wait_until(lambda: len(list(ckpts.glob("step_*"))) >= 3, 240, "three checkpoints")
+    status = jobs.read_status(spec.path)
+    pid, pgid = int(status["pid"]), int(status["pgid"])
+    t_kill = time.monotonic()
+    os.kill(pid, signal.SIGKILL)  # what the OOM killer does: the job gets no say
+    seen_failed = wait_until(lambda: jobs.job_status(spec.id).state == "failed", 30,
+                             "the killed job to read as failed")
+    detect_s = time.monotonic() - t_kill
+    # children of the job (its policy server) must not outlive it for long
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+        leftover = True
+    except ProcessLookupError:
+        leftover = False
+
+    statuses = {s.id: s for s in records.sync_jobs(db_path)}
+    assert seen_failed and statuses[spec.id].state == "failed"
+    at = AppTest.from_file(str(REPO_ROOT / "pages" / "5_Training.py"), default_timeout=60).run()
+    assert not at.exception
+    assert at.metric[0].value == "failed"
+
+    steps = sorted(ckpts.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    loaded = 0
+    for ck in steps:
+        cfg = json.loads((ck / "adapter_config.json").read_text())
+        tensors = load_file(str(ck / "adapter_model.safetensors"))
+        assert cfg["r"] == 4 and tensors and all(t.isfinite().all() for t in tensors.values())
+        loaded += 1
+    assert latest_checkpoint(spec.path) == steps[-1]
+    _record("job_sigkill", {
+        "checkpoints": len(steps), "checkpoints_loaded": loaded, "shown_as": "failed",
+        "failed_detected_s": round(detect_s, 2), "children_left_after_kill": leftover})
+
+
+# ------------------------------------------------------- 4. app restart during a job
+@pytest.mark.e2e
+def test_app_restart_keeps_tracking_the_job(streamlit_server, browser_page, wait_for_app,
+                                            db_path: Path, tmp_path: Path,
+                                            monkeypatch) -> None:
+    from playwright.sync_api import expect
+
+    from trace_lib.train import jobs, records
+
+    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
+    _toy_env_store(db_path)
+    page = browser_page
+    first = streamlit_server(db_path)
+    spec = records.launch_training(db_path, _toy_config(steps=400))
+    wait_until(lambda: jobs.read_metrics(spec.path), 240, "the job's first step")
+    goto(page, first.url + "/Training", wait_for_app)
+    state = page.get_by_test_id("stMetric").filter(has_text="State")
+    expect(state).to_contain_text("running")
+
+    t0 = time.monotonic()
+    first.stop()  # SIGTERM to streamlit; the job lives in its own session
+    steps_at_stop = jobs.job_status(spec.id).steps_done
+    second = streamlit_server(db_path)
+    restart_s = time.monotonic() - t0
+    assert jobs.job_status(spec.id).state == "running"
+    goto(page, second.url + "/Training", wait_for_app)
+    expect(state).to_contain_text("running")
+    step = page.get_by_test_id("stMetric").filter(has_text="Step")
+    # the live panel keeps advancing from the run directory after the restart
+    wait_until(lambda: jobs.job_status(spec.id).steps_done > steps_at_stop + 1, 120,
+               "progress after the restart")
+    expect(step).not_to_contain_text(f"{steps_at_stop}/", timeout=30_000)
+    screenshot(page, shot_dir("reliability"), "training_after_restart")
+    page.get_by_role("button", name="Cancel").click()
+    expect(state).to_contain_text("cancelled", timeout=60_000)
+    final = jobs.job_status(spec.id)
+    _record("app_restart_during_job", {
+        "restart_s": round(restart_s, 1), "steps_at_stop": steps_at_stop,
+        "steps_when_cancelled": final.steps_done, "state_after_restart": "running",
+        "final_state": final.state})
+    assert final.state == "cancelled"
+    assert {s.id: s.state for s in records.sync_jobs(db_path)}[spec.id] == "cancelled"
