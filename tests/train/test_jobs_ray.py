@@ -62,7 +62,7 @@ def ray_head():
                 time.sleep(1)
         yield address
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
             try:
                 os.killpg(head.pid, sig)
             except ProcessLookupError:
