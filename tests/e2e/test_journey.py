@@ -78,15 +78,20 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     # the widget shortens long names; its remove button carries the full one
     expect(sidebar.get_by_role("button", name=f"Remove {Path(TAU2_FILE).name}")).to_be_visible()
     wait_for_app(page)
-    sidebar.get_by_role("button", name="Import", exact=True).click()
+    import_button = sidebar.get_by_role("button", name="Import", exact=True)
+    expect(import_button).to_be_enabled()
+    import_button.click()
     wait_for_app(page)
-    expect(page.get_by_test_id("stAlertContentSuccess").filter(
-        has_text="imported 20 trajectories")).to_be_visible(timeout=90_000)
+
+    def n_trajectories() -> int:
+        with store.connect(db_path, read_only=True) as con:
+            return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+
+    wait_until(lambda: n_trajectories() == DEMO_N + 20, 90, "the 20 tau2 trajectories")
     with store.connect(db_path, read_only=True) as con:
         formats = dict(con.execute("SELECT format, count(*) FROM datasets GROUP BY 1"
                                    ).fetchall())
-        n_traj = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
-    assert formats.get("tau2") == 1 and n_traj == DEMO_N + 20
+    assert formats.get("tau2") == 1
     # the import runs before the page's queries, so the same run already counts it
     expect(page.get_by_test_id("stMetric").first).to_contain_text(str(DEMO_N + 20),
                                                                  timeout=60_000)

@@ -50,11 +50,14 @@ def _record(name: str, figures: dict) -> None:
     print(f"{name}: {json.dumps(figures)}")
 
 
-def _n_edits(db: Path) -> int:
+def _edits(db: Path) -> dict[tuple[str, str], str]:
+    """The latest edit's value per (trajectory, capability)."""
     from trace_lib import store
 
     with store.connect(db, read_only=True) as con:
-        return con.execute("SELECT count(*) FROM label_edits").fetchone()[0]
+        rows = con.execute("SELECT trajectory_id, capability, new FROM label_edits ORDER BY id"
+                           ).fetchall()
+    return {(t, c): v for t, c, v in rows}
 
 
 def _toy_env_store(db: Path) -> None:
@@ -100,8 +103,10 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
     wanted: dict[tuple[str, str], str] = {}
     latencies: list[float] = []
     started = time.monotonic()
+    retyped = 0
     for row in range(rounds):
         t0 = time.monotonic()
+        typed = []
         for who, page in enumerate(pages):
             col = GRID_ID_COLUMNS + who
             cap = grid.columns[col]
@@ -110,15 +115,23 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
             wanted[(tid, cap)] = new
             edit_grid_cell(page, page.get_by_test_id("stDataFrame").first, row=row, col=col,
                            value=new)
+            typed.append((page, col, (tid, cap), new))
         for page in pages:
             wait_for_app(page)
-        n_wanted = len(wanted)
-        wait_until(lambda n=n_wanted: _n_edits(db_path) >= n, 30, f"{n_wanted} saved edits")
+        for page, col, key, new in typed:
+            try:
+                wait_until(lambda k=key, v=new: _edits(db_path).get(k) == v, 15, f"edit {key}")
+            except AssertionError:
+                # The keystrokes never reached the app (the canvas editor was remounting
+                # after the other save on a loaded box): type it again, and count it.
+                screenshot(page, shots, f"labels_retyped_{row}_{col}")
+                retyped += 1
+                goto(page, server.url + "/Labels", wait_for_app)
+                edit_grid_cell(page, page.get_by_test_id("stDataFrame").first, row=row,
+                               col=col, value=new)
+                wait_until(lambda k=key, v=new: _edits(db_path).get(k) == v, 30, f"edit {key}")
         latencies.append(time.monotonic() - t0)
-        # Each save remounts the editor under a new key; on a loaded box a cell typed while
-        # that rerun lands can be dropped (reported to the Labels page owner), so each
-        # round starts from a freshly loaded page, as after a person's refresh.
-        for page in pages:
+        for page in pages:  # each round starts from a settled page, as after a refresh
             goto(page, server.url + "/Labels", wait_for_app)
     for i, page in enumerate(pages):
         screenshot(page, shots, f"labels_session_{i}")
@@ -132,7 +145,7 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
     lost = [k for k, v in wanted.items() if got.get(k) != v or effective.loc[k[0], k[1]] != v]
     _record("concurrent_label_edits", {
         "sessions": 2, "edits_attempted": len(wanted), "edits_saved": len(rows),
-        "edits_lost": len(lost), "round_s_max": round(max(latencies), 2),
+        "edits_lost": len(lost), "input_dropped_and_retyped": retyped, "round_s_max": round(max(latencies), 2),
         "round_s_mean": round(sum(latencies) / len(latencies), 2),
         "total_s": round(time.monotonic() - started, 1)})
     assert not lost, lost

@@ -230,3 +230,39 @@ def test_cli_serve_runs_a_server_process(tool_model, tmp_path):
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert f"serving cli-tiny on http://127.0.0.1:{port}/v1" in out.decode()
+
+
+def test_seeded_requests_batch_together_and_sample_as_if_alone(server, tool_model):
+    """Seeded requests share one decode (per-row generators), yet each gets exactly the
+    tokens it gets alone: prompts of different lengths (left padding), different n, and an
+    unseeded request mixed in."""
+    from trace_lib.train.policy_engine import SamplingParams
+
+    engine = server.service.engine
+    prompts = [server.service.parse_request(
+        {"model": "tiny-tools", "messages": [{"role": "user", "content": text}]})[0]
+        for text in ["hi", "tell me about user u1 please", "the user id is u1"]]
+    assert len({len(p) for p in prompts}) == 3  # different lengths: left padding differs
+    jobs = [(prompts[0], 3, 11), (prompts[1], 2, 12), (prompts[2], 1, 13), (prompts[1], 2, 11)]
+
+    def params(seed):
+        return SamplingParams(temperature=1.0, max_tokens=12, seed=seed)
+
+    alone = []
+    for prompt, n, seed in jobs:
+        alone.append([s.token_ids for s in engine.submit(prompt, n, params(seed), None).result()])
+    engine.batch_log.clear()
+    # A long request with other sampling settings keeps the worker busy (it cannot join
+    # the batch), so the jobs below are all queued when the worker next gathers a batch.
+    blocker = engine.submit(prompts[1], 1, SamplingParams(temperature=0.5, max_tokens=64),
+                            None)
+    futures = [engine.submit(prompt, n, params(seed), None) for prompt, n, seed in jobs]
+    futures.append(engine.submit(prompts[0], 2, params(None), None))  # unseeded, same batch
+    batched = [[s.token_ids for s in f.result()] for f in futures]
+    blocker.result()
+    assert (len(jobs) + 1, 10) in engine.batch_log, engine.batch_log  # all in one decode
+    assert batched[:len(jobs)] == alone
+    # Same seed and prompt inside one batch: identical rows, as two separate calls would be.
+    again = engine.submit(prompts[1], 2, params(11), None)
+    twin = engine.submit(prompts[1], 2, params(11), None)
+    assert [s.token_ids for s in again.result()] == [s.token_ids for s in twin.result()]

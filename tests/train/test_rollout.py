@@ -92,3 +92,27 @@ def test_max_turns_truncates(tokenizer):
     policy = ScriptedPolicy(tokenizer)
     r = run_group(LookupEnv, 1, policy, RolloutConfig(max_turns=1), model="m", group_size=2)[0]
     assert r.truncated and r.turns == 1 and r.reward == 0.0
+
+
+def test_parallel_rollouts_batch_on_the_server_and_match_sequential(tokenizer):
+    """`parallel=True` through the real CPU server: the seeded rollouts are token for token
+    those of the sequential path, however the server happened to batch the requests (that
+    seeded requests batch at all is tested on the engine in test_policy_server.py)."""
+    from trace_lib.train.policy_server import PolicyServer, ServerConfig
+    from trace_lib.train.rollout import OpenAIChatClient
+
+    cfg = RolloutConfig(max_turns=3, max_tokens=12)
+    with PolicyServer(ServerConfig(model="tiny", served_model_name="tiny",
+                                   torch_threads=1)) as srv:
+        client = OpenAIChatClient(srv.base_url)
+        try:
+            seq = run_group(LookupEnv, 7, client, cfg, model="tiny", group_size=4, n_hinted=2,
+                            request_seed=123)
+            par = run_group(LookupEnv, 7, client, cfg, model="tiny", group_size=4, n_hinted=2,
+                            request_seed=123, parallel=True)
+        finally:
+            client.close()
+    assert [r.token_ids for r in par] == [r.token_ids for r in seq]
+    assert [r.loss_mask for r in par] == [r.loss_mask for r in seq]
+    assert [r.hinted for r in par] == [True, True, False, False]
+    assert [r.reward for r in par] == [r.reward for r in seq]

@@ -11,8 +11,12 @@ Design decisions
 - Dynamic batching: one worker thread owns the model; requests queue up and the worker
   decodes together every request with the same adapter and sampling settings that is
   waiting or arrives within 10 ms (left-padded, positions from the attention mask), so G
-  concurrent rollouts cost about one decode instead of G. A request with a `seed` runs alone with its own `torch.Generator`,
-  so the same seed gives the same tokens whatever else is queued.
+  concurrent rollouts cost about one decode instead of G. Seeded requests batch too: each
+  request keeps its own `torch.Generator` and draws only for its own rows (one
+  `multinomial` over its slice), exactly as it would alone, so the same seed gives the same
+  tokens whatever else shares the batch (tested; a batch-shape float difference in the
+  logits could in principle flip a draw that sits on a boundary, never seen in practice).
+  Unseeded requests draw from the engine's shared generator.
 - LoRA adapters via peft multi-adapter on one frozen base: `load_adapter(name, path)` as
   vLLM's `/v1/load_lora_adapter` (same name again only with `load_inplace`), selection by
   name per batch, `disable_adapter()` for the base model. Adapters change only between
@@ -25,6 +29,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +99,8 @@ class PolicyEngine:
         self.max_model_len = max_model_len
         self.adapters: dict[str, str] = {}  # name -> path
         self._queue: queue.Queue = queue.Queue()
+        # (requests, rows) of the latest decodes: how well requests batch (tests, the bench).
+        self.batch_log: deque[tuple[int, int]] = deque(maxlen=256)
         self._stop = threading.Event()
         self._rng = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
         self._worker = threading.Thread(target=self._run, name="policy-engine", daemon=True)
@@ -142,25 +149,27 @@ class PolicyEngine:
                 continue
             batch = [job]
             rows = job.n
-            if job.params.seed is None:
-                # Gather compatible requests arriving within a short window: G concurrent
-                # rollouts reach the server a few ms apart (HTTP + template rendering).
-                deadline = time.monotonic() + BATCH_WINDOW_S
-                while rows < MAX_BATCH_ROWS:
-                    try:
-                        other = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if (other is not None and isinstance(other, _Job)
-                            and other.params.seed is None and other.adapter == job.adapter
-                            and other.params.batch_key() == job.params.batch_key()
-                            and rows + other.n <= MAX_BATCH_ROWS):
-                        batch.append(other)
-                        rows += other.n
-                    else:
-                        pending.append(other)
-                        if other is None or isinstance(other, _AdapterJob):
-                            break  # keep order: an adapter swap waits for this batch only
+            # Gather compatible requests arriving within a short window: G concurrent
+            # rollouts reach the server a few ms apart (HTTP + template rendering). Queued
+            # jobs that do not fit go first next time, so nothing starves.
+            deadline = time.monotonic() + BATCH_WINDOW_S
+            while rows < MAX_BATCH_ROWS:
+                if pending:
+                    break  # an incompatible job is already waiting: keep arrival order
+                try:
+                    other = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if (other is not None and isinstance(other, _Job)
+                        and other.adapter == job.adapter
+                        and other.params.batch_key() == job.params.batch_key()
+                        and rows + other.n <= MAX_BATCH_ROWS):
+                    batch.append(other)
+                    rows += other.n
+                else:
+                    pending.append(other)
+                    break  # keep order: an adapter swap waits for this batch only
+            self.batch_log.append((len(batch), rows))
             try:
                 results = self._generate(batch)
             except Exception as exc:  # the worker must survive a bad request
@@ -228,15 +237,29 @@ class PolicyEngine:
         for i, p in enumerate(prompts):  # left padding: every row's next token is at the end
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
-        gen = self._rng
-        if params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
+        # One generator per request: a seeded request draws from its own, in the same order
+        # and over the same rows as if it ran alone; unseeded ones share the engine's.
+        draws: list[tuple[int, int, Any]] = []
+        k = 0
+        for j in batch:
+            gen = (self._rng if j.params.seed is None
+                   else torch.Generator().manual_seed(j.params.seed))
+            draws.append((k, k + j.n, gen))
+            k += j.n
 
         adapter = batch[0].adapter
         if adapter is not None and adapter not in self.adapters:  # unloaded while queued
             raise EngineError(f"The model `{adapter}` does not exist.", 404, "NotFoundError")
+        net = self.model
         if isinstance(self.model, PeftModel):
-            if adapter is None:
+            if adapter is None and not self.adapters:
+                # Every adapter was unloaded (its layers deleted): the wrapped model is the
+                # plain base, and peft's disable_adapter() would look for an active one.
+                net = self.model.base_model.model  # get_base_model() also wants one
+                ctx = contextlib.nullcontext()
+            elif adapter is None:
+                if self.model.active_adapter not in self.adapters:  # the active one went away
+                    self.model.set_adapter(next(iter(self.adapters)))
                 ctx = self.model.disable_adapter()
             else:
                 self.model.set_adapter(adapter)
@@ -257,12 +280,12 @@ class PolicyEngine:
         step_ids, step_pos = ids, positions
         with ctx, torch.inference_mode():
             for _ in range(max(limits)):
-                out = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                out = net(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                                  past_key_values=cache, use_cache=True, logits_to_keep=1)
                 cache = out.past_key_values
                 logits = out.logits[:, -1, :].float()
                 logp = torch.log_softmax(logits, dim=-1)
-                nxt = self._sample(logits, params, gen)
+                nxt = self._sample(logits, params, draws)
                 hist_ids.append(nxt)
                 hist_lp.append(logp.gather(1, nxt[:, None])[:, 0])
                 if top_k:
@@ -298,7 +321,8 @@ class PolicyEngine:
         return result
 
     @staticmethod
-    def _sample(logits: Any, params: SamplingParams, gen: Any) -> Any:
+    def _sample(logits: Any, params: SamplingParams, draws: list[tuple[int, int, Any]]) -> Any:
+        """Next token per row; `draws` = (start, stop, generator) per request in the batch."""
         import torch
 
         if params.temperature <= 0:
@@ -310,4 +334,8 @@ class PolicyEngine:
             drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
-        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+        if len(draws) == 1:
+            return torch.multinomial(probs, 1, generator=draws[0][2])[:, 0]
+        # Row slices of a contiguous tensor: each request's draw sees exactly its own rows.
+        return torch.cat([torch.multinomial(probs[a:b], 1, generator=gen)[:, 0]
+                          for a, b, gen in draws])

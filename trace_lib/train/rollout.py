@@ -14,7 +14,11 @@ Design decisions
   restarts from that prompt with every earlier token masked and `prefix_mismatches`
   counts it: correct, at the cost of that rollout's earlier turns.
 - The first turn of a group is one request with `n` (the server batches it); later turns
-  diverge and go one request per rollout.
+  diverge and go one request per rollout. With `parallel=True` (the trainer, over HTTP) the
+  hinted and plain first requests and every rollout's later turns are sent from threads at
+  once, so the server's dynamic batching decodes them together instead of one after the
+  other; results do not depend on it, since every request's seed fixes its samples.
+  In-process clients keep the default sequential path (they need not be thread-safe).
 - Hints: the environment's hint is appended to the opening user message of the first
   `n_hinted` rollouts of each group. Before the gradient step the hinted first prompt is
   replaced by the plain one, so the policy learns to act as if it had found the hint
@@ -31,6 +35,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -227,8 +232,11 @@ def run_group(
     group_size: int,
     n_hinted: int = 0,
     request_seed: int | None = None,
+    parallel: bool = False,
 ) -> list[Rollout]:
-    """G rollouts of one environment seed; the first `n_hinted` see the hint."""
+    """G rollouts of one environment seed; the first `n_hinted` see the hint.
+
+    `parallel` sends independent requests from threads (needs a thread-safe client)."""
     envs = [make_env() for _ in range(group_size)]
     for env in envs:
         env.reset(seed)
@@ -246,26 +254,28 @@ def run_group(
             value = (value * 1_000_003 + part + 1) % (2**31 - 1)
         return value
 
-    first: list[tuple[Sample, bool]] = []
-    if n_hinted:
-        for s in client.chat(hinted_msgs, tools, model=model, n=n_hinted, max_tokens=cfg.max_tokens,
-                             temperature=cfg.temperature, seed=sub_seed(0, 1)):
-            first.append((s, True))
-    n_plain = group_size - n_hinted
-    plain_prompt: list[int] | None = None
-    if n_plain:
-        for s in client.chat(base_msgs, tools, model=model, n=n_plain, max_tokens=cfg.max_tokens,
-                             temperature=cfg.temperature, seed=sub_seed(0, 0)):
-            first.append((s, False))
-            plain_prompt = s.prompt_token_ids
+    def first_turn(hinted: bool) -> list[Sample]:
+        n = n_hinted if hinted else group_size - n_hinted
+        if not n:
+            return []
+        return client.chat(hinted_msgs if hinted else base_msgs, tools, model=model, n=n,
+                           max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                           seed=sub_seed(0, 1 if hinted else 0))
+
+    if parallel and n_hinted and group_size > n_hinted:
+        with ThreadPoolExecutor(2) as pool:
+            hinted_s, plain_s = pool.map(first_turn, [True, False])
+    else:
+        hinted_s, plain_s = first_turn(True), first_turn(False)
+    first = [(s, True) for s in hinted_s] + [(s, False) for s in plain_s]
+    plain_prompt: list[int] | None = plain_s[0].prompt_token_ids if plain_s else None
     if n_hinted and plain_prompt is None:
         # Every rollout was hinted: ask the server for the plain prompt's ids (1 token).
         probe = client.chat(base_msgs, tools, model=model, n=1, max_tokens=1,
                             temperature=cfg.temperature, seed=sub_seed(0, 2))
         plain_prompt = probe[0].prompt_token_ids
 
-    rollouts = []
-    for i, ((sample, hinted), env) in enumerate(zip(first, envs, strict=True)):
+    def finish(i: int, sample: Sample, hinted: bool, env: Environment) -> Rollout:
         msgs = [dict(m) for m in (hinted_msgs if hinted else base_msgs)]
         opening = list(sample.prompt_token_ids)
         seq = list(opening)
@@ -310,16 +320,19 @@ def run_group(
         summary = env.summary()
         if hasattr(env, "close"):  # sandboxed environments hold a subprocess
             env.close()
-        rollouts.append(
-            Rollout(
-                seed=seed, hinted=hinted, token_ids=seq, loss_mask=mask, sampler_logprobs=lps,
-                messages=msgs, reward=float(summary.get("reward", 0.0)),
-                passed=bool(summary.get("passed", False)), turns=turns,
-                reasons=list(summary.get("reasons", [])), prefix_mismatches=mismatches,
-                truncated=truncated,
-            )
+        return Rollout(
+            seed=seed, hinted=hinted, token_ids=seq, loss_mask=mask, sampler_logprobs=lps,
+            messages=msgs, reward=float(summary.get("reward", 0.0)),
+            passed=bool(summary.get("passed", False)), turns=turns,
+            reasons=list(summary.get("reasons", [])), prefix_mismatches=mismatches,
+            truncated=truncated,
         )
-    return rollouts
+
+    jobs = [(i, s, h, env) for i, ((s, h), env) in enumerate(zip(first, envs, strict=True))]
+    if parallel and len(jobs) > 1:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            return list(pool.map(lambda job: finish(*job), jobs))  # map keeps the order
+    return [finish(*job) for job in jobs]
 
 
 @dataclass
