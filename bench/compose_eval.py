@@ -148,7 +148,7 @@ def run_once(out: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from trace_lib.compose.gate_training import GateTrainConfig, train_gates
     from trace_lib.compose.gated import compose, load_moe
     from trace_lib.compose.local_client import LocalMoEClient
-    from trace_lib.train.rollout import RolloutConfig, evaluate
+    from trace_lib.runtime.rollout import RolloutConfig, evaluate
 
     timings: dict[str, float] = {}
     t_all = t0 = time.perf_counter()

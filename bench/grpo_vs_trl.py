@@ -43,7 +43,7 @@ ENV = "trace_lib.train.smoke_envs:TargetLetterEnv"
 
 
 def run_ours(args: argparse.Namespace, targets: list[str], work: Path) -> list[dict]:
-    from trace_lib.train.jobs import read_metrics
+    from trace_lib.jobs import read_metrics
     from trace_lib.train.trainer import TrainConfig, train
 
     cfg = TrainConfig.from_dict({
@@ -63,7 +63,7 @@ def run_trl(args: argparse.Namespace, targets: list[str], work: Path) -> list[fl
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trace_lib.train.models import load_model
+    from trace_lib.runtime.base_models import load_model
 
     model, tok = load_model(args.model)
     tok.padding_side = "left"

@@ -30,11 +30,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trace_lib import store  # noqa: E402
+from trace_lib.data_model import Trajectory  # noqa: E402
 from trace_lib.ingest import ingest_paths  # noqa: E402
 from trace_lib.ingest.formats import ParseContext, load  # noqa: E402
 from trace_lib.ingest.source import Source  # noqa: E402
 from trace_lib.ingest.writer import write_files  # noqa: E402
-from trace_lib.models import Trajectory  # noqa: E402
 
 DOMAINS = ("airline", "retail", "telecom", "shop")
 TOOLS = (

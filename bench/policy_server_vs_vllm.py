@@ -39,7 +39,7 @@ TOOLS = [{"type": "function", "function": {
 
 
 def measure(base_url: str, model: str, group: int, max_tokens: int, rounds: int) -> dict:
-    from trace_lib.train.policy_client import OpenAIPolicyClient
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
 
     out = {}
     with OpenAIPolicyClient(base_url, model=model) as client:
@@ -79,8 +79,8 @@ def main() -> int:
     if args.vllm_omp_bind is not None:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
 
-    from trace_lib.train.models import ensure_model_dir
-    from trace_lib.train.policy_server import PolicyServer, ServerConfig, VLLMConfig, VLLMServer
+    from trace_lib.runtime.base_models import ensure_model_dir
+    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig, VLLMConfig, VLLMServer
 
     folder = str(ensure_model_dir(args.model))
     results: dict[str, dict] = {}

@@ -14,10 +14,10 @@ import pandas as pd
 import streamlit as st
 
 from trace_lib import store
+from trace_lib.data_model import LABEL_VALUES
 from trace_lib.diagnose import capabilities as capmod
 from trace_lib.diagnose import labels as lb
 from trace_lib.errors import UserInputError
-from trace_lib.models import LABEL_VALUES
 
 st.set_page_config(page_title="Labels · TRACE", page_icon="🧭", layout="wide")
 st.title("Labels")

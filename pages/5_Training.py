@@ -14,11 +14,11 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
-from trace_lib import store
+from trace_lib import jobs, store
 from trace_lib.errors import UserInputError
-from trace_lib.train import charts, jobs, records
+from trace_lib.runtime.base_models import list_models
+from trace_lib.train import charts, records
 from trace_lib.train.config import TrainConfig
-from trace_lib.train.models import list_models
 
 st.set_page_config(page_title="Training · TRACE", page_icon="🧭", layout="wide")
 st.title("Training")

@@ -256,7 +256,7 @@ with tab_gates:
         st.dataframe(pd.DataFrame([{k: j.get(k) for k in ("id", "state", "steps_done",
                                                           "moe_path", "error")}
                                    for j in jobs_list]), hide_index=True)
-        from trace_lib.train.jobs import read_metrics
+        from trace_lib.jobs import read_metrics
 
         job = st.selectbox("Job", [j["id"] for j in jobs_list], key="gate_job")
         rows = read_metrics(next(j["run_dir"] for j in jobs_list if j["id"] == job))

@@ -41,7 +41,7 @@ def make_adapter(base_dir: Path, out: Path, seed: int, targets: list[str] | None
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from trace_lib.train.models import ensure_model_dir
+    from trace_lib.runtime.base_models import ensure_model_dir
 
     return ensure_model_dir("tiny")
 

@@ -99,9 +99,9 @@ def test_config_errors_name_the_field(moe_dir) -> None:
 
 
 def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, db_path) -> None:
+    from trace_lib import jobs
     from trace_lib.compose.catalog import list_moe_models, sync_gate_jobs
     from trace_lib.compose.gate_training import submit_gate_job
-    from trace_lib.train import jobs
 
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(

@@ -12,7 +12,7 @@ from trace_lib.compose.traces import RoutingTrace, token_roles
 
 
 def test_chatml_roles_match_the_template_roles(tiny_dir) -> None:
-    from trace_lib.train.models import load_tokenizer
+    from trace_lib.runtime.base_models import load_tokenizer
 
     tok = load_tokenizer(str(tiny_dir))
     messages = [{"role": "system", "content": "Policy."},
@@ -30,7 +30,7 @@ def test_chatml_roles_match_the_template_roles(tiny_dir) -> None:
 
 def test_server_answers_like_any_policy_and_records_traces(tiny_dir, adapter_dirs,
                                                            tmp_path) -> None:
-    from trace_lib.train.rollout import OpenAIChatClient
+    from trace_lib.runtime.rollout import OpenAIChatClient
 
     compose(str(tiny_dir), [(None, p) for p in adapter_dirs], out=tmp_path / "moe")
     record = tmp_path / "traces"

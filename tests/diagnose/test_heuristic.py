@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trace_lib.data_model import Capability
 from trace_lib.diagnose.evaluation import evaluate
 from trace_lib.diagnose.labelers import get_labeler
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.diagnose.ranking import rank
 from trace_lib.diagnose.transcript import Call, Transcript
-from trace_lib.models import Capability
 
 
 def _t(calls: list[Call], expected: list[tuple[str, dict]], outputs: dict[int, str]) -> Transcript:

@@ -57,7 +57,7 @@ def screenshot(page: Any, folder: Path, name: str) -> Path:
 
 def wide_tiny_model(dest: Path, positions: int = 16384) -> Path:
     """The project's tiny Llama (same builder and seed) with `positions` positions."""
-    from trace_lib.train.models import TinyLlama
+    from trace_lib.runtime.base_models import TinyLlama
 
     if not (dest / "config.json").exists():
         dest.mkdir(parents=True, exist_ok=True)

@@ -206,7 +206,8 @@ def test_job_killed_is_failed_with_checkpoints_intact(db_path: Path, tmp_path: P
     from safetensors.torch import load_file
     from streamlit.testing.v1 import AppTest
 
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
     from trace_lib.train.trainer import latest_checkpoint
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
@@ -255,7 +256,8 @@ def test_app_restart_keeps_tracking_the_job(streamlit_server, browser_page, wait
                                             monkeypatch) -> None:
     from playwright.sync_api import expect
 
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     _toy_env_store(db_path)

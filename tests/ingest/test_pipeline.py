@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from trace_lib import store
+from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest import IngestLimits, format_names, ingest_bytes, ingest_paths, store_stats
-from trace_lib.models import Trajectory
 
 TAU = "tau-bench/historical_trajectories/gpt-4o-airline.json"
 TAU2 = "tau2-bench/results/feature-gym/gpt-4.1_airline_default_gpt-4.1_1trials.json"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from trace_lib.data_model import Message, ToolCall, ToolSchema, Trajectory
 from trace_lib.ingest.schemas import infer_schemas, merge_inferred, observed_calls, resolve
-from trace_lib.models import Message, ToolCall, ToolSchema, Trajectory
 
 
 def traj(domain: str | None, *calls: tuple[str, dict]) -> Trajectory:

@@ -43,7 +43,7 @@ def composed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from safetensors.torch import load_file, save_file
 
     from trace_lib.compose.gated import compose
-    from trace_lib.train.models import ensure_model_dir
+    from trace_lib.runtime.base_models import ensure_model_dir
 
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # module fixtures run before the autouse one
@@ -127,7 +127,7 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
 
 
 def test_gate_training_starts_as_a_background_job(store_with_moe) -> None:
-    from trace_lib.train import jobs
+    from trace_lib import jobs
 
     db, _moe_dir = store_with_moe
     at = AppTest.from_file(PAGE, default_timeout=120).run()

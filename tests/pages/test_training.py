@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from trace_lib import jobs
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
-from trace_lib.train import jobs, records
+from trace_lib.train import records
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = str(REPO / "pages" / "5_Training.py")
@@ -100,9 +101,9 @@ def test_cancel_from_the_page(store_with_env):
 @pytest.mark.slow
 def test_browser_launch_watch_adapter(store_with_env, tmp_path):
     """A person in a real browser: fill the form, Launch, watch it finish, adapter recorded."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
-    from trace_lib.train.policy_server import free_port
+    from trace_lib.runtime.policy_server import free_port
 
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
@@ -147,9 +148,15 @@ def test_browser_launch_watch_adapter(store_with_env, tmp_path):
             page.get_by_role("button", name="Launch").click()
             page.get_by_text("Launched job").wait_for(timeout=60_000)
             # The live fragment refreshes from the run directory until the job ends.
-            page.get_by_text("2/2 steps").wait_for(timeout=300_000)
-            page.get_by_text("succeeded").first.wait_for(timeout=60_000)
-            page.get_by_text("Pass rate on held-out seeds").wait_for(timeout=60_000)
+            # Wait on the state the page exposes (the live panel's "State" metric), not on the
+            # first node whose text matches: the jobs grid keeps hidden cells that say
+            # "succeeded" too, and `.first` could resolve to one of those and never show.
+            state = page.get_by_test_id("stMetric").filter(has_text="State")
+            expect(state).to_contain_text("succeeded", timeout=300_000)
+            expect(page.get_by_test_id("stMetric").filter(has_text="Step")).to_contain_text(
+                "2/2", timeout=60_000)
+            expect(page.get_by_text("Pass rate on held-out seeds")).to_be_visible(
+                timeout=60_000)
             browser.close()
     finally:
         proc.terminate()

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from trace_lib.runtime.lora import LoraSettings, attach_lora, trainable_parameters
 from trace_lib.train.grpo import LossConfig, group_advantages, grpo_loss, token_logprobs
-from trace_lib.train.lora import LoraSettings, attach_lora, trainable_parameters
 
 
 def _tiny_llama(seed: int = 0) -> LlamaForCausalLM:

@@ -168,8 +168,8 @@ def sync_gate_jobs(db: str | Path | None = None) -> list[dict[str, Any]]:
 
     Returns the gate jobs' statuses (newest first) for the page to list.
     """
+    from trace_lib import jobs
     from trace_lib.compose.gate_training import JOB_KIND, register_job_kind
-    from trace_lib.train import jobs
 
     register_job_kind()
     try:

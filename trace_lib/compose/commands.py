@@ -117,7 +117,7 @@ def _gates(args: argparse.Namespace) -> int:
         record_job(args.db, spec)
         result = {"job_id": spec.id, "run_dir": spec.run_dir, "state": "queued"}
     else:
-        from trace_lib.train.jobs import new_job_id, runs_dir
+        from trace_lib.jobs import new_job_id, runs_dir
 
         job_id = new_job_id(gate_training.JOB_KIND)
         result = gate_training.train_gates(cfg, runs_dir() / job_id, progress=not args.json)
@@ -193,7 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _register_job_kind() -> None:
     """`train_gates` jobs run through the training stage's runner; import lazily."""
-    from trace_lib.train.jobs import register_job_kind
+    from trace_lib.jobs import register_job_kind
 
     def run(spec, run_dir, should_stop):  # type: ignore[no-untyped-def]
         from trace_lib.compose.gate_training import _job

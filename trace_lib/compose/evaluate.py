@@ -51,7 +51,7 @@ def evaluate_composition(
     moe: GatedMoE, cfg: EvalConfig,
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    from trace_lib.train.rollout import RolloutConfig, evaluate
+    from trace_lib.runtime.rollout import RolloutConfig, evaluate
 
     greedy = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, temperature=0.0)
     seeds = [cfg.seed_start + i for i in range(cfg.seeds)]

@@ -104,7 +104,7 @@ class GateTrainConfig:
 
 # --------------------------------------------------------------------------- pieces
 def _prompt_ids(moe: GatedMoE, env: Any) -> list[int]:
-    from trace_lib.train.chat_format import render_prompt
+    from trace_lib.runtime.chat_format import render_prompt
 
     text = render_prompt(env.messages, env.tool_schemas or None)
     return moe.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -114,7 +114,7 @@ def reward_table(moe: GatedMoE, makers: dict[str, Callable[[], Any]], seeds: lis
                  rollout_cfg: Any,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """rewards[env][seed] = [reward of slot 0..K], each slot forced, greedy rollouts."""
-    from trace_lib.train.rollout import run_group
+    from trace_lib.runtime.rollout import run_group
 
     table: dict[str, dict[str, list[float]]] = {}
     for env_name, make_env in makers.items():
@@ -211,9 +211,9 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     `env_makers` maps names in `cfg.envs` to constructors (your own environments from a
     notebook); names not in it are resolved by `env_factory`.
     """
+    from trace_lib.jobs import Cancelled
+    from trace_lib.runtime.rollout import RolloutConfig, evaluate, run_group
     from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
-    from trace_lib.train.jobs import Cancelled
-    from trace_lib.train.rollout import RolloutConfig, evaluate, run_group
 
     cfg.validate()
     stop = should_stop or (lambda: False)
@@ -364,14 +364,14 @@ def _job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str,
 
 def register_job_kind() -> None:
     """Make `train_gates` a kind of the training stage's job runner (idempotent)."""
-    from trace_lib.train.jobs import register_job_kind as register
+    from trace_lib.jobs import register_job_kind as register
 
     register(JOB_KIND, _job)
 
 
 def submit_gate_job(cfg: GateTrainConfig, backend: str = "local") -> Any:
     """Start gate training in the background; returns the JobSpec (run dir, id)."""
-    from trace_lib.train.jobs import JobSpec, submit
+    from trace_lib.jobs import JobSpec, submit
 
     cfg.validate()
     register_job_kind()

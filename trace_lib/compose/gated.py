@@ -160,7 +160,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 def load_base(name_or_path: str) -> tuple[nn.Module, Any]:
     """(model, tokenizer) through the training stage's registry: a name (`tiny`,
     `smollm2-135m`) or any HF folder; the same loader the trainer and the server use."""
-    from trace_lib.train.models import load_model
+    from trace_lib.runtime.base_models import load_model
 
     model, tokenizer = load_model(name_or_path)
     return model.eval(), tokenizer

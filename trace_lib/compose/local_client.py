@@ -2,7 +2,7 @@
 
 Design decisions
 - `LocalMoEClient` implements the rollout loop's `ChatClient` protocol
-  (`trace_lib.train.rollout`) directly on a `GatedMoE`, so the training stage's own
+  (`trace_lib.runtime.rollout`) directly on a `GatedMoE`, so the training stage's own
   `run_group` / `evaluate` drive composed models without an HTTP hop: gate GRPO, the
   warm-start reward table and the evaluation all reuse that loop unchanged. Over HTTP
   the same model is served by the project's policy server (it is an ordinary HF causal
@@ -89,8 +89,8 @@ class LocalMoEClient:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> list[Any]:
-        from trace_lib.train.chat_format import parse_assistant, render_prompt
-        from trace_lib.train.rollout import Sample
+        from trace_lib.runtime.chat_format import parse_assistant, render_prompt
+        from trace_lib.runtime.rollout import Sample
 
         tok = self.moe.tokenizer
         prompt = render_prompt(messages, tools)
@@ -139,7 +139,7 @@ class LocalMoEClient:
 def route_env(moe: GatedMoE, env_name: str, seed: int, force: int | None = None,
               max_tokens: int = 64, max_turns: int = 4) -> RoutingTrace:
     """Roll the gated model out greedily on one environment seed and trace the transcript."""
-    from trace_lib.train.rollout import RolloutConfig, run_group
+    from trace_lib.runtime.rollout import RolloutConfig, run_group
 
     make_env = env_factory(env_name)
     client = LocalMoEClient(moe, force=force)

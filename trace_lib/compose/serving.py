@@ -26,7 +26,7 @@ from typing import Any
 
 from trace_lib.compose.gated import GatedMoE, load_moe
 from trace_lib.compose.traces import trace_ids
-from trace_lib.train.policy_server import ChatService, PolicyServer, ServerConfig
+from trace_lib.runtime.policy_server import ChatService, PolicyServer, ServerConfig
 
 
 def chatml_roles(tokens: list[str]) -> tuple[list[str], list[int]]:

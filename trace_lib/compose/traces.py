@@ -170,7 +170,7 @@ def token_roles(
     add_generation_prompt: bool = True,
 ) -> tuple[list[int], list[str], list[int]]:
     """Token ids of the rendered conversation, each token's role and turn."""
-    from trace_lib.train.chat_format import render_prompt
+    from trace_lib.runtime.chat_format import render_prompt
 
     spans: list[tuple[int, str, int]] = []  # (end char, role, turn)
     turn = 0

@@ -29,8 +29,8 @@ from typing import Any
 import duckdb
 
 from trace_lib import store
+from trace_lib.data_model import Capability
 from trace_lib.errors import UserInputError
-from trace_lib.models import Capability
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"

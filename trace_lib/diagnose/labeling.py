@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
+from trace_lib.data_model import Capability
 from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
 from trace_lib.diagnose.labelers import Labeler, TrajectoryLabels, get_labeler
 from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
-from trace_lib.models import Capability
 
 Progress = Callable[[int, int], None]
 WRITE_CHUNK = 200

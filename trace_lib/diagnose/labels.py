@@ -29,8 +29,8 @@ import duckdb
 import pandas as pd
 
 from trace_lib import store
+from trace_lib.data_model import LABEL_VALUES
 from trace_lib.errors import UserInputError
-from trace_lib.models import LABEL_VALUES
 
 IMPORT_COLUMNS = ("trajectory_id", "capability", "value")
 

@@ -7,7 +7,7 @@ Public API (the CLI, the Trajectories page and the notebooks call exactly these)
     store_stats(db=None) -> dict
     format_names() -> list[str]
 Formats are registered in `formats.IMPORTERS` (one module each); see each module's
-docstring for how its records map onto trace_lib.models.Trajectory.
+docstring for how its records map onto trace_lib.data_model.Trajectory.
 """
 
 from trace_lib.ingest.formats import format_names

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.records import (
@@ -47,7 +48,6 @@ from trace_lib.ingest.records import (
 )
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
 from trace_lib.ingest.source import RecordError, Source, iter_jsonl
-from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
 
 # Newer and older OpenAI role names: "developer" is the system prompt of reasoning models,
 # "function" the pre-tools way of returning a function's result.

@@ -1,7 +1,7 @@
 """The normalised shape every importer produces, and the checks that build it.
 
 Design decisions
-- An importer turns one file into a `ParsedFile`: `Trajectory` models (trace_lib.models),
+- An importer turns one file into a `ParsedFile`: `Trajectory` models (trace_lib.data_model),
   expected actions per task, tool schemas the file gives, and the records it skipped. The
   writer never sees a source format.
 - Field checks (`field`, `opt_field`) raise `RecordError` with the path of the field and
@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.ingest.source import RecordError
-from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
 
 ROLES = ("system", "user", "assistant", "tool")
 SUCCESS_REWARD = 1.0

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_lib.models import ToolSchema, Trajectory
+from trace_lib.data_model import ToolSchema, Trajectory
 
 DEFAULT_DOMAIN = "default"
 _OBSERVED = re.compile(r"^Inferred from (\d+) observed call")

@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.records import (
@@ -43,7 +44,6 @@ from trace_lib.ingest.records import (
     text_content,
 )
 from trace_lib.ingest.source import RecordError, Source, env_path, read_document
-from trace_lib.models import ExpectedAction, ToolSchema, Trajectory
 
 SCHEMA_FILE = "tool_schemas_by_domain.json"
 SCHEMA_ENV = "TRACE_TAU2_TOOL_SCHEMAS"

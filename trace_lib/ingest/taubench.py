@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_lib.data_model import ExpectedAction, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.records import (
@@ -39,7 +40,6 @@ from trace_lib.ingest.records import (
     success_from,
 )
 from trace_lib.ingest.source import RecordError, Source, read_document
-from trace_lib.models import ExpectedAction, Trajectory
 
 DOMAINS = ("airline", "retail")
 TOOL_ERROR_PREFIX = "Error:"

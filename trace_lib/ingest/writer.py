@@ -5,7 +5,7 @@ Design decisions
   and inserted with one `INSERT ... SELECT` per table. DuckDB reads Arrow without copying
   row by row, which is what makes 100k trajectories import in seconds (bench/ingest.py
   compares it with executemany).
-- Identity: a trajectory is its `content_sha256` (trace_lib.models); its id is the
+- Identity: a trajectory is its `content_sha256` (trace_lib.data_model); its id is the
   `t_` + 16-hex prefix. Duplicates — already in the store, or twice in this import — are
   counted, not inserted. A dataset is its file's SHA-256 (`d_` + 16 hex): re-importing
   the same bytes reuses the row.
@@ -25,9 +25,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.ingest import schemas as schema_mod
 from trace_lib.ingest.records import ParsedFile
-from trace_lib.models import ToolSchema, Trajectory
 
 DATASET_COLUMNS = ("id", "name", "format", "source", "content_sha256", "n_records")
 TRAJECTORY_COLUMNS = (

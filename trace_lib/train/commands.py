@@ -74,7 +74,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
     from trace_lib.train.config import TrainConfig
     from trace_lib.train.trainer import train
 
@@ -119,8 +120,9 @@ def _show_status(st: Any, as_json: bool) -> None:
 
 
 def _cmd_job_submit(args: argparse.Namespace) -> int:
+    from trace_lib import jobs
     from trace_lib.errors import UserInputError
-    from trace_lib.train import jobs, records
+    from trace_lib.train import records
 
     path = Path(args.spec)
     try:
@@ -157,7 +159,8 @@ def _cmd_job_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_status(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
 
     st = jobs.job_status(args.job_id)
     records.sync_jobs(args.db)
@@ -166,7 +169,7 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_logs(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs
+    from trace_lib import jobs
 
     spec = jobs.find_spec(args.job_id)
     if not args.follow:
@@ -184,7 +187,8 @@ def _cmd_job_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_cancel(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
 
     st = jobs.cancel(args.job_id, grace_s=args.grace)
     records.sync_jobs(args.db)
@@ -193,7 +197,8 @@ def _cmd_job_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_wait(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs, records
+    from trace_lib import jobs
+    from trace_lib.train import records
 
     st = jobs.wait(args.job_id, timeout_s=args.timeout)
     records.sync_jobs(args.db)
@@ -202,7 +207,7 @@ def _cmd_job_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_run(args: argparse.Namespace) -> int:
-    from trace_lib.train import jobs
+    from trace_lib import jobs
 
     return jobs.run_job(args.spec)
 

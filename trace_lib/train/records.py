@@ -17,8 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trace_lib import store
-from trace_lib.train import jobs
+from trace_lib import jobs, store
 
 
 def record_job(db: str | Path | None, spec: jobs.JobSpec, external_id: str | None = None) -> None:

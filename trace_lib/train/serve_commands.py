@@ -15,7 +15,7 @@ import argparse
 
 def _prepare(args: argparse.Namespace) -> int:
     from trace_lib.cli import print_json
-    from trace_lib.train.models import ensure_model_dir
+    from trace_lib.runtime.base_models import ensure_model_dir
 
     path = ensure_model_dir(args.name, rebuild=args.rebuild)
     if args.json:
@@ -27,7 +27,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from trace_lib.cli import print_json
-    from trace_lib.train.models import list_models
+    from trace_lib.runtime.base_models import list_models
 
     rows = list_models()
     if args.json:
@@ -40,7 +40,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from trace_lib.train.policy_server import ServerConfig, serve
+    from trace_lib.runtime.policy_server import ServerConfig, serve
 
     serve(ServerConfig(model=args.model, host="127.0.0.1", port=args.port,
                        served_model_name=args.served_model_name,

@@ -50,16 +50,16 @@ import torch
 
 from trace_lib.envs.protocol import Environment
 from trace_lib.errors import UserInputError
-from trace_lib.train.config import TrainConfig
-from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
-from trace_lib.train.jobs import Cancelled
-from trace_lib.train.lora import (
+from trace_lib.jobs import Cancelled
+from trace_lib.runtime.lora import (
     attach_lora,
     load_adapter_weights,
     save_adapter,
     trainable_parameters,
 )
-from trace_lib.train.rollout import OpenAIChatClient, Rollout, RolloutConfig, evaluate, run_group
+from trace_lib.runtime.rollout import OpenAIChatClient, Rollout, RolloutConfig, evaluate, run_group
+from trace_lib.train.config import TrainConfig
+from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
 
 
 @dataclass
@@ -134,7 +134,7 @@ def policy_endpoint(cfg: TrainConfig, model_path: str) -> Iterator[Endpoint]:
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         yield Endpoint(cfg.server_url, cfg.served_model or model_path, key)
         return
-    from trace_lib.train.policy_server import PolicyServer, ServerConfig
+    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
 
     server = PolicyServer(ServerConfig(model=model_path, served_model_name=cfg.model))
     server.start()
@@ -266,7 +266,7 @@ def train(
     progress: bool = False,
 ) -> TrainResult:
     """Train one LoRA adapter on `cfg.env`; everything goes into `run_dir`."""
-    from trace_lib.train.models import load_model, resolve_model
+    from trace_lib.runtime.base_models import load_model, resolve_model
 
     cfg.validate()
     t_start = time.perf_counter()

@@ -21,11 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_lib.data_model import LABEL_VALUES, Capability
 from trace_lib.diagnose.capabilities import capability_block, prompt_sha256
 from trace_lib.diagnose.labelers.protocol import PairLabel, TrajectoryLabels
 from trace_lib.diagnose.transcript import Transcript, render_transcript
 from trace_lib.llm import LLMError, LLMProvider, MalformedOutputError, Usage, get_provider
-from trace_lib.models import LABEL_VALUES, Capability
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
 

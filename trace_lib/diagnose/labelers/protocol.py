@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from trace_lib.data_model import Capability
 from trace_lib.diagnose.transcript import Transcript
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
 from trace_lib.llm.protocol import build_lazily
-from trace_lib.models import Capability
 
 
 @dataclass

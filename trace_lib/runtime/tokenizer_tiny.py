@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trace_lib.train.chat_format import (
+from trace_lib.runtime.chat_format import (
     CHAT_TEMPLATE,
     END_OF_TEXT,
     IM_END,

@@ -13,9 +13,9 @@ import re
 
 import pytest
 
-from trace_lib.train.chat_format import IM_END, format_assistant, render_prompt  # noqa: E402
-from trace_lib.train.models import load_tokenizer  # noqa: E402
-from trace_lib.train.rollout import RolloutConfig, Sample, run_group  # noqa: E402
+from trace_lib.runtime.base_models import load_tokenizer  # noqa: E402
+from trace_lib.runtime.chat_format import IM_END, format_assistant, render_prompt  # noqa: E402
+from trace_lib.runtime.rollout import RolloutConfig, Sample, run_group  # noqa: E402
 from trace_lib.train.smoke_envs import LookupEnv  # noqa: E402
 
 
@@ -98,8 +98,8 @@ def test_parallel_rollouts_batch_on_the_server_and_match_sequential(tokenizer):
     """`parallel=True` through the real CPU server: the seeded rollouts are token for token
     those of the sequential path, however the server happened to batch the requests (that
     seeded requests batch at all is tested on the engine in test_policy_server.py)."""
-    from trace_lib.train.policy_server import PolicyServer, ServerConfig
-    from trace_lib.train.rollout import OpenAIChatClient
+    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
+    from trace_lib.runtime.rollout import OpenAIChatClient
 
     cfg = RolloutConfig(max_turns=3, max_tokens=12)
     with PolicyServer(ServerConfig(model="tiny", served_model_name="tiny",

@@ -24,13 +24,13 @@ from policy_fixtures import (  # noqa: E402
     teacher_forced_logprobs,
 )
 
-from trace_lib.train import models  # noqa: E402
-from trace_lib.train.policy_client import (  # noqa: E402
+from trace_lib.runtime import base_models as models  # noqa: E402
+from trace_lib.runtime.policy_client import (  # noqa: E402
     OpenAIPolicyClient,
     PolicyClient,
     PolicyServerError,
 )
-from trace_lib.train.policy_server import PolicyServer, ServerConfig, free_port  # noqa: E402
+from trace_lib.runtime.policy_server import PolicyServer, ServerConfig, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +236,7 @@ def test_seeded_requests_batch_together_and_sample_as_if_alone(server, tool_mode
     """Seeded requests share one decode (per-row generators), yet each gets exactly the
     tokens it gets alone: prompts of different lengths (left padding), different n, and an
     unseeded request mixed in."""
-    from trace_lib.train.policy_engine import SamplingParams
+    from trace_lib.runtime.policy_engine import SamplingParams
 
     engine = server.service.engine
     prompts = [server.service.parse_request(

@@ -23,9 +23,9 @@ from policy_fixtures import (  # noqa: E402
     teacher_forced_logprobs,
 )
 
-from trace_lib.train import models  # noqa: E402
-from trace_lib.train.policy_client import OpenAIPolicyClient, PolicyServerError  # noqa: E402
-from trace_lib.train.policy_server import VLLMConfig, VLLMServer  # noqa: E402
+from trace_lib.runtime import base_models as models  # noqa: E402
+from trace_lib.runtime.policy_client import OpenAIPolicyClient, PolicyServerError  # noqa: E402
+from trace_lib.runtime.policy_server import VLLMConfig, VLLMServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

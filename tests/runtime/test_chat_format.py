@@ -7,7 +7,7 @@ import json
 import pytest
 
 from trace_lib.errors import UserInputError
-from trace_lib.train.chat_format import (
+from trace_lib.runtime.chat_format import (
     CHAT_TEMPLATE,
     IM_END,
     format_assistant,
@@ -15,7 +15,7 @@ from trace_lib.train.chat_format import (
     parse_assistant,
     render_prompt,
 )
-from trace_lib.train.tokenizer_tiny import save_tiny_tokenizer
+from trace_lib.runtime.tokenizer_tiny import save_tiny_tokenizer
 
 TOOLS = [
     {"type": "function", "function": {

@@ -11,8 +11,8 @@ import torch
 
 from trace_lib.cli import main
 from trace_lib.errors import UserInputError
-from trace_lib.train import models
-from trace_lib.train.chat_format import CHAT_TEMPLATE, IM_END
+from trace_lib.runtime import base_models as models
+from trace_lib.runtime.chat_format import CHAT_TEMPLATE, IM_END
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_lib.train import jobs
+from trace_lib import jobs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 TOY = {
@@ -23,7 +23,7 @@ TOY = {
 
 
 def _free_port() -> int:
-    from trace_lib.train.policy_server import free_port
+    from trace_lib.runtime.policy_server import free_port
 
     return free_port()
 

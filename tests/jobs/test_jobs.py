@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trace_lib import cli, store
+from trace_lib import cli, jobs, store
 from trace_lib.errors import UserInputError
-from trace_lib.train import jobs, records
+from trace_lib.train import records
 
 TOY = {
     "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 4, "groups_per_step": 1,

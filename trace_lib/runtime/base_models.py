@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trace_lib.errors import UserInputError
-from trace_lib.train.chat_format import CHAT_TEMPLATE, END_OF_TEXT, IM_END
+from trace_lib.runtime.chat_format import CHAT_TEMPLATE, END_OF_TEXT, IM_END
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DONE_MARKER = ".trace_model_ready"
@@ -82,7 +82,7 @@ class TinyLlama:
         import torch
         from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-        from trace_lib.train.tokenizer_tiny import save_tiny_tokenizer
+        from trace_lib.runtime.tokenizer_tiny import save_tiny_tokenizer
 
         tok = save_tiny_tokenizer(dest)
         if len(tok) > self.vocab_size:

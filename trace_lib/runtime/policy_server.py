@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from trace_lib.errors import UserInputError
-from trace_lib.train.chat_format import normalize_messages, parse_assistant
-from trace_lib.train.policy_engine import EngineError, PolicyEngine, Sample, SamplingParams
+from trace_lib.runtime.chat_format import normalize_messages, parse_assistant
+from trace_lib.runtime.policy_engine import EngineError, PolicyEngine, Sample, SamplingParams
 
 
 @dataclass
@@ -103,7 +103,7 @@ class ChatService:
         model); without them the model comes from the registry by `config.model`."""
         import torch
 
-        from trace_lib.train.models import load_model
+        from trace_lib.runtime.base_models import load_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -444,7 +444,7 @@ class VLLMServer(ServerHandle):
         self._log: Any = None
 
     def start(self, timeout: float = 600.0) -> VLLMServer:
-        from trace_lib.train.policy_client import OpenAIPolicyClient
+        from trace_lib.runtime.policy_client import OpenAIPolicyClient
 
         if self.config.port == 0:
             self.config.port = free_port(self.config.host)
