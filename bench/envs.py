@@ -4,8 +4,8 @@ in-process, and how calibration moves with the policy's noise.
     python bench/envs.py [--episodes 40] [--env airline/precondition_verification]
 
 1. Sandbox overhead. Peer: the built-in environment in this process. Ours: the same task
-   builder served from the sandbox (a template module: subprocess, rlimits, audit hook,
-   JSON lines). Same seeds, same reference episodes; prints episodes/s and the ratio, plus
+   builder served from the sandbox (a template module: bwrap namespaces, rlimits, audit
+   hook, JSON lines), and for reference the unsafe-local mode (no bwrap). Same seeds, same reference episodes; prints episodes/s and the ratio, plus
    the sandbox's start-up time.
 2. Calibration sweep: mean reward and informative-group share for epsilon:P policies, to
    show which P lands in the GRPO band (0.2-0.6 mean, >= 50% informative).
@@ -21,7 +21,7 @@ from trace_lib.envs.calibrate import CalibrationConfig, calibrate
 from trace_lib.envs.capabilities import make_capability_env
 from trace_lib.envs.generate import TEMPLATE
 from trace_lib.envs.policies import make_policy, run_episode
-from trace_lib.envs.sandbox import SandboxedEnvironment
+from trace_lib.envs.sandbox import SandboxedEnvironment, SandboxLimits
 
 
 def episodes_per_s(env, seeds: list[int]) -> float:
@@ -44,25 +44,34 @@ def main() -> None:
     builtin = make_capability_env(domain, capability)
     code = TEMPLATE.format(capability=capability, domain=domain, difficulty=2,
                            name=args.env, version=1)
-    starts = []
+    kernel = SandboxLimits()  # bwrap namespaces + rlimits + audit hook
+    unsafe = SandboxLimits(unsafe_local=True)  # no bwrap: the layers inside the worker only
+    starts: dict[str, list[float]] = {"bwrap": [], "unsafe-local": []}
     for _ in range(3):
-        t = time.perf_counter()
-        SandboxedEnvironment.from_code(code).close()
-        starts.append(time.perf_counter() - t)
-    boxed = SandboxedEnvironment.from_code(code)
+        for mode, limits in (("bwrap", kernel), ("unsafe-local", unsafe)):
+            t = time.perf_counter()
+            SandboxedEnvironment.from_code(code, limits).close()
+            starts[mode].append(time.perf_counter() - t)
+    boxed = SandboxedEnvironment.from_code(code, kernel)
+    loose = SandboxedEnvironment.from_code(code, unsafe)
     try:
-        rates = {"in-process (peer)": [], "sandboxed": []}
-        for _ in range(3):  # interleaved, so machine load hits both alike
+        rates = {"in-process (peer)": [], "sandboxed": [], "unsafe-local": []}
+        for _ in range(3):  # interleaved, so machine load hits all alike
             rates["in-process (peer)"].append(episodes_per_s(builtin, seeds))
             rates["sandboxed"].append(episodes_per_s(boxed, seeds))
+            rates["unsafe-local"].append(episodes_per_s(loose, seeds))
     finally:
         boxed.close()
+        loose.close()
     peer = statistics.median(rates["in-process (peer)"])
     ours = statistics.median(rates["sandboxed"])
+    bare = statistics.median(rates["unsafe-local"])
     print(f"## sandbox overhead: {args.env}, {args.episodes} reference episodes x 3")
     print(f"in-process (peer) {peer:8.1f} episodes/s")
-    print(f"sandboxed         {ours:8.1f} episodes/s   ratio x{peer / ours:.2f} slower")
-    print(f"sandbox start-up  {statistics.median(starts) * 1000:8.0f} ms (median of 3)")
+    print(f"sandboxed (bwrap) {ours:8.1f} episodes/s   ratio x{peer / ours:.2f} slower")
+    print(f"unsafe-local      {bare:8.1f} episodes/s   ratio x{peer / bare:.2f} slower")
+    for mode, times in starts.items():
+        print(f"start-up {mode:12s} {statistics.median(times) * 1000:6.0f} ms (median of 3)")
 
     print("\n## calibration sweep (20 seeds x group 8)")
     for eps in (0.2, 0.4, 0.6, 0.8):

@@ -49,7 +49,7 @@ def build(db: Path, scale: int) -> int:
             con.execute(
                 "INSERT INTO trajectories SELECT id || '_' || k, dataset_id, source_id, "
                 "task_id, trial + k * 10, agent_model, domain, reward, success, termination, "
-                "n_messages, n_tool_calls, n_tool_errors, content_sha256 || '_' || k, meta "
+                "n_messages, n_tool_calls, n_tool_errors, content_sha256 || '_' || k, meta, outcome "
                 "FROM trajectories, r")
             con.execute(
                 "INSERT INTO tool_calls SELECT trajectory_id || '_' || k, message_idx, call_idx, "

@@ -1,17 +1,25 @@
-"""Bulk import speed: trace_lib's Arrow writer vs a row-by-row executemany baseline.
+"""Bulk import: time, CPU and peak memory of `ingest_paths` at 100k / 300k / 1M trajectories,
+beside DuckDB's own `read_json` on the same file and a row-by-row executemany import.
 
-Run:  python bench/ingest.py [--n 100000] [--baseline-n 5000]
+Run:  nice -n 10 python bench/ingest.py [--n 100000,300000,1000000] [--baseline-n 5000]
+      [--queries]
 
-What it measures, side by side on the same machine and the same synthetic JSONL file
+What it measures, on the same machine and the same synthetic JSONL file per size
 (N trajectories, ~3.5 messages each, 1-2 tool calls, ~10% tool errors, 4 domains):
-  1. `ingest_paths` end to end (read + parse + normalise + hash + write) into a fresh store.
-  2. The peer: the same parsed trajectories written row by row with DuckDB's
-     `executemany` (one INSERT per row, the usual first implementation), inside one
-     transaction. It is run on `--baseline-n` trajectories and extrapolated linearly to N
-     (it is too slow to run on 100k; say so in the output). Both sides are timed on the
-     write step alone as well, so the ratio is not hidden by shared parsing costs.
-  3. Latency of every public query function of trace_lib/explore/queries.py at N
-     (unfiltered and with a failure filter), target < 200 ms each.
+  1. `ingest_paths` end to end (read + parse + validate + hash + write in Arrow batches,
+     one transaction) into a fresh store, in a fresh child process: wall time, CPU time
+     (user + system of the process) and peak RSS (`ru_maxrss`).
+  2. The reference peer: DuckDB's own `read_json(format='newline_delimited')` of the same
+     file into a table of the same fresh kind (one statement, DuckDB's C++ JSON reader,
+     all cores), in its own child process: wall, CPU, peak RSS. It parses and stores the
+     JSON as it is (no validation, no normalisation into messages/tool calls, no
+     dedup), so it is the floor for "read this file into DuckDB".
+  3. The row-by-row peer: the same parsed trajectories written with DuckDB's
+     `executemany` (one INSERT per row) inside one transaction, on `--baseline-n`
+     trajectories and extrapolated linearly (too slow to run on 100k; said so).
+  4. With `--queries`: latency of every public query of trace_lib/explore/queries.py at
+     the first N (target < 200 ms each).
+Goals (issue 10): CPU <= 10 s per 100k trajectories; peak memory <= 1.5 GiB at 300k and 1M.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import json
 import os
 import random
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +43,9 @@ from trace_lib.data_model import Trajectory  # noqa: E402
 from trace_lib.ingest import ingest_paths  # noqa: E402
 from trace_lib.ingest.formats import ParseContext, load  # noqa: E402
 from trace_lib.ingest.source import Source  # noqa: E402
-from trace_lib.ingest.writer import write_files  # noqa: E402
+from trace_lib.ingest.writer import Writer  # noqa: E402
+
+GiB = 1 << 30
 
 DOMAINS = ("airline", "retail", "telecom", "shop")
 TOOLS = (
@@ -147,7 +158,9 @@ def executemany_baseline(db: Path, trajectories: list[Trajectory]) -> float:
 def arrow_write(db: Path, parsed) -> float:
     t0 = time.perf_counter()
     with store.connect(db) as con, store.transaction(con):
-        write_files(con, [parsed], {parsed.name: parsed.name})
+        writer = Writer(lambda: con, {parsed.name: parsed.name})
+        writer.write_file(parsed)
+        writer.finish()
     return time.perf_counter() - t0
 
 
@@ -179,64 +192,107 @@ def time_queries(db: Path, n: int) -> list[tuple[str, float, float]]:
     return out
 
 
+def _usage() -> dict[str, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu": ru.ru_utime + ru.ru_stime, "peak_mib": ru.ru_maxrss / 1024}
+
+
+def child(kind: str, data: Path, db: Path) -> int:
+    """One measured run in this (fresh) process; prints one JSON line."""
+    with store.connect(db):
+        pass  # schema creation is not part of the import
+    base = _usage()
+    t0 = time.perf_counter()
+    if kind == "ingest":
+        report = ingest_paths([data], db=db)
+        n = report.trajectories
+    else:
+        import duckdb
+
+        con = duckdb.connect(str(db))
+        con.execute("SET enable_progress_bar = false")
+        con.execute(f"CREATE TABLE raw AS SELECT * FROM read_json('{data}', "
+                    "format = 'newline_delimited', maximum_object_size = 67108864)")
+        n = con.execute("SELECT count(*) FROM raw").fetchone()[0]
+        con.close()
+    wall = time.perf_counter() - t0
+    end = _usage()
+    print(json.dumps({"n": n, "wall": wall, "cpu": end["cpu"] - base["cpu"],
+                      "peak_mib": end["peak_mib"]}))
+    return 0
+
+
+def measure(kind: str, data: Path, db: Path) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--child", kind, str(data), str(db)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--n", default="100000,300000,1000000",
+                    help="comma-separated sizes (default 100000,300000,1000000)")
     ap.add_argument("--baseline-n", type=int, default=5_000)
+    ap.add_argument("--queries", action="store_true", help="also time explore queries")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "DATA", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        kind, data, db = args.child
+        return child(kind, Path(data), Path(db))
+    sizes = [int(x) for x in args.n.split(",") if x.strip()]
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+          f"(wall times grow with load; CPU time much less)")
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
-        data = tmpdir / "synthetic.jsonl"
-        write_dataset(data, args.n)
-        print(f"dataset: {args.n} trajectories, {data.stat().st_size / 1e6:.1f} MB JSONL")
-
-        db = tmpdir / "arrow.duckdb"
-        with store.connect(db):
-            pass  # schema creation is not part of the import
-        t0, c0 = time.perf_counter(), time.process_time()
-        report = ingest_paths([data], db=db)
-        t_ingest, cpu_ingest = time.perf_counter() - t0, time.process_time() - c0
-        with store.connect(db, read_only=True) as con:
-            n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
-        print(
-            f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (wall times grow with load; "
-            f"CPU time much less)"
-        )
-        print(
-            f"trace_lib ingest_paths (end to end): {report.trajectories} trajectories, {n_msgs} messages "
-            f"in {t_ingest:.2f} s wall, {cpu_ingest:.2f} s CPU ({report.trajectories / t_ingest:,.0f} traj/s), "
-            f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
-        )
+        per_100k = None
+        for n in sizes:
+            data = tmpdir / f"synthetic_{n}.jsonl"
+            write_dataset(data, n)
+            print(f"\n== {n:,} trajectories, {data.stat().st_size / 1e6:.0f} MB JSONL")
+            ours = measure("ingest", data, tmpdir / f"ours_{n}.duckdb")
+            ref = measure("read_json", data, tmpdir / f"ref_{n}.duckdb")
+            for name, r in (("trace_lib ingest_paths", ours), ("DuckDB read_json (peer)", ref)):
+                print(f"  {name:26s} {r['wall']:7.1f} s wall {r['cpu']:7.1f} s CPU  "
+                      f"peak RSS {r['peak_mib']:6.0f} MiB  ({r['n']:,} rows)")
+            print(f"  ratio ingest_paths / read_json: {ours['wall'] / ref['wall']:.1f}x wall, "
+                  f"{ours['cpu'] / max(ref['cpu'], 1e-9):.1f}x CPU, "
+                  f"{ours['peak_mib'] / max(ref['peak_mib'], 1):.1f}x peak memory")
+            cpu_100k = ours["cpu"] * 100_000 / n
+            per_100k = per_100k or cpu_100k
+            print(f"  goals: CPU {cpu_100k:.1f} s per 100k (<= 10: "
+                  f"{'PASS' if cpu_100k <= 10 else 'MISS'}); peak "
+                  f"{ours['peak_mib'] / 1024:.2f} GiB (<= 1.5 GiB: "
+                  f"{'PASS' if ours['peak_mib'] * (1 << 20) <= 1.5 * GiB else 'MISS'})")
+            (tmpdir / f"ours_{n}.duckdb").unlink(missing_ok=True)
+            (tmpdir / f"ref_{n}.duckdb").unlink(missing_ok=True)
+            if n != sizes[0] or not args.queries:
+                data.unlink()
 
         # Write step alone, both sides on the same parsed subset, then extrapolated.
+        n0 = sizes[0]
         sub = tmpdir / "subset.jsonl"
         write_dataset(sub, args.baseline_n, seed=1)
         parsed = load(Source.from_path(sub), "auto", ParseContext())
+        parsed.sha256 = "0" * 64
+        trajectories = list(parsed.records)
+        parsed = load(Source.from_path(sub), "auto", ParseContext())
+        parsed.sha256 = "0" * 64
         t_arrow_sub = arrow_write(tmpdir / "arrow_sub.duckdb", parsed)
-        t_base_sub = executemany_baseline(tmpdir / "base_sub.duckdb", parsed.trajectories)
-        scale = args.n / args.baseline_n
-        t_parse_sub = t_ingest * args.baseline_n / args.n - t_arrow_sub  # rough: ingest minus write
-        print(
-            f"peer executemany row-by-row, write step, {args.baseline_n} trajectories: {t_base_sub:.2f} s "
-            f"-> extrapolated to {args.n}: {t_base_sub * scale:.1f} s (too slow to run on all; linear)"
-        )
-        print(f"trace_lib Arrow writer, write step, same {args.baseline_n}: {t_arrow_sub:.3f} s")
-        print(f"ratio write step (executemany / arrow): {t_base_sub / t_arrow_sub:.1f}x")
-        base_total = t_base_sub * scale + max(t_parse_sub, 0.0) * scale
-        print(
-            f"ratio end to end at {args.n} (executemany-based import, extrapolated / ingest_paths): "
-            f"{base_total / t_ingest:.1f}x"
-        )
-        print(
-            f"target ingest < 10 s: {'PASS' if t_ingest < 10 else 'MISS'} ({t_ingest:.2f} s wall, "
-            f"{cpu_ingest:.2f} s CPU)"
-        )
+        t_base_sub = executemany_baseline(tmpdir / "base_sub.duckdb", trajectories)
+        print(f"\npeer executemany row-by-row, write step, {args.baseline_n} trajectories: "
+              f"{t_base_sub:.2f} s -> extrapolated to {n0:,}: {t_base_sub * n0 / args.baseline_n:.1f}"
+              f" s (too slow to run on all; linear)")
+        print(f"trace_lib parse + Arrow write, same {args.baseline_n}: {t_arrow_sub:.2f} s; "
+              f"ratio (executemany write / trace_lib parse+write): {t_base_sub / t_arrow_sub:.1f}x")
 
-        rows = time_queries(db, args.n)
-        if rows:
-            print(
-                f"explore.queries latency at {args.n} trajectories (best of 3; unfiltered / failures only):"
-            )
+        if args.queries:
+            db = tmpdir / "q.duckdb"
+            ingest_paths([tmpdir / f"synthetic_{n0}.jsonl"], db=db)
+            rows = time_queries(db, n0)
+            print(f"explore.queries latency at {n0:,} trajectories (best of 3; unfiltered / "
+                  f"failures only):")
             for name, a, b in rows:
                 flag = "ok" if max(a, b) < 0.2 else "OVER 200 ms"
                 print(f"  {name:28s} {a * 1000:7.1f} ms  {b * 1000:7.1f} ms  {flag}")

@@ -1,41 +1,47 @@
 """Trajectories: filter, chart, cluster and read the agent's logged runs.
 
-Thin page: every number comes from `trace_lib.explore`; this file only lays out widgets.
-Reads use short read-only connections (closed before the script ends) so a CLI writer is
-blocked for milliseconds at most; uploads and embedding open a short read-write one.
+Thin page: every number comes from `trace_lib.workbench.explore` (the `explore` verbs call
+the same functions), uploads go through `trace_lib.workbench.data.import_files` (what the
+`ingest` verb calls); this file only lays out widgets. The use cases open short
+read-only connections, so a CLI writer is blocked for milliseconds at most.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.errors import UserInputError
-from trace_lib.explore import charts, clusters, embeddings, queries, transcript
-from trace_lib.explore.queries import TrajectoryFilter
+from trace_lib.workbench import data, explore
+from trace_lib.workbench.errors import ActionError, StoreError, UserInputError
+from trace_lib.workbench.explore import TrajectoryFilter
+
+charts, transcript = explore.charts, explore.transcript_views
 
 st.set_page_config(page_title="Trajectories · TRACE", page_icon="🧭", layout="wide")
 st.title("Trajectories")
 
-DB = store.default_db_path()
+DB = data.db_path()
 OUTCOME_CHOICES = {"all": (), "failures": ("failure",), "successes": ("success",),
-                   "unknown": ("unknown",)}
+                   "unknown": ("unknown",), "errors": ("error",)}
 
 
 # ------------------------------------------------------------------------- upload
 def _upload() -> None:
     files = st.file_uploader("Import trajectory files", accept_multiple_files=True,
-                             type=["json", "jsonl", "traj"], key="upload_files")
+                             type=["json", "jsonl", "traj", "eval", "gz"], key="upload_files")
     skip = st.checkbox("Skip invalid records (report them instead of failing)",
                        key="upload_skip")
+    # Same overrides as `ingest --domain / --agent-model`: empty keeps what the file says.
+    domain = st.text_input("Domain (optional override)", key="upload_domain").strip() or None
+    agent_model = st.text_input("Agent model (optional override)",
+                                key="upload_agent_model").strip() or None
     if st.button("Import", disabled=not files, key="upload_go"):
-        from trace_lib.ingest import ingest_bytes  # imported on use: parsers are not light
-
         bar = st.progress(0.0, text="importing")
         for i, f in enumerate(files or []):
             try:
-                report = ingest_bytes(f.name, f.getvalue(), db=DB, skip_invalid=skip)
-            except (UserInputError, store.StoreError) as exc:
+                report = data.import_files([data.Upload(f.name, f.getvalue())], db=DB,
+                                           skip_invalid=skip, domain=domain,
+                                           agent_model=agent_model)
+            except ActionError as exc:
                 # the same text the CLI prints; escaped because st.error renders markdown
                 st.error(transcript.markdown_literal(exc))
             else:
@@ -56,9 +62,8 @@ if not DB.exists():
     st.stop()
 
 try:
-    with store.connect(DB, read_only=True) as con:
-        options = queries.filter_options(con)
-except store.StoreError as exc:
+    options = explore.filter_options(DB)
+except StoreError as exc:
     st.error(str(exc))
     st.stop()
 
@@ -101,13 +106,9 @@ flt = TrajectoryFilter(
     text=st.sidebar.text_input("Text contains", key="f_text"),
 )
 
-with store.connect(DB, read_only=True) as con:
-    summary = queries.outcome_summary(con, flt).iloc[0]
-    by_domain = queries.success_by_domain_agent(con, flt)
-    terms = queries.termination_counts(con, flt)
-    hist = queries.tool_call_histogram(con, flt)
-    errs = queries.tool_error_kinds(con, flt)
-    listing = queries.list_trajectories(con, flt, limit=500)
+ov = explore.overview(DB, flt, limit=500)
+summary, by_domain, terms = ov.summary.iloc[0], ov.by_domain, ov.terminations
+hist, errs, listing = ov.tool_calls, ov.error_kinds, ov.listing
 
 c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("Trajectories", int(summary.n_trajectories))
@@ -127,15 +128,13 @@ def _db_version() -> float:
 def _signatures(db: str, version: float, f: TrajectoryFilter):
     # Signatures join expected actions with every call: ~1 s at 100k trajectories, so
     # they are cached per (store version, filter) rather than recomputed on each rerun.
-    with store.connect(db, read_only=True) as con:
-        return clusters.signature_counts(con, f)
+    return explore.signature_counts(db, f)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _missing(db: str, version: float, f: TrajectoryFilter, failures_only: bool) -> int:
     # Hashes every in-scope failure's text; cached like the signatures.
-    with store.connect(db, read_only=True) as con:
-        return embeddings.missing_embeddings(con, f, failures_only=failures_only)
+    return explore.missing_embeddings(db, f, failures_only=failures_only)
 
 
 sigs = _signatures(str(DB), _db_version(), flt)
@@ -172,8 +171,7 @@ with tab_sig:
         st.plotly_chart(charts.signature_treemap(sigs), width="stretch")
         labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
         pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
-        with store.connect(DB, read_only=True) as con:
-            members = clusters.signature_members(con, flt, path=pick.split(clusters.PATH_SEP))
+        members = explore.signature_members(DB, flt, path=pick.split(explore.PATH_SEP))
         st.caption("Select a row to open its transcript below.")
         ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
                           on_select="rerun", selection_mode="single-row")
@@ -191,17 +189,14 @@ with tab_sem:
             def _tick(done: int, total: int) -> None:
                 bar.progress(done / total if total else 1.0, text=f"embedded {done}/{total}")
 
-            with store.connect(DB) as con:
-                rep = embeddings.ensure_embeddings(con, flt, failures_only=failures_only,
-                                                   progress=_tick)
+            rep = explore.embed(DB, flt, failures_only=failures_only, progress=_tick)
             st.success(f"embedded {rep.n_computed}, reused {rep.n_cached}")
             st.rerun()
     k = st.slider("Clusters (0 = choose by silhouette)", 0, 12, 0, key="sem_k")
 
     @st.cache_data(show_spinner="clustering", max_entries=8)
     def _semantic(db: str, mtime: float, f: TrajectoryFilter, k: int, fo: bool):
-        with store.connect(db, read_only=True) as con:
-            return embeddings.semantic_clusters(con, f, k=k or None, failures_only=fo)
+        return explore.semantic_clusters(db, f, k=k or None, failures_only=fo)
 
     smap = _semantic(str(DB), _db_version(), flt, k, failures_only)
     if smap.points.empty:
@@ -251,13 +246,12 @@ if not ids:
 tid = st.selectbox("Trajectory", ids, key="trajectory_pick")
 st.query_params["trajectory"] = tid
 try:
-    with store.connect(DB, read_only=True) as con:
-        tr = transcript.load_transcript(con, tid)
-        pair = transcript.contrast_pair(con, tid)
+    view = explore.transcript(DB, tid)
 except UserInputError as exc:
     st.error(transcript.markdown_literal(exc))
     st.stop()
 
+tr, pair = view.transcript, view.pair
 meta = tr.trajectory
 st.caption(transcript.markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
@@ -270,19 +264,16 @@ with left:
 with right:
     st.markdown("**Expected vs actual actions**")
     if tr.expected:
-        rows = transcript.expected_vs_actual(tr)
-        st.html(transcript.render_alignment_html(rows, "expected", "agent"))
+        st.html(transcript.render_alignment_html(view.expected_vs_actual, "expected", "agent"))
     else:
         st.caption("The benchmark ships no expected actions for this task.")
 
 if pair is not None:
     with st.expander("Passed vs failed trial of the same task, aligned on tool calls",
                      expanded=False):
-        with store.connect(DB, read_only=True) as con:
-            passed = transcript.load_transcript(con, pair[0])
-            failed = transcript.load_transcript(con, pair[1])
-        rows = transcript.align_calls(passed.agent_calls(), failed.agent_calls())
-        st.html(transcript.render_alignment_html(rows, f"passed {passed.id}",
+        cmp = explore.compare(DB, tid)
+        passed, failed = cmp.passed, cmp.failed
+        st.html(transcript.render_alignment_html(cmp.alignment, f"passed {passed.id}",
                                                  f"failed {failed.id}"))
         pl, fr = st.columns(2)
         pl.html(transcript.render_transcript_html(passed))

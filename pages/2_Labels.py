@@ -1,7 +1,7 @@
 """Labels: trajectories x capabilities, with the transcript and its evidence beside them.
 
-Thin page: `trace_lib.diagnose.labels` reads and writes, `trace_lib.diagnose.labeling`
-runs labelers, `trace_lib.diagnose.capabilities` keeps the menu. An edit in the grid is
+Thin page: every read and action is a use case of `trace_lib.workbench.diagnose` (the
+`label`, `labels` and `capabilities` verbs call the same functions). An edit in the grid is
 saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
 on its next run. Trajectory text is untrusted: it is shown with st.text/st.code only.
 """
@@ -13,16 +13,16 @@ import os
 import pandas as pd
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.data_model import LABEL_VALUES
-from trace_lib.diagnose import capabilities as capmod
-from trace_lib.diagnose import labels as lb
-from trace_lib.errors import UserInputError
+from trace_lib.workbench import data
+from trace_lib.workbench import diagnose as wb
+from trace_lib.workbench.errors import ActionError, LLMError, UserInputError
+
+LABEL_VALUES = wb.LABEL_VALUES
 
 st.set_page_config(page_title="Labels · TRACE", page_icon="🧭", layout="wide")
 st.title("Labels")
 
-DB = store.default_db_path()
+DB = data.db_path()
 if not DB.exists():
     st.info(f"No database at `{DB}` yet: import trajectories first "
             "(`python -m trace_lib demo build` or the Trajectories page).")
@@ -41,7 +41,7 @@ def _show_error(msg: str) -> None:
 def _guard(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
-    except (UserInputError, store.StoreError) as exc:
+    except ActionError as exc:
         _show_error(str(exc))
         return None
 
@@ -63,12 +63,9 @@ with st.sidebar:
         base_url = st.text_input("Base URL (blank: TRACE_OPENAI_BASE_URL)",
                                  key="base_url") or None
     if st.button("Label all trajectories", key="run_labeler"):
-        from trace_lib.diagnose.labeling import run_labeling
-
         bar = st.progress(0.0, text="labeling")
-        cfg = {"model": model, "base_url": base_url} if labeler != "heuristic" else {}
-        out = _guard(run_labeling, DB, labeler, runs=int(n_runs),
-                     progress=lambda d, t: bar.progress(d / t, text=f"labeled {d}/{t}"), **cfg)
+        out = _guard(wb.label, DB, labeler, runs=int(n_runs), model=model, base_url=base_url,
+                     progress=lambda d, t: bar.progress(d / t, text=f"labeled {d}/{t}"))
         if out:
             st.success("; ".join(f"{s.run_id}: {s.n_labels} labels, {s.n_failed} failed"
                                  for s in out))
@@ -79,18 +76,18 @@ tab_grid, tab_queue, tab_history, tab_caps, tab_io = st.tabs(
 
 # --------------------------------------------------------------------------- grid
 with tab_grid:
-    all_caps = [c.name for c in capmod.list_capabilities(DB) if c.status != "rejected"]
+    all_caps = [c.name for c in wb.list_capabilities(DB) if c.status != "rejected"]
     f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
-    shown = f1.multiselect("Capabilities", all_caps, default=[c for c in capmod.CORE
+    shown = f1.multiselect("Capabilities", all_caps, default=[c for c in wb.CORE
                                                               if c in all_caps] or all_caps,
                            key="f_caps")
     outcome = f2.selectbox("Outcome", ["all", "failed", "passed"], key="f_outcome")
     value = f3.selectbox("Has value", ["any", *LABEL_VALUES], key="f_value")
     search = f4.text_input("Search id / task", key="f_search")
-    flt = lb.LabelFilter(capabilities=shown or None,
+    flt = wb.LabelFilter(capabilities=shown or None,
                          success={"all": None, "failed": False, "passed": True}[outcome],
                          value=None if value == "any" else value, search=search or None)
-    grid = _guard(lb.label_grid, DB, flt)
+    grid = _guard(wb.label_grid, DB, flt)
     if grid is None or grid.empty:
         st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
     else:
@@ -103,9 +100,9 @@ with tab_grid:
                 grid, column_config=cols, hide_index=True, width="stretch",
                 disabled=["trajectory_id", "task_id", "domain", "success"],
                 key=f"grid_{ss.grid_version}")
-            changes = lb.grid_changes(grid, edited)
+            changes = wb.grid_changes(grid, edited)
             if changes:
-                ids = _guard(lb.edit_labels, DB, changes, editor=editor, note="grid edit")
+                ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit")
                 if ids:
                     st.toast(f"saved {len(ids)} edit(s)")
                     ss.grid_version += 1
@@ -116,7 +113,7 @@ with tab_grid:
                                           key="bulk_value")
                 bulk_note = b2.text_input("Note", key="bulk_note")
                 if st.button("Apply bulk edit", key="bulk_go"):
-                    ids = _guard(lb.bulk_edit, DB, flt, bulk_value, editor=editor,
+                    ids = _guard(wb.bulk_edit, DB, flt, bulk_value, editor=editor,
                                  note=bulk_note or "bulk edit")
                     if ids:
                         st.success(f"{len(ids)} edits saved")
@@ -125,7 +122,7 @@ with tab_grid:
         with right:
             tid = st.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
             cap = st.selectbox("Evidence for", shown or all_caps, key="t_cap")
-            view = _guard(lb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
+            view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
             if view:
                 # Everything from the trajectory or a labeler goes through st.text/st.code.
                 st.text(f"task {view['task_id']} · "
@@ -149,7 +146,7 @@ with tab_grid:
 # ------------------------------------------------------------------------- queue
 with tab_queue:
     st.caption("Pairs where the labeling runs disagree most and no person has decided yet.")
-    queue = _guard(lb.review_queue, DB, 100)
+    queue = _guard(wb.review_queue, DB, 100)
     if queue is None or queue.empty:
         st.info("No disagreements between runs (label with several runs to get a queue).")
     else:
@@ -161,13 +158,13 @@ with tab_queue:
         note = q3.text_input("Note", key="q_note")
         if st.button("Save decision", key="q_go") and pick:
             t_id, c_name = pick.split(" · ")
-            if _guard(lb.edit_label, DB, t_id, c_name, decision, editor=editor, note=note):
+            if _guard(wb.edit_label, DB, t_id, c_name, decision, editor=editor, note=note):
                 ss.grid_version += 1
                 st.rerun()
 
 # ----------------------------------------------------------------------- history
 with tab_history:
-    hist = _guard(lb.edit_history, DB, limit=500)
+    hist = _guard(wb.edit_history, DB, limit=500)
     if hist is None or hist.empty:
         st.info("No edits yet.")
     else:
@@ -176,22 +173,22 @@ with tab_history:
         if not live.empty:
             eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
             if st.button("Undo", key="undo_go"):
-                if _guard(lb.undo_edit, DB, editor=editor, edit_id=int(eid)):
+                if _guard(wb.undo_edit, DB, editor=editor, edit_id=int(eid)):
                     ss.grid_version += 1
                     st.rerun()
 
 # ------------------------------------------------------------------ capabilities
 with tab_caps:
-    caps = capmod.list_capabilities(DB)
+    caps = wb.list_capabilities(DB)
     st.dataframe(pd.DataFrame([c.model_dump() for c in caps]), hide_index=True,
                  key="caps_table")
     c1, c2, c3 = st.columns(3)
     name = c1.selectbox("Capability", [c.name for c in caps], key="cap_pick")
     if c2.button("Accept", key="cap_accept"):
-        _guard(capmod.set_status, DB, name, "accepted")
+        _guard(wb.set_status, DB, name, "accepted")
         st.rerun()
     if c3.button("Reject", key="cap_reject"):
-        _guard(capmod.set_status, DB, name, "rejected")
+        _guard(wb.set_status, DB, name, "rejected")
         st.rerun()
     with st.form("edit_cap"):
         current = next((c for c in caps if c.name == name), None)
@@ -199,22 +196,19 @@ with tab_caps:
                                 value=current.description if current else "",
                                 key=f"edit_cap_desc_{name}")
         if st.form_submit_button("Save description"):
-            if _guard(capmod.update_capability, DB, name, description=new_text):
+            if _guard(wb.update_capability, DB, name, description=new_text):
                 st.rerun()
     with st.form("add_cap"):
         new_name = st.text_input("New capability (snake_case)", key="new_cap_name")
         new_desc = st.text_area("Description", key="new_cap_desc")
         if st.form_submit_button("Add"):
-            if _guard(capmod.add_capability, DB, new_name, new_desc):
+            if _guard(wb.add_capability, DB, new_name, new_desc):
                 st.rerun()
     with st.expander("Propose capabilities with an LLM (contrastive pairs)"):
         provider = st.selectbox("Provider", ["anthropic", "openai"], key="prop_provider")
         if st.button("Propose", key="prop_go"):
-            from trace_lib.llm import LLMError, get_provider
-
             try:
-                llm = get_provider(provider, model=model, base_url=base_url)
-                added = capmod.propose_capabilities(DB, llm)
+                added = wb.propose_capabilities(DB, provider, model=model, base_url=base_url)
             except (LLMError, UserInputError) as exc:
                 _show_error(str(exc))
             else:
@@ -227,7 +221,7 @@ with tab_io:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "labels.csv"
-        n = _guard(lb.export_labels, DB, path)
+        n = _guard(wb.export_labels, DB, path)
         if n is not None:
             st.download_button(f"Export {n} effective labels (CSV)", path.read_bytes(),
                                file_name="labels.csv", mime="text/csv", key="export_csv")
@@ -238,8 +232,8 @@ with tab_io:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / up.name
             path.write_bytes(up.getvalue())
-            n = _guard(lb.import_labels, DB, path, run_name)
+            n = _guard(wb.import_labels, DB, path, run_name)
         if n:
             st.success(f"imported {n} labels as run {run_name}")
             ss.grid_version += 1
-    st.dataframe(_guard(lb.label_runs, DB), hide_index=True, key="runs_table")
+    st.dataframe(_guard(wb.label_runs, DB), hide_index=True, key="runs_table")

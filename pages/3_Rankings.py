@@ -1,9 +1,9 @@
 """Rankings: which capabilities the agent lacks, how stably, and what the kept set explains.
 
-Thin page: `trace_lib.diagnose.ranking` computes, `trace_lib.diagnose.charts` draws; the
-sliders only choose rho, delta, K and the runs, and every change re-selects live from the
-current (edited) labels. The export button writes the same document as
-`python -m trace_lib rank --export selected_capabilities.json`.
+Thin page: `trace_lib.workbench.diagnose.rankings` computes (the use case `rank` calls
+too), its `charts` draw; the sliders only choose rho, delta, K and the runs, and every
+change re-selects live from the current (edited) labels. The export button offers the
+same document as `python -m trace_lib rank --export selected_capabilities.json`.
 """
 
 from __future__ import annotations
@@ -13,31 +13,24 @@ import json
 import pandas as pd
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.diagnose import charts
-from trace_lib.diagnose.ranking import (
-    RankConfig,
-    failure_clusters,
-    greedy_cover,
-    rank_con,
-    selected_document,
-)
-from trace_lib.errors import UserInputError
+from trace_lib.workbench import data
+from trace_lib.workbench import diagnose as wb
+from trace_lib.workbench.errors import ActionError
+
+charts = wb.charts
 
 st.set_page_config(page_title="Rankings · TRACE", page_icon="🧭", layout="wide")
 st.title("Rankings")
 st.caption("Kept iff Cov ≥ rho and Delta ≥ delta in at least K of N labeling runs "
            "(Cov = LF / failed, Delta = ER- − ER+). Undefined ratios are shown as empty.")
 
-DB = store.default_db_path()
+DB = data.db_path()
 if not DB.exists():
     st.info(f"No database at `{DB}` yet: import trajectories and label them first "
             "(`python -m trace_lib demo build`, then `python -m trace_lib label`).")
     st.stop()
 
-with store.connect(DB) as con:
-    run_ids = [r[0] for r in con.execute("SELECT id FROM label_runs ORDER BY started_at, id"
-                                         ).fetchall()]
+run_ids = wb.run_ids(DB)
 if not run_ids:
     st.info("No labels yet. Run a labeler on the Labels page or with "
             "`python -m trace_lib label --labeler heuristic`.")
@@ -51,19 +44,14 @@ with st.sidebar:
     runs = st.multiselect("Label runs", run_ids, default=run_ids, key="runs")
 
 try:
-    cfg = RankConfig(rho=rho, delta=delta, k=k, runs=runs or None)
-    with store.connect(DB) as con:
-        ranking = rank_con(con, cfg)
-        kept = [r.capability for r in ranking.selected]
-        curve = greedy_cover(con, kept) if kept else []
-        clusters = failure_clusters(con, [r.capability for r in ranking.rows
-                                          if r.status != "rejected"])
-        doc = selected_document(con, cfg)
-except (UserInputError, store.StoreError) as exc:
+    view = wb.rankings(DB, wb.RankConfig(rho=rho, delta=delta, k=k, runs=runs or None))
+except ActionError as exc:
     st.error("Could not rank:", icon="🚫")
     st.code(str(exc), language=None)  # may quote run names: shown as text, not markdown
     st.stop()
 
+ranking, kept, curve, clusters, doc = (view.ranking, view.kept, view.cover, view.clusters,
+                                       view.document)
 if ranking.note:
     st.info(ranking.note)
 st.metric("Kept capabilities", f"{len(kept)} of {len(ranking.rows)}",

@@ -1,9 +1,9 @@
 """Environments: list, inspect, play, validate, calibrate, approve; generate new ones.
 
-Thin page: every action is a `trace_lib.envs` call that a CLI verb also makes
-(`env list|sample|play|validate|calibrate|approve|reject|generate`). Generated code runs
-only in the sandbox (`open_environment` decides); environment text is shown with
-st.code/st.text/st.json, which escape, never as markdown or HTML.
+Thin page: every action is a use case of `trace_lib.workbench.environments` that a CLI
+verb also calls (`env list|sample|play|validate|calibrate|approve|reject|generate`).
+Generated code runs only in the sandbox (the use cases decide); environment text is shown
+with st.code/st.text/st.json, which escape, never as markdown or HTML.
 """
 
 from __future__ import annotations
@@ -13,16 +13,10 @@ import json
 import pandas as pd
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.envs import catalog, charts
-from trace_lib.envs.calibrate import CalibrationConfig, calibrate
-from trace_lib.envs.capabilities import CAPABILITIES
-from trace_lib.envs.domains import domain_names
-from trace_lib.envs.generate import GenerationConfig, GenerationRequest, generate_environment
-from trace_lib.envs.registry import environment_from_code, make_builtin, resolve, source_code
-from trace_lib.envs.sandbox import SandboxError
-from trace_lib.envs.validate import ValidationConfig, schema_diff, validate_environment
-from trace_lib.errors import UserInputError
+from trace_lib.workbench import data
+from trace_lib.workbench import environments as envs
+from trace_lib.workbench.environments import SandboxError
+from trace_lib.workbench.errors import ActionError, StoreError, UserInputError
 
 st.set_page_config(page_title="Environments · TRACE", page_icon="🧭", layout="wide")
 st.title("Environments")
@@ -30,7 +24,7 @@ st.caption("One environment per capability: seeded instances, the domain's own t
            "from code. Validate, calibrate and approve before training; only approved "
            "environments can be trained on.")
 
-DB = store.default_db_path()
+DB = data.db_path()
 
 
 def _progress_cb(bar):
@@ -41,8 +35,8 @@ def _progress_cb(bar):
 with st.sidebar:
     st.header("Generate an environment")
     with st.form("generate"):
-        gen_cap = st.selectbox("Capability", sorted(CAPABILITIES), key="gen_cap")
-        gen_domain = st.selectbox("Domain", domain_names(), key="gen_domain")
+        gen_cap = st.selectbox("Capability", envs.capability_names(), key="gen_cap")
+        gen_domain = st.selectbox("Domain", envs.domain_names(), key="gen_domain")
         gen_kind = st.radio("Generator", ["template", "llm"], key="gen_kind", horizontal=True,
                             help="template: offline, parameterises the built-in task builder; "
                                  "llm: an LLM writes the module (API key from the environment)")
@@ -55,14 +49,12 @@ with st.sidebar:
     if generate_clicked:
         with st.status("Generating…", expanded=True) as status:
             try:
-                result = generate_environment(
-                    GenerationRequest(gen_cap, gen_domain),
-                    GenerationConfig(generator=gen_kind, provider=gen_provider,
-                                     model=gen_model or None, base_url=gen_url or None,
-                                     max_attempts=int(gen_attempts),
-                                     validation=ValidationConfig(n_seeds=int(gen_seeds))),
-                    db=DB, progress=st.write)
-            except (UserInputError, store.StoreError) as exc:
+                result = envs.generate(
+                    gen_cap, gen_domain, generator=gen_kind, provider=gen_provider,
+                    model=gen_model or None, base_url=gen_url or None,
+                    attempts=int(gen_attempts), seeds=int(gen_seeds), db=DB,
+                    progress=st.write)
+            except ActionError as exc:
                 status.update(label="Generation failed", state="error")
                 st.code(str(exc), language=None)
             else:
@@ -76,8 +68,8 @@ with st.sidebar:
 
 # ----------------------------------------------------------------------------- list
 try:
-    rows = catalog.list_environments(db=DB)
-except store.StoreError as exc:
+    rows = envs.list_environments(db=DB)
+except StoreError as exc:
     st.error("Could not read the environments:")
     st.code(str(exc), language=None)
     st.stop()
@@ -92,27 +84,34 @@ if not names:
 if st.session_state.get("env_name") not in names:
     st.session_state["env_name"] = names[0]
 name = st.selectbox("Environment", names, key="env_name")
-spec = resolve(name, db=DB)
-row = catalog.get_row(name, db=DB) or {"status": "draft", "report": {}}
-report = row["report"]
-status_icon = {"approved": "✅", "validated": "🟢", "rejected": "⛔", "draft": "📝"}
-st.subheader(f"{status_icon.get(row['status'], '')} {name}")
+info = envs.detail(name, db=DB)
+spec, report = info["spec"], info["report"]
+row = {"status": info["status"]}
+st.subheader(f"{envs.STATUS_ICONS.get(row['status'], '')} {name}")
 st.caption(f"capability {spec.capability} · domain {spec.domain} · v{spec.version} · "
            f"{spec.source} · status {row['status']}")
+build = {}
+if spec.source == "builtin":  # how the prompt is built: what training will show the model
+    o1, o2, o3, _ = st.columns(4)
+    build = {"tools": o1.selectbox("Tools", ["all", "capability"], key="build_tools"),
+             "policy": o2.selectbox("Policy", ["full", "excerpt"], key="build_policy"),
+             "difficulty": o3.selectbox("Difficulty", [1, 2, 3], index=1,
+                                        key="build_difficulty")}
 
 
 def _session_env():
     """The environment being inspected/played, kept across reruns; sandboxed if generated."""
     held = st.session_state.get("live_env")
-    if held and held["name"] == name and held["sha"] == spec.code_sha256:
+    if held and held["name"] == name and held["sha"] == spec.code_sha256 \
+            and held.get("build") == build:
         return held["env"]
     if held and hasattr(held["env"], "close"):
         held["env"].close()
-    env = make_builtin(spec) if spec.source == "builtin" else environment_from_code(spec.code)
+    env = envs.start_environment(spec, build)
     seed = int(st.session_state.get("seed", 0))
     env.reset(seed)
     st.session_state["live_env"] = {"name": name, "sha": spec.code_sha256, "env": env,
-                                    "seed": seed, "transcript": []}
+                                    "seed": seed, "transcript": [], "build": dict(build)}
     return env
 
 
@@ -125,17 +124,9 @@ with tab_report:
     seeds = st.number_input("Seeds", 5, 500, 50, key="val_seeds")
     if st.button("Validate", key="validate"):
         bar = st.progress(0.0, text="validating")
-        try:
-            with st.spinner("running reference and trivial policies"):
-                env = _session_env()
-                validation = validate_environment(env, ValidationConfig(n_seeds=int(seeds)),
-                                                  progress=_progress_cb(bar))
-        except SandboxError as exc:
-            validation = {"status": "rejected", "checks": {"sandbox": {
-                "passed": False, **exc.to_dict()}}, "errors": [str(exc)]}
-        keep = row["status"] == "approved" and validation["status"] == "validated"
-        catalog.record_report(spec, "validation", validation,
-                              status="approved" if keep else validation["status"], db=DB)
+        with st.spinner("running reference and trivial policies"):
+            validation = envs.validate(name, n_seeds=int(seeds), db=DB, options=build,
+                                       progress=_progress_cb(bar))
         held = st.session_state.pop("live_env", None)
         if held and hasattr(held["env"], "close"):
             held["env"].close()  # a sandboxed module: end its worker now, not at GC
@@ -158,9 +149,8 @@ with tab_report:
 with tab_code:
     st.caption("Generated module" if spec.code else
                "Built-in task builders of this capability (trace_lib.envs.capabilities)")
-    st.code(source_code(spec), language="python", line_numbers=True)
-    attempts = catalog.list_attempts(env_name=name, db=DB) if spec.source == "generated" else []
-    for att in attempts:
+    st.code(info["code"], language="python", line_numbers=True)
+    for att in info["attempts"]:
         with st.expander(f"attempt {att['attempt']}: {att['status']} "
                          f"({att['generator']}, sha {str(att['code_sha256'])[:10]})"):
             for err in att["report"].get("errors", []):
@@ -178,7 +168,7 @@ except SandboxError as exc:
 
 with tab_tools:
     if live is not None:
-        diff = schema_diff(tools, spec.domain)
+        diff = envs.schema_diff(tools, spec.domain)
         if diff["identical"]:
             st.success(f"Identical to the {spec.domain} domain's {len(tools)} tool schemas.")
         st.dataframe(pd.DataFrame([{"tool": t["tool"], "ok": t["ok"],
@@ -250,14 +240,12 @@ with tab_cal:
     if run_cal and live is not None:
         bar = st.progress(0.0, text="rolling out")
         try:
-            result = calibrate(live, policy, CalibrationConfig(seeds=int(cal_seeds),
-                                                               group=int(cal_group)),
-                               progress=_progress_cb(bar))
+            result = envs.calibrate(name, policy, options=build, seeds=int(cal_seeds),
+                                    group=int(cal_group),
+                                    db=DB, progress=_progress_cb(bar), env=live)
         except (UserInputError, SandboxError) as exc:
             st.code(str(exc), language=None)
         else:
-            catalog.record_report(spec, "calibration",
-                                  {k: v for k, v in result.items() if k != "group_means"}, db=DB)
             report["calibration"] = result
             held = st.session_state["live_env"]
             held["seed"] = None  # calibration reset the env: re-show the chosen seed
@@ -269,7 +257,7 @@ with tab_cal:
         for miss in cal.get("band_misses", []):
             st.text(f"• {miss}")
         cols = st.columns(3)
-        for col, fig in zip(cols, charts.calibration_figures(cal), strict=True):
+        for col, fig in zip(cols, envs.calibration_figures(cal), strict=True):
             col.plotly_chart(fig, width="stretch")
     else:
         st.info("No calibration yet.")
@@ -281,10 +269,10 @@ with tab_review:
     note = st.text_input("Note", key="review_note")
     r1, r2 = st.columns(2)
     if r1.button("Approve", key="approve", disabled=row["status"] not in ("validated",)):
-        catalog.set_status(spec, "approved", note=note, db=DB)
+        envs.approve(name, note=note, db=DB)
         st.rerun()
     if r2.button("Reject", key="reject", disabled=row["status"] == "rejected"):
-        catalog.set_status(spec, "rejected", note=note, db=DB)
+        envs.reject(name, note=note, db=DB)
         st.rerun()
     if report.get("review"):
         st.json(report["review"])

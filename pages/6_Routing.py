@@ -1,22 +1,21 @@
 """Routing: compose adapters, train the gates, and watch which expert handles each token.
 
-Thin page: `trace_lib.compose` does everything (gated.py builds/loads the model, traces.py
-routes, views.py draws, gate_training.py / evaluate.py train and measure, catalog.py keeps
-the rows); the widgets only choose. Every action here is also a CLI verb (`compose`,
+Thin page: every action is a use case of `trace_lib.workbench.composition` (compose,
+route through its one source dispatch, train gates, evaluate; it also keeps the rows) and
+`views` draws; the widgets only choose. Every action here is also a CLI verb (`compose`,
 `route`, `gates`, `moe-eval`) and a cell of notebooks/04_compose_and_route.ipynb.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
-from trace_lib import store
-from trace_lib.compose import catalog, traces, views
-from trace_lib.errors import UserInputError
+from trace_lib.workbench import composition, data, training
+from trace_lib.workbench.composition import views
+from trace_lib.workbench.errors import StoreError, UserInputError
 
 st.set_page_config(page_title="Routing · TRACE", page_icon="🔀", layout="wide")
 st.title("Routing")
@@ -24,14 +23,12 @@ st.caption("A frozen base + K frozen LoRA adapters; one light gate per block pic
            "token, one adapter or none (top-1). Compose, train the gates, then watch the "
            "routing token by token.")
 
-DB = store.default_db_path()
+DB = data.db_path()
 
 
 @st.cache_resource(max_entries=2, show_spinner="loading the composed model…")
 def _load(path: str, mode: str | None, stamp: float):
-    from trace_lib.compose.gated import load_moe
-
-    return load_moe(path, mode=mode)
+    return composition.load_moe(path, mode=mode)
 
 
 def _moe(path: str, mode: str | None):
@@ -39,20 +36,7 @@ def _moe(path: str, mode: str | None):
     return _load(path, mode, gates.stat().st_mtime if gates.exists() else 0.0)
 
 
-def _run_trace(moe, source: dict, force: int | None):
-    if source["kind"] == "prompt":
-        return traces.route_prompt(moe, source["prompt"], system=source.get("system") or None,
-                                   max_new_tokens=source["max_new_tokens"], force=force)
-    if source["kind"] == "env":
-        from trace_lib.compose.local_client import route_env
-
-        return route_env(moe, source["env"], source["seed"], force=force,
-                         max_tokens=source["max_new_tokens"], max_turns=source["max_turns"])
-    messages, tools, meta = catalog.trajectory_messages(DB, source["trajectory"])
-    return traces.replay_trajectory(moe, messages, tools, force=force, meta=meta)
-
-
-models = catalog.list_moe_models(DB) if DB.exists() else []
+models = composition.list_moe_models(DB)
 with st.sidebar:
     st.header("Composed model")
     labels = {f"{Path(m['path']).name} · {m['mode']} · {len(m['adapters'])} experts ({m['id']})":
@@ -69,14 +53,10 @@ tab_route, tab_compose, tab_gates, tab_eval = st.tabs(
 # ------------------------------------------------------------------------------ compose
 with tab_compose:
     st.subheader("Compose adapters into a gated mixture")
-    adapters = []
-    if DB.exists():
-        try:
-            from trace_lib.train.records import list_adapters
-
-            adapters = list_adapters(DB)
-        except (ImportError, store.StoreError):
-            adapters = []
+    try:
+        adapters = training.list_adapters(DB)
+    except StoreError:
+        adapters = []
     # cap=PATH: a trained adapter's folder is named `adapter`, so without its capability
     # every slot would be labelled "adapter" in the legend and the routing views.
     options = {f"{a.get('capability')} · {a.get('id')}":
@@ -95,14 +75,10 @@ with tab_compose:
         specs = ",".join([options[c] for c in chosen] +
                          [x.strip() for x in extra.splitlines() if x.strip()])
         try:
-            from trace_lib.compose.adapters import parse_adapter_arg
-            from trace_lib.compose.gated import MoEConfig, compose
-
             with st.spinner("composing…"):
-                moe = compose(base, parse_adapter_arg(specs), out=out, config=MoEConfig(cmode))
-                moe_id = catalog.register_moe(DB, out)
-            st.success(f"composed {moe.k} experts, {moe.gate_param_count():,} gate parameters "
-                       f"→ {out} ({moe_id})")
+                made = composition.compose(DB, base, specs, out, mode=cmode)
+            st.success(f"composed {len(made['experts'])} experts, {made['gate_params']:,} gate "
+                       f"parameters → {out} ({made['id']})")
         except UserInputError as exc:
             st.error(str(exc))
 
@@ -128,42 +104,39 @@ with st.sidebar:
 with tab_route:
     kind = st.radio("Source", ["Live prompt", "Environment rollout", "Ingested trajectory",
                                "Saved trace"], horizontal=True, key="source")
-    source: dict = {}
+    source: composition.RouteSource | None = None
     if kind == "Live prompt":
-        source = {"kind": "prompt",
-                  "prompt": st.text_area("Prompt", "Cancel my reservation ABC123, please.",
-                                         key="prompt"),
-                  "system": st.text_input("System message (optional)", key="system"),
-                  "max_new_tokens": st.number_input("Max new tokens", 0, 512, 32,
-                                                    key="max_new")}
+        source = composition.RouteSource(
+            "prompt",
+            prompt=st.text_area("Prompt", "Cancel my reservation ABC123, please.", key="prompt"),
+            system=st.text_input("System message (optional)", key="system"),
+            max_new_tokens=int(st.number_input("Max new tokens", 0, 512, 32, key="max_new")))
     elif kind == "Environment rollout":
-        from trace_lib.compose.local_client import environment_names
-
-        source = {"kind": "env", "env": st.selectbox("Environment", environment_names(),
-                                                     key="env"),
-                  "seed": int(st.number_input("Seed", 0, 10**6, 0, key="seed")),
-                  "max_new_tokens": st.number_input("Max tokens per turn", 1, 512, 48,
-                                                    key="env_tokens"),
-                  "max_turns": st.number_input("Max turns", 1, 16, 3, key="env_turns")}
+        source = composition.RouteSource(
+            "env", env=st.selectbox("Environment", composition.environment_names(), key="env"),
+            seed=int(st.number_input("Seed", 0, 10**6, 0, key="seed")),
+            max_new_tokens=int(st.number_input("Max tokens per turn", 1, 512, 48,
+                                               key="env_tokens")),
+            max_turns=int(st.number_input("Max turns", 1, 16, 3, key="env_turns")))
     elif kind == "Ingested trajectory":
-        trajs = catalog.list_trajectories(DB) if DB.exists() else []
+        trajs = composition.list_trajectories(DB)
         if trajs:
             pick = st.selectbox("Trajectory", [
                 f"{t['id']} · {t['domain']} · task {t['task_id']} · "
                 f"{'pass' if t['success'] else 'fail'} · {t['n_messages']} msgs" for t in trajs],
                 key="traj")
-            source = {"kind": "trajectory", "trajectory": pick.split(" · ")[0]}
+            source = composition.RouteSource("trajectory", trajectory=pick.split(" · ")[0])
         else:
             st.info("No ingested trajectories in the store yet.")
     else:
-        saved = catalog.list_traces(DB, catalog.moe_id_for(moe_path)) if DB.exists() else []
+        saved = composition.list_traces(DB, composition.moe_id_for(moe_path))
         if saved:
             pick = st.selectbox("Trace", [f"{t['id']} · {t['source']} · {t['n_tokens']} tokens"
                                           for t in saved], key="saved")
             row = saved[[f"{t['id']} · {t['source']} · {t['n_tokens']} tokens"
                          for t in saved].index(pick)]
             if st.button("Open", key="open_saved"):
-                st.session_state["trace"] = traces.RoutingTrace.load(row["path"])
+                st.session_state["trace"] = composition.load_trace(row["path"])
                 st.session_state.pop("forced", None)
         else:
             st.info("No saved traces for this model yet.")
@@ -172,8 +145,7 @@ with tab_route:
     if source and c1.button("Route", key="route_go", type="primary"):
         try:
             with st.spinner("generating and routing…"):
-                trace = _run_trace(moe, source, None)
-                catalog.save_and_index(DB, moe_path, trace, source["kind"])
+                trace, _ = composition.route(DB, moe_path, source, moe=moe)
             st.session_state["trace"] = trace
             st.session_state["routed_source"] = source
             st.session_state.pop("forced", None)
@@ -183,7 +155,9 @@ with tab_route:
                          format_func=lambda s: f"{s}: {moe.slots[s]}", key="force")
     if "routed_source" in st.session_state and c2.button("Re-run forced", key="force_go"):
         with st.spinner(f"re-running with every token on slot {force}…"):
-            st.session_state["forced"] = _run_trace(moe, st.session_state["routed_source"], int(force))
+            st.session_state["forced"], _ = composition.route(
+                DB, moe_path, st.session_state["routed_source"], force=int(force), moe=moe,
+                save=False)
 
     trace = st.session_state.get("trace")
     if trace is not None:
@@ -203,16 +177,13 @@ with tab_route:
             st.html(views.token_html(trace, layer))
         st.plotly_chart(views.heatmap_figure(trace), key="heatmap")
         a, b = st.columns(2)
-        a.plotly_chart(views.share_figure(traces.share(trace, "role", layer), "role",
+        a.plotly_chart(views.share_figure(composition.share(trace, "role", layer), "role",
                                           trace.slots), key="share_role")
-        b.plotly_chart(views.share_figure(traces.share(trace, "turn", layer), "turn",
+        b.plotly_chart(views.share_figure(composition.share(trace, "turn", layer), "turn",
                                           trace.slots), key="share_turn")
         st.plotly_chart(views.entropy_figure(trace), key="entropy")
-        saved = catalog.list_traces(DB, catalog.moe_id_for(moe_path)) if DB.exists() else []
-        with_outcome = [t for t in saved if t["meta"].get("outcome") in ("success", "failure")]
-        if with_outcome:
-            pooled = traces.share_many([traces.RoutingTrace.load(t["path"])
-                                        for t in with_outcome[:50]], by="outcome")
+        pooled = composition.outcome_shares(DB, moe_path)
+        if pooled:
             st.plotly_chart(views.share_figure(pooled, "outcome", trace.slots),
                             key="share_outcome")
         else:
@@ -221,45 +192,37 @@ with tab_route:
 
 # ---------------------------------------------------------------------------- gates
 with tab_gates:
-    from trace_lib.compose.gate_training import GateTrainConfig, submit_gate_job
-    from trace_lib.compose.local_client import environment_names
-
     st.subheader("Train the gates (background job)")
-    names = environment_names()
+    names = composition.environment_names()
     caps = set(moe.slots[1:])
     envs = st.multiselect("Capability environments (mixed round-robin)", names,
                           default=[n for n in names if n.split("/")[-1] in caps] or names[:1],
                           key="gate_envs")
     g1, g2, g3 = st.columns(3)
     warm_seeds = g1.number_input("Warm-start seeds per env", 0, 64, 2, key="warm_seeds")
-    warm_steps = g1.number_input("Warm-start KL steps", 0, 500, 20, key="warm_steps")
+    warm_steps = g1.number_input("Warm-start KL steps", 0, 2000, 100, key="warm_steps")
     steps = g2.number_input("GRPO steps", 0, 1000, 4, key="gate_steps")
     group = g2.number_input("Group size", 2, 64, 4, key="gate_group")
     max_tokens = g3.number_input("Max tokens per turn", 1, 1024, 48, key="gate_tokens")
     max_turns = g3.number_input("Max turns", 1, 16, 2, key="gate_turns")
     if st.button("Start gate training", key="gates_go", type="primary"):
         try:
-            cfg = GateTrainConfig(moe=str(Path(moe_path).resolve()), envs=envs,
-                                  warm_seeds=int(warm_seeds), warm_steps=int(warm_steps),
-                                  steps=int(steps), group=int(group),
-                                  max_tokens=int(max_tokens), max_turns=int(max_turns))
-            spec = submit_gate_job(cfg)
-            from trace_lib.train.records import record_job
-
-            record_job(DB, spec)
-            st.success(f"started job {spec.id} → {spec.run_dir}")
+            cfg = composition.gate_config(moe_path, envs, warm_seeds=int(warm_seeds),
+                                          warm_steps=int(warm_steps), steps=int(steps),
+                                          group=int(group), max_tokens=int(max_tokens),
+                                          max_turns=int(max_turns))
+            started = composition.train_gates(DB, cfg, background=True)
+            st.success(f"started job {started['job_id']} → {started['run_dir']}")
         except UserInputError as exc:
             st.error(str(exc))
-    jobs_list = catalog.sync_gate_jobs(DB) if DB.exists() else []
+    jobs_list = composition.sync_gate_jobs(DB) if data.db_exists(DB) else []
     if jobs_list:
         st.button("Refresh", key="gates_refresh")
         st.dataframe(pd.DataFrame([{k: j.get(k) for k in ("id", "state", "steps_done",
                                                           "moe_path", "error")}
                                    for j in jobs_list]), hide_index=True)
-        from trace_lib.jobs import read_metrics
-
         job = st.selectbox("Job", [j["id"] for j in jobs_list], key="gate_job")
-        rows = read_metrics(next(j["run_dir"] for j in jobs_list if j["id"] == job))
+        rows = composition.read_metrics(next(j["run_dir"] for j in jobs_list if j["id"] == job))
         grpo = [r for r in rows if r.get("phase") == "grpo"]
         warm = [r for r in rows if r.get("phase") == "warm"]
         if warm:
@@ -269,31 +232,45 @@ with tab_gates:
             st.line_chart(frame[["reward_mean", "routing_entropy"]])
             st.area_chart(frame[[c for c in frame.columns if c.startswith("share_")]])
         state = next(j["state"] for j in jobs_list if j["id"] == job)
+        # Gate movement: norm, distance from the start, routing entropy; warn when the gates
+        # have not moved (no group with reward variance, or a dead estimator).
+        from trace_lib.workbench import composition as _composition
+
+        movement = _composition.gate_movement(
+            next(j["run_dir"] for j in jobs_list if j["id"] == job),
+            finished=state in ("succeeded", "failed", "cancelled"))
+        m1, m2, m3, m4 = st.columns(4)
+        m1.metric("Gate norm", "-" if movement["gate_norm"] is None
+                  else f"{movement['gate_norm']:.4g}")
+        m2.metric("Gates moved by", "-" if movement["gate_delta"] is None
+                  else f"{movement['gate_delta']:.4g}")
+        m3.metric("Routing entropy", "-" if movement["routing_entropy"] is None
+                  else f"{movement['routing_entropy']:.3f}")
+        m4.metric("GRPO steps with signal",
+                  f"{movement['informative_steps']}/{movement['steps']}")
+        if movement["shares"]:
+            st.caption("Share per slot (last step): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in movement["shares"].items()))
+        if movement["warning"]:
+            st.warning(movement["warning"])
+        if any("gate_norm" in r for r in rows):
+            st.line_chart(pd.DataFrame([{"row": i, "gate_norm": r["gate_norm"]}
+                                        for i, r in enumerate(rows) if "gate_norm" in r])
+                          .set_index("row"))
         if state in ("queued", "running"):
             st.progress(min(1.0, len(grpo) / max(int(steps), 1)),
                         text=f"{state}: {len(warm)} warm steps, {len(grpo)} GRPO steps")
 
 # ----------------------------------------------------------------------------- eval
 with tab_eval:
-    from trace_lib.compose.evaluate import (
-        EvalConfig,
-        evaluate_composition,
-        policies,
-        summary_rows,
-        write_eval,
-    )
-    from trace_lib.compose.local_client import environment_names
-
     st.subheader("Does composition beat collapse?")
-    eval_path = Path(moe_path) / "eval.json"
-    names = environment_names()
+    names = composition.environment_names()
     e_envs = st.multiselect("Held-out environments", names, default=names, key="eval_envs")
     e1, e2 = st.columns(2)
     e_seeds = e1.number_input("Held-out seeds per env", 1, 200, 2, key="eval_seeds")
     e_tokens = e2.number_input("Max tokens per turn", 1, 1024, 32, key="eval_tokens")
     if st.button("Evaluate", key="eval_go", type="primary") and e_envs:
-        cfg = EvalConfig(envs=e_envs, seeds=int(e_seeds), max_tokens=int(e_tokens), max_turns=2)
-        total = len(e_envs) * len(policies(moe, cfg.include_merge))
+        total = len(e_envs) * composition.eval_policy_count(moe)
         bar = st.progress(0.0, text="evaluating…")
         table = st.empty()
         done: list[dict] = []
@@ -303,12 +280,10 @@ with tab_eval:
             bar.progress(len(done) / total, text=f"{row['env']} · {row['policy']}")
             table.dataframe(pd.DataFrame(done), hide_index=True)
 
-        rows = evaluate_composition(moe, cfg, on_row=_row)
-        write_eval(moe_path, rows, cfg)
-        catalog.register_moe(DB, moe_path, metrics={"eval": rows,
-                                                    "eval_summary": summary_rows(rows)})
-    if eval_path.exists():
-        data = json.loads(eval_path.read_text())
-        st.dataframe(pd.DataFrame(data["summary"]), hide_index=True)
-        st.plotly_chart(views.eval_figure(data["rows"]), key="eval_chart")
-        st.dataframe(pd.DataFrame(data["rows"]), hide_index=True)
+        composition.moe_eval(DB, moe_path, e_envs, seeds=int(e_seeds),
+                             max_tokens=int(e_tokens), max_turns=2, moe=moe, on_row=_row)
+    saved_eval = composition.saved_eval(moe_path)
+    if saved_eval:
+        st.dataframe(pd.DataFrame(saved_eval["summary"]), hide_index=True)
+        st.plotly_chart(views.eval_figure(saved_eval["rows"]), key="eval_chart")
+        st.dataframe(pd.DataFrame(saved_eval["rows"]), hide_index=True)

@@ -6,7 +6,11 @@ Design decisions
   tool's error text on the call it answers. Importers map their format onto it; nothing
   downstream knows which benchmark a trajectory came from except through `meta`.
 - `success` is tri-state: True, False, or None (unknown, e.g. a SWE-agent run without a
-  success file). Rankings only count known outcomes.
+  success file). Rankings only count known outcomes. `outcome` names the four cases:
+  success | failure | unknown | error, where `error` is a run the harness crashed on
+  (connection reset, parse error): not the agent's failure, so `success` stays None and
+  it is left out of success rates and rankings. `outcome` is derived from `success` when
+  not given, and the two can never disagree.
 - A trajectory's identity is the hash of its content (`content_sha256`), so importing
   the same file twice inserts nothing the second time; `id` is a short prefix of it.
 - Label values are a closed set; a labeler that could not decide records an error on
@@ -17,16 +21,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
 LabelValue = Literal["present", "lacking", "na"]
 LABEL_VALUES: tuple[str, ...] = ("present", "lacking", "na")
 CapabilitySource = Literal["builtin", "llm", "user"]
 CapabilityStatus = Literal["proposed", "accepted", "rejected"]
+Outcome = Literal["success", "failure", "unknown", "error"]
+OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown", "error")
+
+
+def outcome_of(success: bool | None) -> str:
+    return "unknown" if success is None else ("success" if success else "failure")
 
 
 class ToolCall(BaseModel):
@@ -49,6 +58,7 @@ class Message(BaseModel):
 class ExpectedAction(BaseModel):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    requestor: str | None = None  # tau2: "assistant" or "user"; None: the agent's
 
 
 class ToolSchema(BaseModel):
@@ -68,9 +78,22 @@ class Trajectory(BaseModel):
     domain: str | None = None
     reward: float | None = None
     success: bool | None = None
+    outcome: Outcome | None = None  # derived from `success` when not given
     termination: str | None = None
     messages: list[Message]
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _outcome_matches_success(self) -> Trajectory:
+        derived = outcome_of(self.success)
+        if self.outcome is None:
+            self.outcome = derived  # type: ignore[assignment]
+        elif self.outcome == "error":
+            if self.success is not None:
+                raise ValueError("outcome 'error' (a crashed run) cannot have success set")
+        elif self.outcome != derived:
+            raise ValueError(f"outcome {self.outcome!r} disagrees with success={self.success}")
+        return self
 
     def content_sha256(self) -> str:
         """Hash of what makes this trajectory this one (not where it was imported from)."""
@@ -113,13 +136,3 @@ class Label(BaseModel):
     evidence: list[dict[str, Any]] = Field(default_factory=list)  # [{"message_idx", "text"}]
     confidence: float | None = None
     error: str | None = None  # set when the labeler failed on this pair
-
-
-class LabelEdit(BaseModel):
-    trajectory_id: str
-    capability: str
-    old: LabelValue | None
-    new: LabelValue
-    editor: str
-    note: str | None = None
-    edited_at: datetime | None = None

@@ -302,8 +302,63 @@ CREATE TABLE IF NOT EXISTS env_generation_attempts (
 );
 """
 
+# Ingest (issue 10): `trajectories.outcome` is success | failure | unknown | error. `error`
+# is a run the harness crashed on (not the agent's failure): its `success` stays NULL, so
+# every success rate and ranking that counts known outcomes leaves it out. Rows written
+# before this column are filled from `success`. `expected_actions.requestor` says whose
+# action it is (tau2: "assistant" or "user"); NULL means the agent's.
+_INGEST_OUTCOME_REQUESTOR = """
+ALTER TABLE trajectories ADD COLUMN outcome VARCHAR;
+UPDATE trajectories SET outcome = CASE WHEN success THEN 'success'
+    WHEN NOT success THEN 'failure' ELSE 'unknown' END;
+ALTER TABLE expected_actions ADD COLUMN requestor VARCHAR;
+"""
+
+# Diagnose (issue 16): a label run has a status, running | finished | failed, and the
+# reason when it failed. Only finished runs count: the majority and per-run views leave
+# out the labels of runs that are running (or were killed while running) or failed, so
+# rank, the review queue and exports see finished runs only. A row inserted without a
+# status (fixtures, importers that write a whole run at once) is finished; the labeler
+# writes 'running' first. Runs from before this version without `finished_at` were
+# interrupted: they become 'running' (resumable with `label --resume`).
+_LABEL_RUN_STATUS = """
+ALTER TABLE label_runs ADD COLUMN status VARCHAR DEFAULT 'finished';
+ALTER TABLE label_runs ADD COLUMN status_reason VARCHAR;
+UPDATE label_runs SET status = CASE WHEN finished_at IS NULL THEN 'running' ELSE 'finished' END,
+    status_reason = CASE WHEN finished_at IS NULL
+        THEN 'no finish recorded (interrupted before run status existed)' END;
+CREATE OR REPLACE VIEW counted_labels AS
+SELECT * FROM labels
+WHERE run_id NOT IN (SELECT id FROM label_runs WHERE coalesce(status, 'finished') <> 'finished');
+CREATE OR REPLACE VIEW majority_labels AS
+SELECT trajectory_id, capability, value, n_runs, n_agree
+FROM (
+    SELECT trajectory_id, capability, value,
+           sum(n) OVER (PARTITION BY trajectory_id, capability) AS n_runs,
+           n AS n_agree,
+           row_number() OVER (
+               PARTITION BY trajectory_id, capability
+               ORDER BY n DESC,
+                        CASE value WHEN 'lacking' THEN 0 WHEN 'present' THEN 1 ELSE 2 END
+           ) AS rn
+    FROM (
+        SELECT trajectory_id, capability, value, count(*) AS n
+        FROM counted_labels WHERE value IS NOT NULL
+        GROUP BY ALL
+    )
+) WHERE rn = 1;
+CREATE OR REPLACE VIEW effective_run_labels AS
+SELECT l.run_id, l.trajectory_id, l.capability,
+       coalesce(e.value, l.value) AS value,
+       e.value IS NOT NULL AS edited
+FROM counted_labels l
+LEFT JOIN latest_label_edits e
+  ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
+WHERE l.value IS NOT NULL OR e.value IS NOT NULL;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2, _V3]
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _INGEST_OUTCOME_REQUESTOR, _LABEL_RUN_STATUS]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -419,7 +474,7 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def table_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    """Row counts of every table, for the overview page and `stats`."""
+    """Row counts of every base table (tests compare them around a refused import)."""
     names = [
         r[0]
         for r in con.execute(

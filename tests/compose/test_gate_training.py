@@ -82,7 +82,9 @@ def test_train_gates_warm_start_then_grpo(moe_dir, tmp_path, toy_env) -> None:
     assert len(warm) == 5 and len(grpo) == 2
     assert all(len(v) == 4 for v in result["warm_rewards"]["toy"].values())  # base + 3 slots
     assert any(r["groups_kept"] > 0 and r["grad_norm"] > 0 for r in grpo)
-    assert all("routing_entropy" in r and "share_base" in r for r in grpo)
+    assert all("routing_entropy" in r and "share_base" in r and "gate_norm" in r
+               for r in grpo)
+    assert result["gates_moved"] and result["gate_norm"] > 0
     gates = load_file(str(Path(result["moe_path"]) / "gates.safetensors"))
     assert any(float(t.abs().sum()) > 0 for t in gates.values())  # the gates moved
     assert (run / "checkpoints" / "step_2" / "gates.safetensors").is_file()
@@ -98,10 +100,11 @@ def test_config_errors_name_the_field(moe_dir) -> None:
         GateTrainConfig.from_dict({"moe": str(moe_dir), "envs": ["x"], "group": 1})
 
 
-def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, db_path) -> None:
+def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, db_path,
+                                               capsys) -> None:
     from trace_lib import jobs
-    from trace_lib.compose.catalog import list_moe_models, sync_gate_jobs
     from trace_lib.compose.gate_training import submit_gate_job
+    from trace_lib.workbench.composition import list_moe_models, sync_gate_jobs
 
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
@@ -117,3 +120,95 @@ def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, d
     models = list_moe_models(db_path)
     assert len(models) == 1 and models[0]["job_id"] == spec.id
     assert models[0]["path"] == str((Path(spec.run_dir) / "moe").resolve())
+    # `job status` reports gate movement for gate jobs (the warm start moved them).
+    from trace_lib.cli import main
+    from trace_lib.workbench.training import record_job
+
+    record_job(db_path, spec)
+    assert main(["job", "status", spec.id, "--db", str(db_path)]) == 0
+    out = capsys.readouterr().out
+    assert "gates: norm" in out and "WARNING" not in out
+
+
+SMOKE = ["trace_lib.train.smoke_envs:TargetLetterEnv", "trace_lib.train.smoke_envs:LookupEnv"]
+
+
+def test_gates_move_from_zero_on_the_smoke_environments(moe_dir, tmp_path) -> None:
+    """No warm start, no balance term: only the GRPO gradient can move the gates, and the
+    straight-through estimator gives zero-initialised gates one whenever a group has
+    reward variance."""
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=SMOKE, warm_seeds=0, warm_steps=0,
+                          steps=3, group=6, groups_per_step=2, max_turns=2, max_tokens=4,
+                          lr=0.05, balance_coef=0.0, torch_threads=1)
+    result = train_gates(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    informative = [r for r in rows if r["groups_kept"] > 0]
+    assert informative, "no group had reward variance; the test needs one"
+    assert all(r["grad_norm"] > 0 for r in informative)
+    assert rows[-1]["gate_norm"] > 0 and rows[-1]["gate_delta"] > 0
+    assert result["gates_moved"] is True
+    # Moved gates route: some tokens of a fresh forward leave the base.
+    from trace_lib.compose.gated import load_moe
+
+    moe = load_moe(result["moe_path"])
+    with torch.no_grad(), moe.recording() as rec:
+        moe(input_ids=torch.randint(5, 900, (1, 16)))
+    assert int(rec.chosen.max()) > 0
+
+
+def test_warm_start_default_lr_never_overshoots(tiny_dir, adapter_dirs) -> None:
+    """The logged KL is non-increasing at the default rate, at 5e-2 (which drove the KL up
+    to 6-7 on tiny with plain Adam on live routing) and at an absurd 50: a step that
+    raises it is undone and the rate halved."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [(torch.randint(5, 900, (10,), generator=g).tolist(),
+                soft_targets([0.0, 1.0, 0.0, 0.0] if i % 2 else [0.0, 0.0, 0.0, 1.0], 0.1))
+               for i in range(4)]
+    for lr in (GateTrainConfig.warm_lr, 0.05, 50.0):
+        moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs])
+        logged: list[dict] = []
+        losses = warm_start(moe, prompts, steps=15, lr=lr, log=logged.append)
+        kls = [r["kl"] for r in logged]
+        assert all(b <= a + 1e-9 for a, b in zip(kls[:-1], kls[1:], strict=True)), (lr, kls)
+        assert losses[-1] < losses[0], lr
+        if lr == 50.0:
+            assert any(r["rejected"] for r in logged)  # the guard really acted
+
+
+def test_generated_environment_code_reaches_gate_training(moe_dir, tmp_path) -> None:
+    """A job gets a generated environment as code (never through the database) and runs
+    it in the sandbox; a name it cannot build without the store is refused up front."""
+    from trace_lib.compose.gate_training import env_makers_for
+    from trace_lib.envs.registry import EnvSpec
+
+    code = (HERE / "file_env.py").read_text()
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy/say_seed/gen1"], warm_seeds=1,
+                          warm_steps=1, steps=0, max_turns=1, max_tokens=3,
+                          env_specs={"toy/say_seed/gen1": EnvSpec(
+                              name="toy/say_seed/gen1", capability="say_seed", domain="toy",
+                              version=1, source="generated", code=code).to_json()},
+                          torch_threads=1)
+    result = train_gates(cfg, tmp_path / "run")
+    assert list(result["warm_rewards"]) == ["toy/say_seed/gen1"]
+    bad = GateTrainConfig(moe=str(moe_dir), envs=["toy/say_seed/gen2"])
+    with pytest.raises(UserInputError, match="never reads the store"):
+        env_makers_for(bad)
+
+
+def test_gate_movement_summary_and_warning() -> None:
+    from trace_lib.compose.movement import gate_movement, movement_line
+
+    still = [{"phase": "grpo", "step": i, "groups_kept": 0, "gate_norm": 0.0,
+              "gate_delta": 0.0, "routing_entropy": 1.0986, "share_base": 1.0, "share_a": 0.0}
+             for i in (1, 2)]
+    m = gate_movement(still, finished=True)
+    assert m["moved"] is False and "no signal" in m["warning"] and m["informative_steps"] == 0
+    moved = still + [{"phase": "grpo", "step": 3, "groups_kept": 1, "gate_norm": 0.2,
+                      "gate_delta": 0.2, "routing_entropy": 0.9, "share_base": 0.25,
+                      "share_a": 0.75}]
+    m = gate_movement(moved)
+    assert m["moved"] is True and m["warning"] is None and m["shares"] == {"base": 0.25,
+                                                                           "a": 0.75}
+    assert "1/3 GRPO steps with signal" in movement_line(m)
+    assert gate_movement([])["moved"] is None and gate_movement([])["warning"] is None
+    assert "no warm-start or GRPO step" in gate_movement([], finished=True)["warning"]

@@ -234,3 +234,67 @@ def test_mix_is_the_exact_linear_merge(moe: GatedMoE, tiny_dir, adapter_dirs, tm
     with pytest.raises(UserInputError, match="expected 4 weights"):
         with moe.mix([1.0]):
             pass
+
+
+# --------------------------------------------------------------- trajectory: the request
+def _episode(tok):
+    """A two-turn tool episode: (first prompt ids, full episode ids, its messages)."""
+    from trace_lib.runtime.chat_format import render_prompt
+
+    messages = [{"role": "system", "content": "Policy: be careful. " * 6},
+                {"role": "user", "content": "Cancel reservation ABC123 please"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "get", "arguments": {"id": "ABC123"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "name": "get",
+                 "content": "{\"status\": \"flown\"}"},
+                {"role": "assistant", "content": "It has flown, so no."}]
+    first = tok(render_prompt(messages[:2], None), add_special_tokens=False)["input_ids"]
+    full = tok(render_prompt(messages, None, add_generation_prompt=False),
+               add_special_tokens=False)["input_ids"]
+    return first, full, messages
+
+
+def test_request_mask_is_the_user_turn_not_tool_results(moe: GatedMoE) -> None:
+    from trace_lib.compose.gated import request_mask
+
+    first, full, _ = _episode(moe.tokenizer)
+    mask = request_mask(torch.tensor([full]), moe._markers)[0]
+    text = moe.tokenizer.decode([t for t, m in zip(full, mask.tolist(), strict=True) if m])
+    assert text.startswith("Cancel reservation ABC123 please")
+    assert "flown" not in text and "Policy" not in text and "assistant" not in text
+    assert mask[len(first):].sum() == 0  # nothing after the first prompt is "the request"
+
+
+def test_trajectory_choice_is_the_same_in_every_turn_and_in_the_loss_pass(
+        tiny_dir, adapter_dirs) -> None:
+    """Rollout turn 1 (prefill of the first prompt), a later turn (the prompt grown by a
+    reply and a tool result) and the loss pass (the whole episode, teacher-forced) all pool
+    over the request tokens, so they route identically."""
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs],
+                  config=MoEConfig("trajectory"))
+    _randomise_gates(moe, seed=5, std=4.0)
+    first, full, _ = _episode(moe.tokenizer)
+    turn2 = full[:-5]  # a later turn's prompt: everything up to part of the last reply
+    choices = []
+    for ids in (first, turn2, full):
+        with torch.no_grad(), moe.recording() as rec:
+            moe(input_ids=torch.tensor([ids]))
+        choices.append(rec.chosen[0, -1].tolist())  # the held per-layer choice
+    assert choices[0] == choices[1] == choices[2]
+
+
+def test_zero_gates_get_a_gradient_through_the_straight_through_estimator(
+        tiny_dir, adapter_dirs) -> None:
+    """From zero init every token goes to the base, yet the full estimator gives every
+    gate a gradient; the chosen-slot estimator gives none (slot 0 multiplies nothing)."""
+    ids = _ids(1, 12, seed=2)
+    for mode in ("top1", "trajectory"):
+        moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs],
+                      config=MoEConfig(mode, estimator="full"))
+        moe(input_ids=ids).logits.float().pow(2).mean().backward()
+        assert all(float(g.weight.grad.abs().sum()) > 0 for g in moe.gates), mode
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs],
+                  config=MoEConfig("top1", estimator="chosen"))
+    out = moe(input_ids=ids).logits
+    assert not out.requires_grad  # the loss does not depend on zero gates at all

@@ -30,14 +30,14 @@ def test_chatml_roles_match_the_template_roles(tiny_dir) -> None:
 
 def test_server_answers_like_any_policy_and_records_traces(tiny_dir, adapter_dirs,
                                                            tmp_path) -> None:
-    from trace_lib.runtime.rollout import OpenAIChatClient
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
 
     compose(str(tiny_dir), [(None, p) for p in adapter_dirs], out=tmp_path / "moe")
     record = tmp_path / "traces"
     with MoEPolicyServer(tmp_path / "moe", record_dir=record, port=0, torch_threads=1) as srv:
-        client = OpenAIChatClient(srv.url)
+        client = OpenAIPolicyClient(srv.url)
         try:
-            samples = client.chat([{"role": "user", "content": "hello"}], None,
+            samples = client.chat([{"role": "user", "content": "hello"}], tools=None,
                                   model=srv.model_name, n=2, max_tokens=5, temperature=1.0,
                                   seed=3)
         finally:
@@ -59,3 +59,50 @@ def test_server_refuses_a_folder_that_is_not_composed(tmp_path: Path, missing: s
 
     with pytest.raises(UserInputError, match="moe.json"):
         MoEPolicyServer(tmp_path / missing, port=0).start()
+
+
+def test_an_environment_episode_runs_through_the_served_composition(tiny_dir, adapter_dirs,
+                                                                    tmp_path) -> None:
+    """moe-serve's server, trained-looking gates in trajectory mode, a tool environment:
+    the rollout loop talks to it over HTTP like any policy (tools in the request, tool
+    calls parsed back), and every completion carries its routing."""
+    import httpx
+    import torch
+
+    from trace_lib.compose.gated import load_moe
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
+    from trace_lib.runtime.rollout import RolloutConfig, run_group
+    from trace_lib.train.smoke_envs import LookupEnv
+
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]])
+    with torch.no_grad():
+        for gate in moe.gates:  # a gate that prefers slot 2 everywhere
+            gate.bias.copy_(torch.tensor([0.0, 0.0, 3.0]))
+    moe.config.mode = "trajectory"
+    moe.save(tmp_path / "moe")
+    assert load_moe(tmp_path / "moe").config.mode == "trajectory"
+    record = tmp_path / "traces"
+    with MoEPolicyServer(tmp_path / "moe", record_dir=record, port=0, torch_threads=1) as srv:
+        client = OpenAIPolicyClient(srv.url)
+        try:
+            rollouts = run_group(LookupEnv, 3, client, RolloutConfig(max_turns=2, max_tokens=6),
+                                 model=srv.model_name, group_size=2, request_seed=1)
+        finally:
+            client.close()
+        env = LookupEnv()
+        env.reset(3)
+        body = {"model": srv.model_name, "messages": env.messages, "tools": env.tool_schemas,
+                "max_tokens": 4, "temperature": 0.0}
+        data = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).json()
+    assert len(rollouts) == 2 and all(r.turns >= 1 and r.n_sampled > 0 for r in rollouts)
+    tool_text = "\n".join(str(t) for t in [moe.tokenizer.decode(rollouts[0].token_ids)])
+    assert '"name": "lookup"' in tool_text  # the tools block reached the served prompt
+    choice = data["choices"][0]
+    assert "tool_calls" in choice["message"]  # tools requested -> the tool-call field
+    routing = choice["routing"]
+    assert routing["slots"] == moe.slots and routing["mode"] == "trajectory"
+    assert routing["request_slot"] == 2 and set(routing["request_choice"]) == {2}
+    assert routing["completion_share"][2] == 1.0
+    assert routing["trace_id"] in data["routing_trace_ids"]
+    calls = sum(r.turns for r in rollouts) + 1
+    assert len(list(record.glob("*.npz"))) == calls  # one trace per completion

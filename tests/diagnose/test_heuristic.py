@@ -9,7 +9,13 @@ from trace_lib.diagnose.evaluation import evaluate
 from trace_lib.diagnose.labelers import get_labeler
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.diagnose.ranking import rank
-from trace_lib.diagnose.transcript import Call, Transcript
+from trace_lib.transcript_model import Call, Transcript
+
+
+def _call(message_idx: int, call_idx: int, name: str, arguments: dict, requestor: str | None,
+          error: str | None) -> Call:
+    return Call(name=name, arguments=arguments, error=error, message_idx=message_idx,
+                requestor=requestor, call_idx=call_idx)
 
 
 def _t(calls: list[Call], expected: list[tuple[str, dict]], outputs: dict[int, str]) -> Transcript:
@@ -21,8 +27,11 @@ def _t(calls: list[Call], expected: list[tuple[str, dict]], outputs: dict[int, s
                      "content": outputs.get(c.message_idx, "{}"), "tool_call_id": None})
     msgs.append({"idx": 99, "role": "assistant", "content": "bye", "name": None,
                  "tool_call_id": None})
-    return Transcript("t1", "d", None, "task", "airline", False, 0.0, "user_stop", {}, msgs,
-                      calls, expected)
+    head = {"id": "t1", "dataset_id": "d", "source_id": None, "task_id": "task",
+            "domain": "airline", "success": False, "reward": 0.0, "termination": "user_stop",
+            "meta": {}}
+    return Transcript(head, msgs, calls,
+                      [Call(name=name, arguments=args) for name, args in expected])
 
 
 CAPS = [Capability(name=n, description="d") for n in (
@@ -37,9 +46,9 @@ def _labels(t: Transcript) -> dict[str, tuple[str, list]]:
 
 def test_wrong_record_copied_is_tool_calling_precision() -> None:
     user = '{"user_id": "u1", "reservations": ["AAA111", "BBB222"]}'
-    calls = [Call(1, 0, "get_user_details", {"user_id": "u1"}, "assistant", None),
-             Call(3, 0, "get_reservation_details", {"reservation_id": "BBB222"}, "assistant", None),
-             Call(5, 0, "cancel_reservation", {"reservation_id": "BBB222"}, "assistant", None)]
+    calls = [_call(1, 0, "get_user_details", {"user_id": "u1"}, "assistant", None),
+             _call(3, 0, "get_reservation_details", {"reservation_id": "BBB222"}, "assistant", None),
+             _call(5, 0, "cancel_reservation", {"reservation_id": "BBB222"}, "assistant", None)]
     expected = [("get_user_details", {"user_id": "u1"}),
                 ("cancel_reservation", {"reservation_id": "CCC333"})]
     lab = _labels(_t(calls, expected, {1: user}))
@@ -51,9 +60,9 @@ def test_wrong_record_copied_is_tool_calling_precision() -> None:
 
 def test_derived_value_is_structured_reasoning_and_missing_write_is_incomplete() -> None:
     res = '{"reservation_id": "AAA111", "passengers": [1, 2], "flights": [1]}'
-    calls = [Call(1, 0, "get_reservation_details", {"reservation_id": "AAA111"}, "assistant",
+    calls = [_call(1, 0, "get_reservation_details", {"reservation_id": "AAA111"}, "assistant",
                   None),
-             Call(3, 0, "update_reservation_baggages",
+             _call(3, 0, "update_reservation_baggages",
                   {"reservation_id": "AAA111", "total_baggages": 3, "nonfree_baggages": 2},
                   "assistant", None)]
     expected = [("get_reservation_details", {"reservation_id": "AAA111"}),
@@ -69,7 +78,7 @@ def test_derived_value_is_structured_reasoning_and_missing_write_is_incomplete()
 
 
 def test_write_without_lookup_is_precondition() -> None:
-    calls = [Call(1, 0, "cancel_reservation", {"reservation_id": "AAA111"}, "assistant", None)]
+    calls = [_call(1, 0, "cancel_reservation", {"reservation_id": "AAA111"}, "assistant", None)]
     lab = _labels(_t(calls, [], {}))
     assert lab["precondition_verification"][0] == "lacking"
     assert lab["multi_step_task_completion"][0] == "na"  # no expected actions: no grounds
@@ -90,9 +99,9 @@ def test_recovers_planted_deficits_on_demo(demo_db: Path) -> None:
 
 def test_read_then_wrong_decision_is_structured_reasoning() -> None:
     res = '{"reservation_id": "AAA111", "created_at": "2024-05-01T10:00:00"}'
-    calls = [Call(1, 0, "get_reservation_details", {"reservation_id": "AAA111"}, "assistant",
+    calls = [_call(1, 0, "get_reservation_details", {"reservation_id": "AAA111"}, "assistant",
                   None),
-             Call(3, 0, "cancel_reservation", {"reservation_id": "AAA111"}, "assistant", None)]
+             _call(3, 0, "cancel_reservation", {"reservation_id": "AAA111"}, "assistant", None)]
     expected = [("get_user_details", {"user_id": "u1"}),
                 ("get_reservation_details", {"reservation_id": "AAA111"})]  # deny, no write
     t = _t(calls, expected, {1: res})

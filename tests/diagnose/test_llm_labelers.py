@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from synthetic import make_store
 from wire_server import Reply, WireServer, anthropic_tool_reply, error_reply, openai_reply
 
 from trace_lib import store
-from trace_lib.diagnose.labeling import run_labeling
+from trace_lib.diagnose.labeling import LabelRunFailed, run_labeling
 
 CAPS = ["tool_calling_precision", "precondition_verification"]
 
@@ -91,12 +92,14 @@ def test_openai_labeler_repairs_then_records_failures(db_path: Path) -> None:
 def test_timeouts_after_retries_are_recorded_as_failed(db_path: Path) -> None:
     _store(db_path)
     with WireServer(lambda p, b, n: Reply(sleep=1.0, body={})) as srv:
-        [s] = run_labeling(db_path, "openai", capabilities=CAPS[:1], run_prefix="slow",
-                           base_url=srv.url + "/v1", model="m", timeout=0.2, max_retries=0)
-    assert s.n_failed == 2
+        with pytest.raises(LabelRunFailed, match="all 2 pairs failed.*Timeout"):
+            run_labeling(db_path, "openai", capabilities=CAPS[:1], run_prefix="slow",
+                         base_url=srv.url + "/v1", model="m", timeout=0.2, max_retries=0)
     with store.connect(db_path) as con:
         errors = [r[0] for r in con.execute("SELECT error FROM labels").fetchall()]
+        status = con.execute("SELECT status, status_reason FROM label_runs").fetchone()
     assert all("call failed" in e and "Timeout" in e for e in errors)
+    assert status[0] == "failed" and "Timeout" in status[1]
 
 
 def test_anthropic_message_batches_with_repair_of_invalid_answers(db_path: Path) -> None:

@@ -29,7 +29,6 @@ from journey_helpers import (  # noqa: E402
     screenshot,
     shot_dir,
     wait_until,
-    wide_tiny_model,
 )
 
 TAU2_FILE = "tau2-bench/results/feature-gym/gpt-4.1_airline_default_gpt-4.1_1trials.json"
@@ -48,7 +47,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     from trace_lib.diagnose import labels as lb
     from trace_lib.diagnose.ranking import rank
     from trace_lib.envs import is_approved
-    from trace_lib.train import records
+    from trace_lib.workbench import training as records
 
     expect.set_options(timeout=30_000)  # 2 shared cores: reruns can take seconds
     shots = shot_dir("journey")
@@ -155,7 +154,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
         if reward.count() or step.is_disabled():
             break
         step.click()
-        expect(page.get_by_text(f"[{i + 1}] {{").first).to_be_visible()
+        expect(page.get_by_text(f"[{i + 1}] {{").filter(visible=True).first).to_be_visible()
         wait_for_app(page)
         page.wait_for_timeout(500)  # the rest of the rerun (reward, disabled button) lands
     expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000")
@@ -174,18 +173,17 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     approve = page.get_by_role("button", name="Approve", exact=True)
     expect(approve).to_be_enabled()
     approve.click()
-    expect(page.get_by_text("status approved").first).to_be_visible()
+    expect(page.get_by_text("status approved").filter(visible=True).first).to_be_visible()
     wait_for_app(page)
     screenshot(page, shots, "04_environments_review")
     assert is_approved(ENV_NAME, db=db_path)
     screenshot(page, shots, "04_environments")
 
     # ---- 5. Training: a short GRPO run on the approved environment, watched to the end.
-    model_dir = wide_tiny_model(tmp_path / "tiny-16k")
+    # the built-in tiny model's 16k context holds the prompt (no model of its own here)
     goto(page, server.url + "/Training", wait_for_app)
-    pick_option(page, "Model", "other (folder or hub name)", wait_for_app)
-    for label, value in (("Model folder / hub name (for 'other')", model_dir),
-                         ("Steps", 2), ("Group size G", 2), ("Seeds per step", 1),
+    pick_option(page, "Model", "tiny", wait_for_app)
+    for label, value in (("Steps", 2), ("Group size G", 2), ("Seeds per step", 1),
                          ("Max turns", 1), ("Max tokens / turn", 4),
                          ("Held-out seeds (before/after)", 0), ("LoRA rank", 4),
                          ("LoRA targets", "q_proj,v_proj"), ("Checkpoint every N steps", 1)):

@@ -1,7 +1,8 @@
 """Reliability under the four things that go wrong in real use, each measured for real.
 
 1. Two browser sessions edit labels on the Labels page at the same time: no edit is lost.
-2. An import is killed with SIGKILL half way through writing: the store is unchanged.
+2. An import is killed with SIGKILL at 12 timings across its run: every
+   table's rows are unchanged (the file may grow and keep a WAL until the next open).
 3. A training job is killed with SIGKILL: it is shown as failed, its checkpoints load.
 4. The app is restarted while a job runs: the new app still tracks (and can cancel) it.
 
@@ -153,50 +154,119 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
 
 
 # -------------------------------------------------------------- 2. import killed
+# Kill timings: fractions of the import's own duration (measured first, from its first
+# progress output to its exit), each on a fresh copy of the same store. The import streams
+# every file into ONE transaction, so these cover the whole write. What holds at every
+# timing is the content: each table's rows (count and content hash) are unchanged. What
+# does NOT hold is byte-for-byte: DuckDB may already have written blocks of the
+# uncommitted transaction into the file (it grows; the blocks are unreferenced and reused
+# by later writes) and a small .wal may stay until the next read-write open, which
+# replays it (nothing committed) and removes it.
+KILL_AT_FRACTION = (0.0, 0.05, 0.12, 0.2, 0.28, 0.36, 0.44, 0.52, 0.6, 0.68, 0.76, 0.85)
+
+
+def _file_state(db: Path) -> dict:
+    wal = db.with_name(db.name + ".wal")
+    return {"size": db.stat().st_size, "wal": wal.stat().st_size if wal.exists() else None}
+
+
+def _start_import(db: Path, files: list[str]) -> tuple[subprocess.Popen, threading.Event]:
+    """The CLI import in a subprocess; the event is set at its first progress output."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trace_lib", "ingest", "--db", str(db), *files],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    started = threading.Event()
+
+    def watch() -> None:
+        # tqdm redraws with \r, so read raw chunks rather than lines
+        while chunk := proc.stderr.read1(4096):
+            if b"importing" in chunk:
+                started.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return proc, started
+
+
 def test_import_killed_half_way_leaves_store_unchanged(db_path: Path, tmp_path: Path,
                                                         shared_data: Path) -> None:
+    import shutil
+
+    from trace_lib import store
     from trace_lib.ingest import ingest_paths
 
     files = sorted(str(p) for p in (shared_data / TAU2_RESULTS).rglob("*.json"))
     run_cli("demo", "build", "--n", "24", "--out", str(tmp_path / "demo"), db=db_path)
     before = table_fingerprint(db_path)
+    base = _file_state(db_path)
+    assert base["wal"] is None
+    # How long the import runs here, now (the kill timings are fractions of it).
+    timed = tmp_path / "timed.duckdb"
+    shutil.copy(db_path, timed)
+    proc, started = _start_import(timed, files)
+    assert started.wait(240)
+    t0 = time.monotonic()
+    assert proc.wait(timeout=600) == 0
+    duration = time.monotonic() - t0
+    complete = table_fingerprint(timed)  # what a finished import leaves
+    assert complete != before
     kills = []
-    for delay_after_write_s in (0.0, 0.15, 0.4):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trace_lib", "ingest", "--db", str(db_path), *files],
-            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        writing = threading.Event()
-        seen: list[bytes] = []
-
-        def watch(stream=proc.stderr, seen=seen, writing=writing):
-            # tqdm redraws with \r, so read raw chunks rather than lines
-            while chunk := stream.read1(4096):
-                seen.append(chunk)
-                if b"writing" in b"".join(seen[-2:]):
-                    writing.set()
-
-        threading.Thread(target=watch, daemon=True).start()
-        t0 = time.monotonic()
-        assert writing.wait(240), b"".join(seen)[-2000:]
-        t_write = time.monotonic() - t0
-        time.sleep(delay_after_write_s)
+    for fraction in KILL_AT_FRACTION:
+        copy = tmp_path / f"kill-{fraction}.duckdb"
+        shutil.copy(db_path, copy)
+        proc, started = _start_import(copy, files)
+        assert started.wait(240)
+        time.sleep(fraction * duration)  # the kill timing under test, not a wait for state
         alive = proc.poll() is None
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        kills.append({"killed_at_s": round(time.monotonic() - t0, 2),
-                      "writing_began_s": round(t_write, 2), "was_running": alive})
-        assert alive, "the import finished before the kill: use more data"
-        assert table_fingerprint(db_path) == before  # all or nothing, even under SIGKILL
-
+        state = _file_state(copy)
+        record = {"at_fraction": fraction, "after_s": round(fraction * duration, 2),
+                  "was_running": alive, "size_after": state["size"],
+                  "wal_after": state["wal"]}
+        if alive:  # all or nothing, even under SIGKILL: none of the import, or all of it
+            content = table_fingerprint(copy)
+            # complete: the row counts of a finished import (its timestamps differ)
+            counts = {t: n for t, (n, _) in content.items()}
+            record["content"] = ("unchanged" if content == before else "complete"
+                                 if counts == {t: n for t, (n, _) in complete.items()}
+                                 else "PARTIAL")
+            with store.connect(copy):  # the next read-write open replays/removes the WAL
+                pass
+            reopened = _file_state(copy)
+            record["wal_after_reopen"] = reopened["wal"]
+            record["same_after_reopen"] = table_fingerprint(copy) == content
+        kills.append(record)
+        copy.unlink()
+        copy.with_name(copy.name + ".wal").unlink(missing_ok=True)
+    killed = [k for k in kills if k["was_running"]]
+    # A kill after the commit (the process still printing its report) finds it complete.
+    uncommitted = [k for k in killed if k["content"] == "unchanged"]
+    grew = [k for k in uncommitted if k["size_after"] > base["size"]]
+    wal_left = [k for k in uncommitted if k["wal_after"] is not None]
     # The store is still healthy: the same import, unkilled, goes through.
     t0 = time.monotonic()
     report = ingest_paths(files, db=db_path)
     full_s = time.monotonic() - t0
     after = table_fingerprint(db_path)
     _record("import_killed", {
-        "files": len(files), "kills": kills, "store_unchanged_after_each_kill": True,
+        "files": len(files), "tables": len(before), "import_s": round(duration, 2),
+        "n_timings": len(kills), "n_killed_while_running": len(killed),
+        "n_content_unchanged": len(uncommitted),
+        "n_content_complete": sum(k["content"] == "complete" for k in killed),
+        "n_content_partial": sum(k["content"] == "PARTIAL" for k in killed),
+        "n_uncommitted_file_grew": len(grew), "n_uncommitted_wal_left": len(wal_left),
+        "base_size_mb": round(base["size"] / 2**20, 2),
+        "max_uncommitted_size_mb": round(max([k["size_after"] for k in uncommitted]
+                                             or [base["size"]]) / 2**20, 2),
+        "wal_sizes": sorted({k["wal_after"] for k in wal_left}),
+        "n_wal_after_reopen": sum(k["wal_after_reopen"] is not None for k in killed),
+        "kills": kills,
         "full_import_trajectories": report.trajectories, "full_import_s": round(full_s, 1)})
+    assert len(killed) >= 10, kills
+    assert all(k["content"] != "PARTIAL" and k["same_after_reopen"] for k in killed), kills
+    assert len(uncommitted) >= 8, kills  # most timings fall inside the transaction
+    assert all(k["wal_after_reopen"] is None for k in killed), kills
     assert after["trajectories"][0] == before["trajectories"][0] + report.trajectories > 0
 
 
@@ -207,13 +277,13 @@ def test_job_killed_is_failed_with_checkpoints_intact(db_path: Path, tmp_path: P
     from streamlit.testing.v1 import AppTest
 
     from trace_lib import jobs
-    from trace_lib.train import records
     from trace_lib.train.trainer import latest_checkpoint
+    from trace_lib.workbench import training as records
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     monkeypatch.setenv("TRACE_DB", str(db_path))
     _toy_env_store(db_path)
-    spec = records.launch_training(db_path, _toy_config(steps=400))
+    spec = records.launch(db_path, _toy_config(steps=400))
     ckpts = spec.path / "checkpoints"
     wait_until(lambda: len(list(ckpts.glob("step_*"))) >= 3, 240, "three checkpoints")
     status = jobs.read_status(spec.path)
@@ -257,13 +327,13 @@ def test_app_restart_keeps_tracking_the_job(streamlit_server, browser_page, wait
     from playwright.sync_api import expect
 
     from trace_lib import jobs
-    from trace_lib.train import records
+    from trace_lib.workbench import training as records
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     _toy_env_store(db_path)
     page = browser_page
     first = streamlit_server(db_path)
-    spec = records.launch_training(db_path, _toy_config(steps=400))
+    spec = records.launch(db_path, _toy_config(steps=400))
     wait_until(lambda: jobs.read_metrics(spec.path), 240, "the job's first step")
     goto(page, first.url + "/Training", wait_for_app)
     state = page.get_by_test_id("stMetric").filter(has_text="State")

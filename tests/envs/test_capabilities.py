@@ -144,3 +144,120 @@ def test_unknown_names_are_clear_errors():
         make_capability_env("airline", "flying")
     with pytest.raises(ValueError, match="difficulty"):
         make_capability_env("airline", "tool_calling_precision", difficulty=7)
+
+
+# ---------------------------------------------------------------- prompt budget (issue 12)
+@pytest.mark.parametrize(("domain", "capability"), PAIRS)
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_capability_tools_are_a_strict_subset_with_the_domains_own_schemas(domain, capability,
+                                                                           difficulty):
+    full = make_capability_env(domain, capability, difficulty=difficulty)
+    small = make_capability_env(domain, capability, difficulty=difficulty, tools="capability",
+                                policy="excerpt", distractors=1)
+    by_name = {t["function"]["name"]: json.dumps(t, sort_keys=True) for t in full.tool_schemas}
+    shown = [t["function"]["name"] for t in small.tool_schemas]
+    assert set(shown) < set(by_name)  # strict subset
+    for t in small.tool_schemas:  # byte-identical JSON to the domain's schema
+        assert json.dumps(t, sort_keys=True) == by_name[t["function"]["name"]]
+    # every tool a reference action or required read uses is shown
+    for seed in range(12):
+        small.reset(seed)
+        used = {a["name"] for a in small.task.actions + small.task.required_reads}
+        assert used <= set(shown), (seed, used - set(shown))
+        assert run_episode(small, seed, make_policy("reference"))["passed"]
+    assert len(small.system_prompt) < len(full.system_prompt)
+
+
+def test_distractors_are_configurable_and_deterministic():
+    def names(n: int) -> list[str]:
+        env = make_capability_env("airline", "precondition_verification", tools="capability",
+                                  distractors=n)
+        return [t["function"]["name"] for t in env.tool_schemas]
+
+    assert len(names(0)) == 3 and len(names(2)) == 5 and names(2) == names(2)
+    assert set(names(0)) < set(names(2))
+
+
+def test_policy_excerpt_is_cut_verbatim_from_the_full_policy():
+    env = make_capability_env("airline", "precondition_verification", policy="excerpt")
+    full = make_capability_env("airline", "precondition_verification")
+    excerpt = env.system_prompt
+    assert "## Cancelling" in excerpt and "## How to work" in excerpt
+    assert "## Booking" not in excerpt and "## Booking" in full.system_prompt
+    for block in excerpt.split("\n\n"):
+        assert block in full.system_prompt
+
+
+def test_schemas_have_no_pydantic_titles():
+    env = make_capability_env("retail", "tool_calling_precision")
+    text = json.dumps(env.tool_schemas)
+    assert '"title": "' not in text
+
+
+def test_difficulty_changes_the_instances():
+    a = make_capability_env("airline", "tool_calling_precision", difficulty=1)
+    c = make_capability_env("airline", "tool_calling_precision", difficulty=3)
+    kinds_a, kinds_c = set(), set()
+    for seed in range(8):
+        a.reset(seed)
+        c.reset(seed)
+        kinds_a.add(a.task.actions[-1]["name"])
+        kinds_c.add(c.task.actions[-1]["name"])
+    assert kinds_a == {"update_reservation_passengers"} and kinds_a != kinds_c
+
+
+# ------------------------------------------------------------ no reward without the work
+def _ineligible_seed(domain: str) -> tuple[object, int]:
+    env = make_capability_env(domain, "precondition_verification")
+    for seed in range(50):
+        env.reset(seed)
+        if env.task.refusal_of is not None:
+            return env, seed
+    raise AssertionError("no ineligible instance in 50 seeds")
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_refusal_without_the_reads_earns_nothing(domain):
+    env, seed = _ineligible_seed(domain)
+    env.reset(seed)
+    rid = env.task.refusal_of
+    env.step({"content": f"I'm sorry, I cannot cancel {rid}: it is not allowed."})
+    summary = env.summary()
+    assert summary["reward"] == 0.0, summary["reasons"]
+    assert "refused without the required reads" in summary["reasons"]
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_refusal_after_the_reads_must_name_the_instance(domain):
+    env, seed = _ineligible_seed(domain)
+    env.reset(seed)
+    for read in env.task.required_reads:
+        env.step(dict(read))
+    env.step({"content": "I'm sorry, that is not allowed and I cannot do it."})
+    vague = env.summary()
+    env.reset(seed)
+    for read in env.task.required_reads:
+        env.step(dict(read))
+    env.step({"content": f"I cannot cancel {env.task.refusal_of}: the policy does not allow "
+                         "it."})
+    named = env.summary()
+    assert named["passed"] and named["reward"] == 1.0, named["reasons"]
+    assert vague["reward"] < 1.0 and not vague["passed"]
+
+
+def test_answer_items_need_the_required_reads():
+    env = make_capability_env("airline", "structured_data_reasoning", difficulty=1)
+    env.reset(0)
+    assert env.task.answer_items and env.task.required_reads
+    env.step({"content": env.task.answer})  # the right figures, but no reads done
+    summary = env.summary()
+    assert summary["reward"] == 0.0
+    assert any("without the required reads" in r for r in summary["reasons"])
+
+
+@pytest.mark.parametrize("policy", ["refuse", "echo", "stuffing", "read_refuse"])
+@pytest.mark.parametrize(("domain", "capability"), PAIRS)
+def test_loophole_policies_earn_nothing(domain, capability, policy):
+    env = make_capability_env(domain, capability, difficulty=2)
+    rewards = [run_episode(env, s, make_policy(policy))["reward"] for s in range(10)]
+    assert sum(rewards) / len(rewards) <= 0.05, rewards

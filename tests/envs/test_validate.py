@@ -141,3 +141,44 @@ def test_builtin_tools_match_tau2_published_schemas(domain, shared_data):
     result = tau2_comparison(env.tool_schemas, domain)
     assert result is not None and result["problems"] == []
     assert result["matching"] == result["compared"] >= 14
+
+
+def test_validation_runs_the_loophole_probes():
+    from trace_lib.envs.capabilities import make_capability_env
+    from trace_lib.envs.validate import ValidationConfig, validate_environment
+
+    env = make_capability_env("airline", "precondition_verification", tools="capability",
+                              policy="excerpt", difficulty=1)
+    report = validate_environment(env, ValidationConfig(n_seeds=8, determinism_seeds=1))
+    for name in ("refuse", "echo", "stuffing", "read_refuse"):
+        check = report["checks"][f"loophole_{name}"]
+        assert check["passed"] and check["figure"] <= 0.05 and check["threshold"] == "<= 0.05"
+    assert report["status"] == "validated", report["errors"]
+
+
+def test_a_bag_of_words_verifier_fails_the_loophole_probes():
+    """A refusal check on generic words alone (the old verifier) is caught."""
+    from trace_lib.envs.capabilities import make_capability_env
+    from trace_lib.envs.validate import ValidationConfig, validate_environment
+
+    class BagOfWords:
+        def __init__(self):
+            self._env = make_capability_env("airline", "precondition_verification")
+
+        def __getattr__(self, name):
+            return getattr(self._env, name)
+
+        def summary(self):
+            s = self._env.summary()
+            answer = (self._env.final_answer or "").lower()
+            if "sorry" in answer and not any(c["write"] for c in self._env.calls):
+                s["reward"] = max(s["reward"], 0.5)
+            return s
+
+    import trace_lib.envs.validate as v
+
+    report = validate_environment(BagOfWords(), ValidationConfig(n_seeds=8,
+                                                                  determinism_seeds=1))
+    assert not report["checks"]["loophole_refuse"]["passed"]
+    assert report["status"] == "rejected"
+    assert v.ValidationConfig().loophole_max_reward == 0.05

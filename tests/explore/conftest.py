@@ -62,7 +62,7 @@ def build_known_store(db: Path) -> Path:
             n_err = sum(1 for c in t["calls"] if c[2])
             con.execute(
                 "INSERT INTO trajectories VALUES (?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                "'{}')",
+                "'{}', NULL)",
                 [t["id"], t["dataset_id"], t["task_id"], t["trial"], t["agent_model"],
                  t["domain"], None if t["success"] is None else float(t["success"]),
                  t["success"], t["termination"], len(msgs), len(t["calls"]), n_err,
@@ -76,7 +76,7 @@ def build_known_store(db: Path) -> Path:
                     "INSERT INTO tool_calls VALUES (?, ?, 0, ?, ?, ?, 'assistant', ?)",
                     [t["id"], midx, f"c{midx}", name, json.dumps(args), err])
         for ds, task, idx, name, args in EXPECTED:
-            con.execute("INSERT INTO expected_actions VALUES (?, ?, ?, ?, ?)",
+            con.execute("INSERT INTO expected_actions VALUES (?, ?, ?, ?, ?, NULL)",
                         [ds, task, idx, name, json.dumps(args)])
     return db
 

@@ -102,15 +102,19 @@ def test_wrong_types_name_the_field(
     assert unchanged(db_path, seeded)
 
 
-def test_missing_outcome(tmp_path: Path, db_path: Path, seeded) -> None:
+def test_missing_outcome_is_refused_only_with_require_outcome(
+    tmp_path: Path, db_path: Path, seeded
+) -> None:
     no_outcome = rec(1)
     del no_outcome["reward"]
     path = jsonl(tmp_path / "o.jsonl", [rec(0), no_outcome])
     with pytest.raises(
         UserInputError, match=r"o.jsonl: record 1 \(line 2\): field 'reward': missing outcome"
     ):
-        ingest_paths([path], db=db_path)
+        ingest_paths([path], db=db_path, require_outcome=True)
     assert unchanged(db_path, seeded)
+    report = ingest_paths([path], db=db_path)  # SFT files / raw rollouts: outcome unknown
+    assert (report.trajectories, report.successes, report.unknown) == (2, 1, 1)
 
 
 def test_missing_outcome_in_tau2(tmp_path: Path, db_path: Path, seeded, shared_data: Path) -> None:
@@ -172,7 +176,7 @@ def test_unknown_shape_and_wrong_forced_format(tmp_path: Path, db_path: Path, se
     other.write_text(json.dumps({"rows": [1, 2]}))
     with pytest.raises(
         UserInputError,
-        match=r"could not detect the format .*tau2: an object \{info, tasks, simulations\}",
+        match=r"could not detect the format .*tau2 \(expects an object \{info, tasks, simulations\}",
     ):
         ingest_paths([other], db=db_path)
     with pytest.raises(UserInputError, match="does not look like tau_bench"):
@@ -239,7 +243,7 @@ def test_skip_invalid_lists_every_skipped_record(tmp_path: Path, db_path: Path) 
             rec(5),
         ],
     )
-    report = ingest_paths([path], db=db_path, skip_invalid=True)
+    report = ingest_paths([path], db=db_path, skip_invalid=True, require_outcome=True)
     assert report.trajectories == 2
     out = report.to_json()["skipped"]
     assert [s["record"] for s in out] == [1, 2, 3, 4] and {s["file"] for s in out} == {str(path)}

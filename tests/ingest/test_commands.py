@@ -16,10 +16,13 @@ KEYS = [
     "successes",
     "failures",
     "unknown",
+    "errors",
     "duplicates",
     "skipped",
     "datasets",
     "formats",
+    "notes",
+    "warnings",
 ]
 
 
@@ -56,7 +59,7 @@ def test_human_summary_says_which_format(db_path: Path, shared_data: Path) -> No
     assert out.returncode == 0, out.stderr
     assert "format tau_bench" in out.stderr
     assert out.stdout.startswith(
-        "imported 200 trajectories (84 successes, 116 failures, 0 unknown)"
+        "imported 200 trajectories (84 successes, 116 failures, 0 unknown, 0 errors)"
     )
 
 
@@ -65,15 +68,20 @@ def test_bad_input_exits_non_zero_with_the_reason(tmp_path: Path, db_path: Path)
     bad.write_text('{"id": "a", "messages": []}\n')
     out = cli("ingest", str(bad), "--json", "--db", str(db_path))
     assert out.returncode == 1 and out.stdout == ""
-    assert "bad.jsonl: record 0 (line 1): field 'reward': missing outcome" in out.stderr
+    assert "bad.jsonl: record 0 (line 1): field 'messages': empty" in out.stderr
+    assert "Traceback" not in out.stderr
     skipped = cli("ingest", str(bad), "--json", "--skip-invalid", "--db", str(db_path))
     assert skipped.returncode == 0, skipped.stderr
     report = json.loads(skipped.stdout)
     assert report["trajectories"] == 0 and report["skipped"][0]["record"] == 0
+    # every record skipped: no dataset registered for nothing
+    assert report["datasets"][0]["id"] is None
+    stats = json.loads(cli("stats", "--json", "--db", str(db_path)).stdout)
+    assert stats["datasets"] == []
 
 
 def test_cli_format_choices_are_the_registered_importers() -> None:
+    from trace_lib.cli.ingest import FORMATS
     from trace_lib.ingest import format_names
-    from trace_lib.ingest.commands import FORMATS
 
     assert sorted(FORMATS) == sorted(["auto", *format_names()])

@@ -42,7 +42,7 @@ def test_auto_detection_names_each_format(tmp_path: Path, db_path: Path, shared_
     )
     report = ingest_paths([shared_data / TAU, shared_data / TAU2, jsonl, swe], db=db_path)
     assert list(report.formats.values()) == ["tau_bench", "tau2", "openai_jsonl", "swe_agent"]
-    assert sorted(format_names()) == ["openai_jsonl", "swe_agent", "tau2", "tau_bench"]
+    assert sorted(format_names()) == ["inspect", "openai_jsonl", "swe_agent", "tau2", "tau_bench"]
     assert report.trajectories == 200 + 20 + 1 + 1
 
 
@@ -63,15 +63,18 @@ def test_second_import_is_all_duplicates(db_path: Path, shared_data: Path) -> No
     before = counts(db_path)
     second = ingest_paths([shared_data / TAU], db=db_path)
     assert first.trajectories == 200 and first.duplicates == 0
-    assert second.to_json() | {"datasets": None, "formats": None} == {
+    assert second.to_json() | {"datasets": None, "formats": None, "notes": None} == {
         "trajectories": 0,
         "successes": 0,
         "failures": 0,
         "unknown": 0,
+        "errors": 0,
         "duplicates": 200,
         "skipped": [],
         "datasets": None,
         "formats": None,
+        "notes": None,
+        "warnings": [],
     }
     assert (
         second.datasets[0]["id"] == first.datasets[0]["id"]
@@ -110,9 +113,9 @@ def test_multiple_paths_are_all_or_nothing(
     ingest_paths([shared_data / TAU], db=db_path)
     before = counts(db_path)
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"id": "x", "messages": [{"role": "user", "content": "x"}]}) + "\n")
+    bad.write_text(json.dumps({"id": "x", "messages": [{"role": "bot", "content": "x"}]}) + "\n")
     with pytest.raises(
-        UserInputError, match=r"bad.jsonl: record 0 \(line 1\): field 'reward': missing outcome"
+        UserInputError, match=r"bad.jsonl: record 0 \(line 1\): field 'messages\[0\].role'"
     ):
         ingest_paths([shared_data / TAU2, bad], db=db_path)
     assert counts(db_path) == before  # the good tau2 file was not imported either

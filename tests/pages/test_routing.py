@@ -62,7 +62,7 @@ def composed_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_with_moe(composed_template: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
-    from trace_lib.compose.catalog import register_moe
+    from trace_lib.workbench.composition import register_moe
 
     db = tmp_path / "t.duckdb"
     monkeypatch.setenv("TRACE_DB", str(db))
@@ -120,7 +120,7 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
     assert not at.exception
     assert any("gate parameters" in s.value for s in at.success)
     assert (tmp_path / "new_moe" / "gates.safetensors").is_file()
-    from trace_lib.compose.catalog import list_moe_models
+    from trace_lib.workbench.composition import list_moe_models
 
     assert len(list_moe_models(db)) == 2
 
@@ -128,12 +128,21 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
 
 def test_gate_training_starts_as_a_background_job(store_with_moe) -> None:
     from trace_lib import jobs
+    from trace_lib.workbench import environments
 
     db, _moe_dir = store_with_moe
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     assert not at.exception
     at.number_input(key="warm_seeds").set_value(1)
     at.number_input(key="gate_steps").set_value(1)
+    # Only approved environments train, gates included: nothing starts, the error says why.
+    picked = at.multiselect(key="gate_envs").value
+    at.button(key="gates_go").click().run()
+    assert not at.exception
+    assert any(f"'{picked[0]}' is draft" in e.value for e in at.error), picked
+    assert not jobs.list_jobs()
+    for name in picked:
+        environments.approve(name, note="test", force=True, db=db)
     at.button(key="gates_go").click().run()
     assert not at.exception
     started = [s.value for s in at.success if s.value.startswith("started job")]
@@ -228,3 +237,60 @@ def test_browser_routes_a_live_prompt_and_shows_escaped_tokens(store_with_moe,
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+CONSTANT_ENV = '''
+class Env:
+    name = "toy/constant"
+    capability = "constant"
+    domain = "toy"
+    version = 1
+
+    def reset(self, seed):
+        self.answer = None
+
+    system_prompt = "Say anything."
+    tool_schemas = []
+    hint = None
+
+    @property
+    def messages(self):
+        return [{"role": "user", "content": "say anything"}]
+
+    def step(self, action):
+        self.answer = action.get("content")
+        return "ok"
+
+    @property
+    def done(self):
+        return self.answer is not None
+
+    def summary(self):
+        return {"reward": 0.0, "passed": False, "steps": 1, "reasons": []}
+
+
+def make_env():
+    return Env()
+'''
+
+
+def test_gate_job_that_did_not_move_is_flagged(store_with_moe, tmp_path: Path) -> None:
+    """A gate job whose groups all had the same reward cannot move the gates: the Train
+    gates tab shows the movement metrics and says so (as `job status` does)."""
+    from trace_lib import jobs
+    from trace_lib.compose.gate_training import GateTrainConfig, submit_gate_job
+
+    _db, moe_dir = store_with_moe
+    env_file = tmp_path / "constant_env.py"
+    env_file.write_text(CONSTANT_ENV)
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=[str(env_file)], warm_seeds=0,
+                          warm_steps=0, steps=1, group=2, groups_per_step=1, max_turns=1,
+                          max_tokens=2, balance_coef=0.0, torch_threads=1)
+    spec = submit_gate_job(cfg)
+    status = jobs.wait(spec.id, timeout_s=300)
+    assert status.state == "succeeded", jobs.read_log(spec.run_dir)
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    labels = {m.label: m.value for m in at.metric}
+    assert labels.get("GRPO steps with signal") == "0/1"
+    assert any("have not moved" in w.value and "no signal" in w.value for w in at.warning)

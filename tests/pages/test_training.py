@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import jobs
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
-from trace_lib.train import records
+from trace_lib.workbench import training
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = str(REPO / "pages" / "5_Training.py")
@@ -81,7 +81,7 @@ def test_launch_watch_and_adapter(store_with_env):
 
 
 def test_cancel_from_the_page(store_with_env):
-    spec = records.launch_training(store_with_env, {
+    spec = training.launch(store_with_env, {
         "env": TOY_ENV, "model": "tiny", "steps": 500, "group": 4, "groups_per_step": 1,
         "max_tokens": 3, "lora": {"rank": 4, "targets": ["q_proj"]}})
     deadline = time.monotonic() + 180
@@ -164,6 +164,6 @@ def test_browser_launch_watch_adapter(store_with_env, tmp_path):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    adapters = records.list_adapters(store_with_env)
+    adapters = training.list_adapters(store_with_env)
     assert len(adapters) == 1 and adapters[0]["capability"] == "toy_target_letter"
     assert Path(adapters[0]["path"], "adapter_model.safetensors").exists()

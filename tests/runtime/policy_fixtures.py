@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from trace_lib.train.chat_format import IM_END, format_assistant
 
 from trace_lib.runtime import base_models as models
+from trace_lib.runtime.chat_format import IM_END, format_assistant
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_user", "description": "Look a user up.",

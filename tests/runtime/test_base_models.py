@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -132,3 +133,21 @@ def test_smollm2_is_dequantised_from_the_package_gguf(models_dir):
         out = model.generate(**prompt, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, prompt["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer  # real weights, not noise
+
+
+def test_tiny_context_holds_every_builtin_prompt_with_all_tools(models_dir):
+    from trace_lib.envs.capabilities import builtin_pairs, make_capability_env
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+    from trace_lib.runtime.chat_format import render_prompt
+
+    path = resolve_model("tiny")
+    config = json.loads((Path(path) / "config.json").read_text())
+    tok = load_tokenizer("tiny")
+    longest = 0
+    for domain, cap in builtin_pairs():
+        env = make_capability_env(domain, cap, tools="all", policy="full", difficulty=3)
+        env.reset(0)
+        text = render_prompt(env.messages, env.tool_schemas)
+        longest = max(longest, len(tok(text, add_special_tokens=False)["input_ids"]))
+    # room for the episode's turns too
+    assert longest + 2048 <= config["max_position_embeddings"] == 16384

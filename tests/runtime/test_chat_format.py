@@ -160,3 +160,34 @@ def test_text_parts_are_joined():
     msgs = normalize_messages([{"role": "user", "content": [
         {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
     assert msgs[0]["content"] == "ab"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name":"get","arguments":{"id":"A1"}}</tool_call>',
+    '  <tool_call>\n\n  {"name": "get", "arguments": {"id": "A1"}}  \n</tool_call>  ',
+    '<tool_call>[{"name":"get","arguments":{"id":"A1"}}]</tool_call>',
+    '<tool_call>{"name":"get","arguments":"{\\"id\\": \\"A1\\"}"}</tool_call><|im_end|>',
+])
+def test_small_model_call_forms_parse(text):
+    parsed = parse_assistant(text)
+    assert [c["function"]["name"] for c in parsed.tool_calls] == ["get"]
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"id": "A1"}
+    assert parsed.malformed_calls == 0 and not parsed.content
+
+
+def test_list_form_carries_several_calls_and_bad_lists_stay_text():
+    two = parse_assistant('<tool_call>[{"name":"a","arguments":{}},{"name":"b"}]</tool_call>')
+    assert [c["function"]["name"] for c in two.tool_calls] == ["a", "b"]
+    bad = parse_assistant('<tool_call>[{"name":"a","arguments":{}}, 3]</tool_call>')
+    assert not bad.tool_calls and bad.malformed_calls == 1 and "<tool_call>" in bad.content
+    for junk in ("<tool_call>[]</tool_call>", "<tool_call>[[[</tool_call>", "<tool_call>"):
+        parse_assistant(junk)  # never raises
+
+
+def test_one_template_registry_by_family():
+    from trace_lib.errors import UserInputError
+    from trace_lib.runtime.chat_format import CHAT_TEMPLATE, chat_template_for
+
+    assert chat_template_for("smollm2") == CHAT_TEMPLATE == chat_template_for("tiny")
+    with pytest.raises(UserInputError, match="no chat template for model family"):
+        chat_template_for("nope")

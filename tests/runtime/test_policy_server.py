@@ -252,17 +252,174 @@ def test_seeded_requests_batch_together_and_sample_as_if_alone(server, tool_mode
     for prompt, n, seed in jobs:
         alone.append([s.token_ids for s in engine.submit(prompt, n, params(seed), None).result()])
     engine.batch_log.clear()
-    # A long request with other sampling settings keeps the worker busy (it cannot join
-    # the batch), so the jobs below are all queued when the worker next gathers a batch.
-    blocker = engine.submit(prompts[1], 1, SamplingParams(temperature=0.5, max_tokens=64),
-                            None)
-    futures = [engine.submit(prompt, n, params(seed), None) for prompt, n, seed in jobs]
-    futures.append(engine.submit(prompts[0], 2, params(None), None))  # unseeded, same batch
+    # Held admission: everything submitted inside is admitted together, as one cohort.
+    with engine.held():
+        futures = [engine.submit(prompt, n, params(seed), None) for prompt, n, seed in jobs]
+        futures.append(engine.submit(prompts[0], 2, params(None), None))  # unseeded
     batched = [[s.token_ids for s in f.result()] for f in futures]
-    blocker.result()
     assert (len(jobs) + 1, 10) in engine.batch_log, engine.batch_log  # all in one decode
     assert batched[:len(jobs)] == alone
     # Same seed and prompt inside one batch: identical rows, as two separate calls would be.
     again = engine.submit(prompts[1], 2, params(11), None)
     twin = engine.submit(prompts[1], 2, params(11), None)
     assert [s.token_ids for s in again.result()] == [s.token_ids for s in twin.result()]
+
+
+# ------------------------------------------------------------------ load and abuse (issue 16)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """Poll state the server exposes until `predicate()` is truthy (never a fixed sleep)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+    return value
+
+
+def raw_post(server, path: str, body: bytes, content_type: str = "application/json",
+             length: int | None = None):
+    """An HTTP/1.1 POST on a plain socket, left open: the caller reads or hangs up."""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    head = (f"POST /v1{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    return sock
+
+
+def long_request(server) -> bytes:
+    """A request that would decode (ignore_eos) almost the whole context."""
+    return json.dumps({"model": "tiny-tools", "messages": ASK, "ignore_eos": True,
+                       "max_tokens": server.service.max_model_len - 64,
+                       "temperature": 1.0}).encode()
+
+
+def test_max_tokens_is_capped_by_the_context_like_vllm(server, client):
+    limit = server.service.max_model_len
+    too_many = httpx.post(server.base_url + "/chat/completions",
+                          json={"messages": ASK, "max_tokens": 2 ** 20})
+    assert too_many.status_code == 400
+    assert (f"max_tokens=1048576 cannot be greater than max_model_len={limit}"
+            in too_many.json()["error"]["message"])
+    prompt = client.chat(ASK, max_tokens=1)[0].prompt_token_ids
+    over = httpx.post(server.base_url + "/chat/completions",
+                      json={"messages": ASK, "max_completion_tokens": limit - len(prompt) + 1})
+    err = over.json()["error"]
+    assert over.status_code == 400 and err["param"] == "max_completion_tokens"
+    assert (f"maximum context length is {limit} tokens. However, you requested {limit + 1} "
+            f"tokens ({len(prompt)} in the messages") in err["message"]
+    # exactly filling the context is allowed
+    parsed = server.service.parse_request({"messages": ASK, "max_tokens": limit - len(prompt)})
+    assert parsed[2].max_tokens == limit - len(prompt)
+
+
+def test_n_and_body_size_are_capped(server):
+    cap = server.service.max_n
+    resp = httpx.post(server.base_url + "/chat/completions",
+                      json={"messages": ASK, "n": cap + 1, "max_tokens": 1})
+    assert resp.status_code == 400 and f"n: expected an integer in [1, {cap}]" in \
+        resp.json()["error"]["message"]
+    limit = server.service.max_body_bytes
+    # Declared too large: refused from the header, before the body is read.
+    sock = raw_post(server, "/chat/completions", b"{", length=50_000_000)
+    reply = b""
+    try:
+        while f"larger than {limit} bytes".encode() not in reply:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 413") and f"larger than {limit} bytes".encode() in reply
+    # Streamed without a length (chunked): refused once the cap is crossed.
+    pad = json.dumps({"messages": ASK, "junk": "x" * (limit + 10)}).encode()
+    chunks = (pad[i:i + 65536] for i in range(0, len(pad), 65536))
+    resp = httpx.post(server.base_url + "/chat/completions", content=chunks,
+                      headers={"content-type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == 413
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/chat/completions", {"messages": ASK, "max_tokens": 1}),
+    ("/load_lora_adapter", {"lora_name": "x", "lora_path": "/tmp"}),
+    ("/unload_lora_adapter", {"lora_name": "x"}),
+])
+@pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded",
+                                   "multipart/form-data; boundary=x", None])
+def test_post_endpoints_take_only_json(server, path, body, ctype):
+    """A web page can POST text/plain, a form or multipart cross-site without a CORS
+    preflight; only application/json (which needs one) is accepted."""
+    headers = {"content-type": ctype} if ctype else {}
+    resp = httpx.post(server.base_url + path, content=json.dumps(body).encode(),
+                      headers=headers)
+    assert resp.status_code == 415, resp.text
+    assert "expected Content-Type application/json" in resp.json()["error"]["message"]
+    ok = httpx.post(server.base_url + "/chat/completions", content=json.dumps(
+        {"messages": ASK, "max_tokens": 1}).encode(),
+        headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200
+
+
+def test_a_client_that_hangs_up_stops_its_generation(server):
+    engine = server.service.engine
+    wait_for(lambda: not engine.running(), what="an idle engine")
+    cancelled = engine.stats["cancelled"]
+    body = long_request(server)
+    sock = raw_post(server, "/chat/completions", body)
+    job = wait_for(lambda: [j for j in engine.running() if j["generated"] >= 3],
+                   what="the long request to decode")[0]
+    sock.close()  # the client goes away mid-generation
+    wait_for(lambda: not engine.running(), what="the abandoned request to stop")
+    assert engine.stats["cancelled"] == cancelled + 1
+    # It stopped long before its max_tokens: ask the engine how far it got.
+    assert job["max_tokens"] > 1000
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_one_long_request_does_not_starve_short_ones(server, client):
+    """Decode steps interleave: short requests finish while a long one is mid-way."""
+    engine = server.service.engine
+    wait_for(lambda: not engine.running(), what="an idle engine")
+    sock = raw_post(server, "/chat/completions", long_request(server))
+    try:
+        wait_for(lambda: [j for j in engine.running() if j["generated"] >= 3],
+                 what="the long request to decode")
+        for _ in range(3):  # each finishes although the long one holds the engine
+            short = client.chat([{"role": "user", "content": "hi"}], max_tokens=4,
+                                temperature=0.7)
+            assert 1 <= len(short[0].token_ids) <= 4
+        still = [j for j in engine.running() if j["max_tokens"] > 1000]
+        assert still and still[0]["generated"] < still[0]["max_tokens"]
+    finally:
+        sock.close()
+    wait_for(lambda: not engine.running(), what="the long request to be cancelled")
+
+
+def test_a_port_in_use_is_a_clear_error(tool_model):
+    import socket
+
+    from trace_lib.errors import UserInputError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(UserInputError, match=f"cannot serve on 127.0.0.1:{port}"):
+            PolicyServer(ServerConfig(model=str(tool_model), port=port)).start()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "trace_lib", "serve", "--model", str(tool_model), "--port",
+             str(port)], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        holder.close()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "serving" not in proc.stdout
+    assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -25,11 +25,14 @@ class ScriptedPolicy:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.prompts: list[str] = []
+        self.sampled_texts: list[str] = []
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def chat(self, messages, tools, *, model, n, max_tokens, temperature, seed):
+    compact = False  # write the call as compact JSON (what small models do)
+
+    def chat(self, messages, tools=None, *, model, n, max_tokens, temperature, seed):
         prompt = render_prompt(messages, tools)
         self.prompts.append(prompt)
         tool_msgs = [m for m in messages if m["role"] == "tool"]
@@ -42,6 +45,12 @@ class ScriptedPolicy:
             value = json.loads(tool_msgs[-1]["content"])["value"]
             message = {"role": "assistant", "content": f"The value is {value}."}
         text = format_assistant(message.get("content"), message.get("tool_calls")) + IM_END
+        if self.compact and message.get("tool_calls"):
+            fn = message["tool_calls"][0]["function"]
+            body = json.dumps({"name": fn["name"], "arguments": json.loads(fn["arguments"])},
+                              separators=(",", ":"))
+            text = f"<tool_call>{body}</tool_call>{IM_END}"
+            self.sampled_texts.append(text)
         ids = self._ids(text)
         return [Sample(message=message, prompt_token_ids=self._ids(prompt), token_ids=ids,
                        logprobs=[-0.5] * len(ids), finish_reason="stop") for _ in range(n)]
@@ -98,13 +107,13 @@ def test_parallel_rollouts_batch_on_the_server_and_match_sequential(tokenizer):
     """`parallel=True` through the real CPU server: the seeded rollouts are token for token
     those of the sequential path, however the server happened to batch the requests (that
     seeded requests batch at all is tested on the engine in test_policy_server.py)."""
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
     from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
-    from trace_lib.runtime.rollout import OpenAIChatClient
 
     cfg = RolloutConfig(max_turns=3, max_tokens=12)
     with PolicyServer(ServerConfig(model="tiny", served_model_name="tiny",
                                    torch_threads=1)) as srv:
-        client = OpenAIChatClient(srv.base_url)
+        client = OpenAIPolicyClient(srv.base_url)
         try:
             seq = run_group(LookupEnv, 7, client, cfg, model="tiny", group_size=4, n_hinted=2,
                             request_seed=123)
@@ -116,3 +125,24 @@ def test_parallel_rollouts_batch_on_the_server_and_match_sequential(tokenizer):
     assert [r.loss_mask for r in par] == [r.loss_mask for r in seq]
     assert [r.hinted for r in par] == [True, True, False, False]
     assert [r.reward for r in par] == [r.reward for r in seq]
+
+
+def test_compact_json_call_keeps_its_sampled_tokens_in_the_loss(tokenizer):
+    """The template re-renders a compact call with canonical spacing; the rollout must keep
+    the sampled ids (mask 1) and append only the new tool turn, never the re-rendering."""
+    policy = ScriptedPolicy(tokenizer)
+    policy.compact = True
+    [r] = run_group(LookupEnv, 3, policy, RolloutConfig(max_turns=4), model="m", group_size=1)
+    assert r.passed and r.prefix_mismatches == 0 and r.rerendered_turns == 1
+    sampled = policy._ids(policy.sampled_texts[0])
+    # the compact call's ids sit in the sequence exactly as sampled, all in the loss
+    starts = [i for i in range(len(r.token_ids)) if r.token_ids[i:i + len(sampled)] == sampled]
+    assert len(starts) == 1
+    i = starts[0]
+    assert r.loss_mask[i:i + len(sampled)] == [1] * len(sampled)
+    # what follows is the tool turn (not in the loss), then the answer (in the loss)
+    rest = tokenizer.decode(r.token_ids[i + len(sampled):])
+    assert rest.startswith("\n<|im_start|>user\n<tool_response>")
+    # and the whole sequence is the first prompt, the samples and the new turns only
+    text = tokenizer.decode(r.token_ids)
+    assert '{"name":"lookup"' in text and '<tool_call>\n{"name": "lookup"' not in text

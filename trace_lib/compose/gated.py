@@ -16,8 +16,22 @@ Design decisions
   (straight-through, `w = hard + p - p.detach()`); the same rule in rollout and in the
   loss pass so the GRPO ratio compares like with like. `soft` w = softmax (the reference
   implementation's mix). `trajectory` one choice per sequence and layer from the gate
-  probabilities averaged over the prompt, held through decoding (what per-request
+  probabilities averaged over the request, held through decoding (what per-request
   adapter routing in vLLM can serve).
+- The request is the user's turn: the tokens of every ChatML user block that is not a
+  tool response, found from the token ids themselves at prefill (so the rollout client,
+  the GRPO loss pass, the policy server's engine thread and the traces all pool over the
+  same tokens without being told). Pooling over the whole prompt barely separates tasks:
+  over 95% of a real prompt is the shared system + tools block. A user turn's hidden
+  states are causal in what precedes it, so every turn of a multi-turn episode, and the
+  loss pass over the whole episode, pools the same vectors. No user block (a bare
+  completion) falls back to the whole prompt.
+- Zero-initialised top-1 gates route every token to slot 0 (the base), so the rollout is
+  the base; the gates still learn from it because the straight-through estimator passes
+  d loss / d w_i = <d loss / d y, scale_i B_i A_i x> for every slot i, chosen or not
+  (`estimator="full"`, the default). `estimator="chosen"` passes a gradient only through
+  the chosen slot; at slot 0 that is the base, whose weight multiplies nothing, so from
+  zero init its gradient is exactly zero (docs/COMPOSE.md, "Gates that learn").
 - Sparse dispatch: the chosen slot of every token is bincounted once per block, and each
   adapter's A/B product runs only on the tokens routed to it (index_select, two thin
   matmuls, index_add). A block whose tokens all chose one slot (always, when decoding one
@@ -117,6 +131,7 @@ class _RoutingState(threading.local):
         self.prompt_mask: torch.Tensor | None = None
         self.record: RoutingRecord | None = None
         self.collect: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+        self.request_mask: torch.Tensor | None = None
 
 
 def _state_property(name: str, doc: str) -> property:
@@ -155,6 +170,50 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         if isinstance(obj, nn.ModuleList) and len(obj):
             return obj
     raise UserInputError(f"{type(model).__name__}: cannot find its decoder layers to gate")
+
+
+def request_markers(tokenizer: Any) -> tuple[int, list[int], list[int], int | None] | None:
+    """Token ids that delimit a user turn in this tokenizer's ChatML: (`<|im_start|>`, the
+    ids of "user\\n" after it, the ids a tool response opens with, `<|im_end|>`), taken by
+    tokenising the template's own strings, so they match whatever the tokenizer splits
+    "<tool_response>" into. None when the tokenizer does not speak ChatML."""
+    from trace_lib.runtime.chat_format import IM_END, IM_START
+
+    if tokenizer is None:
+        return None
+    try:
+        header = tokenizer(IM_START + "user\n", add_special_tokens=False)["input_ids"]
+        tool = tokenizer(IM_START + "user\n<tool_response>",
+                         add_special_tokens=False)["input_ids"]
+        end = tokenizer(IM_END, add_special_tokens=False)["input_ids"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    if len(header) < 2 or tool[:len(header)] != header or len(tool) == len(header):
+        return None
+    return int(header[0]), list(header[1:]), list(tool[len(header):]), \
+        (int(end[0]) if len(end) == 1 else None)
+
+
+def request_mask(ids: torch.Tensor,
+                 markers: tuple[int, list[int], list[int], int | None]) -> torch.Tensor:
+    """[B, T] float: 1 on the tokens of every user turn that is not a tool response (the
+    content and its closing `<|im_end|>`), 0 elsewhere (system, tools, assistant, tool
+    results, padding)."""
+    start, user_tail, tool_tail, end = markers
+    rows = ids.detach().cpu().tolist()
+    out = torch.zeros(len(rows), len(rows[0]) if rows else 0)
+    nu, nt = len(user_tail), len(tool_tail)
+    for r, row in enumerate(rows):
+        starts = [i for i, tok in enumerate(row) if tok == start] + [len(row)]
+        for p, nxt in zip(starts[:-1], starts[1:], strict=True):
+            q = p + 1 + nu
+            if row[p + 1:q] != user_tail or row[q:q + nt] == tool_tail:
+                continue
+            stop = nxt
+            if end is not None and end in row[q:nxt]:
+                stop = q + row[q:nxt].index(end) + 1
+            out[r, q:stop] = 1.0
+    return out.to(ids.device)
 
 
 def load_base(name_or_path: str) -> tuple[nn.Module, Any]:
@@ -207,6 +266,7 @@ class GatedMoE:
             nn.init.zeros_(gate.bias)
             self.gates.append(gate)
         self._state = _RoutingState()
+        self._markers = request_markers(tokenizer)
         self.folder: Path | None = None  # set when loaded from / saved to a folder
         self._handles: list[Any] = []
         self._banks: list[ExpertBank] = []
@@ -280,6 +340,10 @@ class GatedMoE:
         if st.new_sequence:
             st.held = {}
             st.attention_mask = kwargs.get("attention_mask")
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            st.request_mask = None
+            if self.config.mode == "trajectory" and ids is not None and self._markers:
+                st.request_mask = request_mask(ids, self._markers)
 
     def _gate_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -319,15 +383,10 @@ class GatedMoE:
             chosen = probs.argmax(-1)
             hard = F.one_hot(chosen, self.k + 1).to(probs.dtype)
             weights = self._straight_through(hard, probs) if grad else hard
-        else:  # trajectory: pooled over the prompt at prefill, held while decoding
+        else:  # trajectory: pooled over the request at prefill, held while decoding
             st = self._state
             if st.new_sequence or layer not in st.held:
-                mask = st.prompt_mask
-                if mask is None and st.attention_mask is not None:
-                    mask = st.attention_mask[:, -t:]
-                if mask is None:
-                    mask = torch.ones(b, t, device=hidden.device)
-                mask = mask.to(probs.dtype).unsqueeze(-1)
+                mask = self._pool_mask(b, t, hidden.device).to(probs.dtype).unsqueeze(-1)
                 pooled = (probs * mask).sum(1) / mask.sum(1).clamp_min(1.0)  # [B, K+1]
                 seq_chosen = pooled.argmax(-1)
                 st.held[layer] = (seq_chosen.detach(), pooled.detach())
@@ -357,6 +416,23 @@ class GatedMoE:
                     groups.append((slot, torch.nonzero(flat_chosen == slot).squeeze(1)))
         return LayerRoute(weights=weights.reshape(-1, self.k + 1), chosen=flat_chosen,
                           groups=groups, dense=dense)
+
+    def _pool_mask(self, b: int, t: int, device: torch.device) -> torch.Tensor:
+        """[B, T] tokens a trajectory choice pools over: the request (user turns) within the
+        allowed region (`prompt_mask`, else the attention mask, else every token); a row
+        whose region holds no request token pools over the whole region."""
+        st = self._state
+        region = st.prompt_mask
+        if region is None and st.attention_mask is not None:
+            region = st.attention_mask[:, -t:]
+        region = (torch.ones(b, t, device=device) if region is None
+                  else region.to(device=device, dtype=torch.float32))
+        req = st.request_mask
+        if req is None or tuple(req.shape) != (b, t):
+            return region
+        both = region * req.to(device=device, dtype=torch.float32)
+        empty = both.sum(1, keepdim=True) == 0
+        return torch.where(empty, region, both)
 
     def _straight_through(self, hard: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         if self.config.estimator == "full":
@@ -434,6 +510,14 @@ class GatedMoE:
         self.config = MoEConfig(mode=mode, dispatch=self.config.dispatch,  # type: ignore[arg-type]
                                 estimator=self.config.estimator)
         self.config.check()
+
+    def request_tokens(self, ids: list[int]) -> torch.Tensor:
+        """[T] bool: the request (user-turn) tokens of `ids`, what `trajectory` pools over;
+        every token when there is no user turn or no ChatML tokenizer."""
+        if self._markers is None:
+            return torch.ones(len(ids), dtype=torch.bool)
+        mask = request_mask(torch.tensor([ids]), self._markers)[0].bool()
+        return mask if bool(mask.any()) else torch.ones(len(ids), dtype=torch.bool)
 
     def gate_parameters(self) -> list[nn.Parameter]:
         return list(self.gates.parameters())

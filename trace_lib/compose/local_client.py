@@ -1,7 +1,7 @@
 """The gated model as an in-process chat policy: rollouts, evaluation and env traces.
 
 Design decisions
-- `LocalMoEClient` implements the rollout loop's `ChatClient` protocol
+- `LocalMoEClient` implements the rollout loop's `policy_client.ChatPolicy` protocol
   (`trace_lib.runtime.rollout`) directly on a `GatedMoE`, so the training stage's own
   `run_group` / `evaluate` drive composed models without an HTTP hop: gate GRPO, the
   warm-start reward table and the evaluation all reuse that loop unchanged. Over HTTP
@@ -17,49 +17,67 @@ Design decisions
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trace_lib.compose.gated import GatedMoE
 from trace_lib.compose.traces import RoutingTrace, replay_trajectory
+from trace_lib.errors import UserInputError
 
 
-def env_factory(name: str):
-    """A zero-argument constructor for environment `name`: "package.module:Attr" (your own
-    Environment class or factory), the environments registry when it knows the name (what
-    adapter training uses), else a built-in DOMAIN/CAPABILITY."""
-    import importlib
+def env_factory(name: str, code: str | None = None, db: Any = None,
+                store: bool = True, env_spec: dict[str, Any] | None = None
+                ) -> Callable[[], Any]:
+    """A zero-argument constructor for environment `name`, through the environments
+    registry (`trace_lib.envs.registry`: the one name -> environment path training and the
+    app use too):
 
-    from trace_lib.envs.capabilities import make_capability_env
-    from trace_lib.errors import UserInputError
+    - `env_spec` given (a job's serialised `EnvSpec`, code included for generated ones):
+      built from it, never through the store; `code` alone is a generated module;
+    - "package.module:Attr": your own Environment class or factory, imported;
+    - otherwise `registry.resolve(name)`: a built-in DOMAIN/CAPABILITY (in-process), a
+      path to a .py module or, with `store`, a generated environment stored in the
+      database (both sandboxed). A job passes `store=False`: it never opens the database.
 
-    if ":" in name:
-        module_name, attr = name.split(":", 1)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UserInputError(f"env {name!r}: cannot import {module_name!r}: {exc}") from exc
-        if not hasattr(module, attr):
-            raise UserInputError(f"env {name!r}: module {module_name!r} has no {attr!r}")
-        return getattr(module, attr)
+    Every failure is a UserInputError naming the environment; nothing falls back silently.
+    """
+    from trace_lib.envs import registry
 
-    try:
-        registry = importlib.import_module("trace_lib.envs.registry")
-        make = registry.make_env
-        make(name)
-        return lambda: make(name)
-    except (ImportError, AttributeError, KeyError, UserInputError, ValueError):
-        pass  # not registered there: fall back to the built-in capability environments
-    domain, sep, capability = name.partition("/")
-    if not sep:
-        raise UserInputError(f"--env {name!r}: expected DOMAIN/CAPABILITY, e.g. "
-                             f"airline/precondition_verification")
-    try:
-        make_capability_env(domain, capability)
-    except (KeyError, ValueError) as exc:
-        raise UserInputError(f"--env {name!r}: {exc}") from exc
-    return lambda: make_capability_env(domain, capability)
+    if code is not None and env_spec is None:
+        env_spec = {"name": name, "capability": "", "domain": "", "version": 1,
+                    "source": "generated", "code": code}
+    if ":" not in name and "/" not in name and not name.endswith(".py") and env_spec is None:
+        raise UserInputError(f"env {name!r}: expected DOMAIN/CAPABILITY (e.g. "
+                             f"airline/precondition_verification), a generated DOMAIN/"
+                             f"CAPABILITY/genN, a .py file or module:Class")
+    if env_spec is not None or not store:
+        # A serialised spec names itself (a .py file's spec is named after its stem, while
+        # the config lists the path): build from the spec, under its own name.
+        own = str(env_spec.get("name") or name) if env_spec is not None else name
+        spec = registry.spec_for_job(own, env_spec, where=f"env {name!r}")
+    else:
+        spec = registry.resolve(name, db=db)
+    return registry.env_factory(spec)
+
+
+def spec_factory(spec: Any) -> Callable[[], Any]:
+    """Constructor for a resolved `EnvSpec`: built-ins in-process, the rest sandboxed."""
+    from trace_lib.envs import registry
+
+    return registry.env_factory(spec)
+
+
+def env_code(name: str, db: Any = None) -> str | None:
+    """The code a job needs for `name` (generated or file environments), resolved here on the
+    app/CLI side; None for built-ins and module:Attr names, which a job builds itself."""
+    from trace_lib.envs import registry
+
+    if ":" in name and not name.endswith(".py"):
+        return None
+    spec = registry.resolve(name, db=db)
+    return None if spec.source == "builtin" else spec.code
 
 
 def environment_names() -> list[str]:
@@ -70,7 +88,7 @@ def environment_names() -> list[str]:
 
 
 class LocalMoEClient:
-    """`ChatClient` over a GatedMoE in this process (optionally forced to one slot)."""
+    """`policy_client.ChatPolicy` over a GatedMoE in this process (optionally forced to one slot)."""
 
     def __init__(self, moe: GatedMoE, force: int | None = None,
                  mix: list[float] | None = None):
@@ -90,7 +108,7 @@ class LocalMoEClient:
         seed: int | None = None,
     ) -> list[Any]:
         from trace_lib.runtime.chat_format import parse_assistant, render_prompt
-        from trace_lib.runtime.rollout import Sample
+        from trace_lib.runtime.policy_client import Completion as Sample
 
         tok = self.moe.tokenizer
         prompt = render_prompt(messages, tools)
@@ -137,19 +155,24 @@ class LocalMoEClient:
 
 
 def route_env(moe: GatedMoE, env_name: str, seed: int, force: int | None = None,
-              max_tokens: int = 64, max_turns: int = 4) -> RoutingTrace:
+              max_tokens: int = 64, max_turns: int = 4, db: Any = None) -> RoutingTrace:
     """Roll the gated model out greedily on one environment seed and trace the transcript."""
     from trace_lib.runtime.rollout import RolloutConfig, run_group
 
-    make_env = env_factory(env_name)
+    make_env = env_factory(env_name, db=db)
     client = LocalMoEClient(moe, force=force)
     cfg = RolloutConfig(max_turns=max_turns, max_tokens=max_tokens, temperature=0.0)
     rollout = run_group(make_env, seed, client, cfg, model="moe", group_size=1,
                         request_seed=seed)[0]
     env = make_env()
-    env.reset(seed)
+    try:
+        env.reset(seed)
+        tools = env.tool_schemas or None
+    finally:
+        if hasattr(env, "close"):  # sandboxed environments hold a worker process
+            env.close()
     return replay_trajectory(
-        moe, rollout.messages, env.tool_schemas or None, force=force,
+        moe, rollout.messages, tools, force=force,
         meta={"source": "env", "env": env_name, "seed": seed, "reward": rollout.reward,
               "outcome": "success" if rollout.passed else "failure"},
     )

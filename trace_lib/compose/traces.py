@@ -4,8 +4,8 @@ Design decisions
 - A trace is arrays plus a small JSON: `chosen` [T, L] (slot per token and layer, 0 =
   base), `probs` [T, L, K+1] (gate probabilities, float16 on disk), token ids, and per
   token its text, role (system/user/assistant/tool) and turn. Saved as `<id>.npz` +
-  `<id>.json` in the run directory; the app/CLI index them in DuckDB (`catalog.py`), never
-  code that may run inside a job.
+  `<id>.json` in the run directory; the app/CLI index them in DuckDB
+  (`trace_lib/workbench/composition.py`), never code that may run inside a job.
 - Roles come from the chat template itself: the conversation is rendered prefix by prefix
   (`chat_format.render_prompt`), which gives each message's character span, and the full
   text is tokenised once with offsets, so a token's role is the role of the span its first
@@ -14,7 +14,8 @@ Design decisions
   plus what was generated, the sampled ids themselves). Routing is causal, so this gives
   the routing the model used while generating, and it covers the last sampled token too
   (which generation never feeds back). In `trajectory` mode the pooled choice is taken
-  over the prompt only (`prompt_mask`), as at prefill.
+  over the request (the user's turn) inside the prompt (`prompt_mask` bounds it), as at
+  prefill.
 - Turn = the number of assistant messages before the token's message, so an assistant
   reply and the tool results that answer it share nothing: "turn 2" is the second reply
   and everything that led up to it.

@@ -30,11 +30,6 @@ def slot_color(slot: int) -> str:
     return PALETTE[slot % len(PALETTE)]
 
 
-def legend_rows(slots: list[str]) -> list[dict[str, Any]]:
-    """Slot -> capability, with its colour (for a table or a legend)."""
-    return [{"slot": i, "expert": name, "color": slot_color(i)} for i, name in enumerate(slots)]
-
-
 def legend_html(slots: list[str]) -> str:
     items = [f'<span style="background:{slot_color(i)};padding:1px 6px;border-radius:3px;'
              f'margin-right:6px">{i}: {html.escape(name)}</span>' for i, name in enumerate(slots)]

@@ -1,6 +1,6 @@
 """Stage 1, diagnose: which capabilities does the agent lack?
 
-Modules (each a CLI verb in `commands.py`, a page, a notebook cell):
+Modules (each a use case in `trace_lib.workbench.diagnose`, a CLI verb, a page, a notebook cell):
     capabilities   the menu (built-in, user, LLM-proposed from contrastive pairs)
     transcript     a trajectory as labelers read it (messages, calls, expected actions)
     labelers/      Labeler protocol + registry: heuristic (offline), anthropic, openai

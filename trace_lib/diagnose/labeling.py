@@ -4,10 +4,21 @@ Design decisions
 - One run = one `label_runs` row + one `labels` row per (trajectory, capability); N runs
   get seeds 0..N-1 (and, for LLM labelers, a sampling temperature) so they are
   independent samples, as the K-of-N selection assumes.
+- A run says what it is: `status` is 'running' from its first row, 'finished' only once
+  every trajectory was written, 'failed' (with `status_reason`) when the labeler could
+  not work. Rank, the review queue and exports read finished runs only, so a run killed
+  with SIGKILL (still 'running') or a failed one never counts; `label --resume RUN`
+  labels the trajectories a partial run lacks (and retries its failed pairs), with the
+  run's own labeler, capabilities and seed.
+- Fail fast, fail loud: before the first call the labeler's `preflight()` (if it has one)
+  checks that its server accepts connections; a connection refused mid-run stops the run
+  at once (`LabelerUnavailable`); when the first `FAIL_FAST_AFTER` trajectories all
+  failed, or every pair of the run failed, the run is marked failed and `LabelRunFailed`
+  (exit status 1 in the CLI) says why, once.
 - Transcripts are read once with one short connection; labeling happens with no
   connection open (LLM calls take minutes), in a thread pool of `labeler.concurrency`;
   results are written in chunks with short connections, so the app can read meanwhile
-  and a crash loses at most one chunk.
+  and a crash loses at most one chunk (a trajectory's pairs are written together).
 - A failed pair is stored with `value NULL` and the reason in `error`, never as `na`;
   the run's tokens and cost go into `label_runs.cost`.
 - Progress is a callback (done, total): the CLI wraps it in tqdm, the app in st.progress.
@@ -17,8 +28,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +38,12 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import Capability
 from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
-from trace_lib.diagnose.labelers import Labeler, TrajectoryLabels, get_labeler
+from trace_lib.diagnose.labelers import (
+    Labeler,
+    LabelerUnavailable,
+    TrajectoryLabels,
+    get_labeler,
+)
 from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
@@ -91,69 +108,224 @@ def insert_labels(db: str | Path | None, rows: list[list[Any]]) -> None:
         con.unregister("_new_labels")
 
 
+class LabelRunFailed(UserInputError):
+    """A label run that produced no usable labels; it is marked failed in the store."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(f"label run {run_id} failed: {reason} (the run is marked failed and "
+                         f"is not counted; fix the cause, then `label --resume {run_id}`)")
+        self.run_id = run_id
+        self.reason = reason
+
+
+# Stop after this many trajectories in a row failed on every pair (auth, model name, a
+# server that answers garbage): the remaining calls would fail the same way.
+FAIL_FAST_AFTER = 8
+
+
+def set_run_status(db: str | Path | None, run_id: str, status: str,
+                   reason: str | None = None, cost: dict[str, Any] | None = None) -> None:
+    with store.connect(db) as con:
+        finished = "current_timestamp" if status == "finished" else "NULL"
+        con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
+                    f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
+                    [status, reason, json.dumps(cost) if cost is not None else None, run_id])
+
+
+def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:
+    """What a partial run still needs: its row, capabilities, and unlabeled trajectories."""
+    with store.connect(db) as con:
+        row = con.execute("SELECT labeler, model, params, status FROM label_runs WHERE id = ?",
+                          [run_id]).fetchone()
+        if row is None:
+            known = [r[0] for r in con.execute(
+                "SELECT id FROM label_runs WHERE status <> 'finished' ORDER BY id").fetchall()]
+            raise UserInputError(f"label --resume {run_id}: no such label run; unfinished runs: "
+                                 f"{', '.join(known) or '(none)'}")
+        labeler, model, params, status = row
+        if status == "finished":
+            raise UserInputError(f"label --resume {run_id}: the run is already finished")
+        params = json.loads(params) if isinstance(params, str) else (params or {})
+        caps = params.get("capabilities") or None
+        wanted = params.get("trajectory_ids")
+        if wanted is None:
+            wanted = [r[0] for r in con.execute(
+                "SELECT id FROM trajectories ORDER BY id").fetchall()]
+        done = {r[0] for r in con.execute(
+            "SELECT trajectory_id FROM labels WHERE run_id = ? GROUP BY trajectory_id "
+            "HAVING count(*) FILTER (WHERE value IS NULL) = 0", [run_id]).fetchall()}
+        # Trajectories with a failed pair are labeled again: drop their rows first.
+        con.execute("DELETE FROM labels WHERE run_id = ? AND trajectory_id IN (SELECT "
+                    "trajectory_id FROM labels WHERE run_id = ? AND value IS NULL)",
+                    [run_id, run_id])
+    return {"labeler": labeler, "model": model, "params": params, "capabilities": caps,
+            "todo": [t for t in wanted if t not in done], "n_done": len(done)}
+
+
 def run_labeling(
     db: str | Path | None = None,
-    labeler: str | Labeler = "heuristic",
+    labeler: str | Labeler | None = None,
     *,
     runs: int = 1,
     capabilities: list[str] | None = None,
     trajectory_ids: list[str] | None = None,
     run_prefix: str | None = None,
     progress: Progress | None = None,
+    resume: str | None = None,
     **labeler_cfg: Any,
 ) -> list[RunSummary]:
-    """Label the store `runs` times; returns one summary per run."""
+    """Label the store `runs` times; returns one summary per run.
+
+    `resume=RUN` completes a partial (running or failed) run instead: the trajectories it
+    has no labels for, and those with a failed pair, with the run's labeler, capabilities
+    and seed. Raises LabelRunFailed (the run marked failed) when the labeler cannot work."""
+    if resume is not None:
+        return [_resume(db, resume, labeler, progress, labeler_cfg)]
     if runs < 1:
         raise UserInputError(f"--runs {runs}: expected at least 1")
+    labeler = "heuristic" if labeler is None else labeler
     lab = get_labeler(labeler, **labeler_cfg) if isinstance(labeler, str) else labeler
     caps, tids = _select(db, capabilities, trajectory_ids)
     with store.connect(db) as con:
         transcripts = load_transcripts(con, tids)
     prefix = run_prefix or f"{lab.name}-{uuid.uuid4().hex[:6]}"
-    total, done = runs * len(transcripts), 0
+    total = runs * len(transcripts)
     summaries = []
     for r in range(runs):
         run_id = prefix if runs == 1 else f"{prefix}-r{r}"
+        params: dict[str, Any] = {"seed": r, "run_index": r, "n_runs": runs,
+                                  "capabilities": [c.name for c in caps],
+                                  "n_trajectories": len(transcripts)}
+        if trajectory_ids is not None:
+            params["trajectory_ids"] = list(tids)  # what --resume has to complete
         with store.connect(db) as con:
             create_run(con, run_id, lab.name, model=lab.model,
-                       prompt_sha256=lab.prompt_sha256(caps),
-                       params={"seed": r, "run_index": r, "n_runs": runs,
-                               "capabilities": [c.name for c in caps],
-                               "n_trajectories": len(transcripts)})
-        usage, n_failed, n_labels = Usage(), 0, 0
+                       prompt_sha256=lab.prompt_sha256(caps), params=params, status="running")
+        summaries.append(_label_run(db, lab, run_id, caps, transcripts, seed=r, n_runs=runs,
+                                    progress=progress, offset=r * len(transcripts),
+                                    total=total))
+    return summaries
 
-        def one(t, _r=r):
-            return lab.label(t, caps, seed=_r, n_runs=runs)
 
-        pending: list[TrajectoryLabels] = []
+def _resume(db: str | Path | None, run_id: str, labeler: str | Labeler | None,
+            progress: Progress | None, cfg: dict[str, Any]) -> RunSummary:
+    plan = _resume_plan(db, run_id)
+    name = plan["labeler"]
+    if isinstance(labeler, str) and labeler != name:
+        raise UserInputError(f"label --resume {run_id}: the run was labeled by {name!r}, not "
+                             f"{labeler!r}; resume it with --labeler {name}")
+    if labeler is None or isinstance(labeler, str):
+        if name in ("anthropic", "openai"):
+            if not cfg.get("model") and plan["model"]:
+                cfg = {**cfg, "model": plan["model"]}
+        else:
+            cfg = {}  # the LLM options a front end passes mean nothing to this labeler
+        lab = get_labeler(name, **cfg)
+    else:
+        lab = labeler
+    caps, _ = _select(db, plan["capabilities"], None)
+    params = plan["params"]
+    with store.connect(db) as con:
+        transcripts = load_transcripts(con, plan["todo"])
+    set_run_status(db, run_id, "running", None)
+    return _label_run(db, lab, run_id, caps, transcripts, seed=int(params.get("seed", 0)),
+                      n_runs=int(params.get("n_runs", 1)), progress=progress, offset=0,
+                      total=len(transcripts), already=plan["n_done"])
+
+
+def _label_run(db: str | Path | None, lab: Labeler, run_id: str, caps: list[Capability],
+               transcripts: list[Any], *, seed: int, n_runs: int, progress: Progress | None,
+               offset: int, total: int, already: int = 0) -> RunSummary:
+    """Label `transcripts` into run `run_id` (status 'running') and record how it ended."""
+    usage, n_failed, n_labels, streak, done = Usage(), 0, 0, 0, offset
+    first_error: str | None = None
+    pending: list[TrajectoryLabels] = []
+    pool: ThreadPoolExecutor | None = None
+
+    def one(t: Any) -> TrajectoryLabels:
+        return lab.label(t, caps, seed=seed, n_runs=n_runs)
+
+    try:
+        preflight = getattr(lab, "preflight", None)
+        if callable(preflight):
+            preflight()
         label_many = getattr(lab, "label_many", None)
         if label_many is not None and getattr(lab, "batch", False):
-            results_iter = iter(label_many(transcripts, caps, seed=r, n_runs=runs))
-            pool = None
+            results_iter = iter(label_many(transcripts, caps, seed=seed, n_runs=n_runs))
+        elif lab.concurrency > 1:
+            pool = ThreadPoolExecutor(max_workers=lab.concurrency)
+            results_iter = _bounded_map(pool, one, transcripts, 2 * lab.concurrency)
         else:
-            pool = ThreadPoolExecutor(max_workers=max(1, lab.concurrency))
-            results_iter = pool.map(one, transcripts) if lab.concurrency > 1 else map(one, transcripts)
-        try:
-            for res in results_iter:
-                pending.append(res)
-                usage.add(res.usage)
-                n_failed += sum(p.value is None for p in res.labels)
-                n_labels += len(res.labels)
-                done += 1
-                if progress:
-                    progress(done, total)
-                if len(pending) >= WRITE_CHUNK:
-                    _write(db, run_id, pending)
-                    pending = []
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
-        if pending:
-            _write(db, run_id, pending)
-        cost = usage.to_dict(lab.model) if lab.model else usage.to_dict()
-        cost["n_failed_pairs"] = n_failed
-        with store.connect(db) as con:
-            con.execute("UPDATE label_runs SET finished_at = current_timestamp, cost = ? "
-                        "WHERE id = ?", [json.dumps(cost), run_id])
-        summaries.append(RunSummary(run_id, lab.name, len(transcripts), n_labels, n_failed, cost))
-    return summaries
+            results_iter = map(one, transcripts)
+        for res in results_iter:
+            pending.append(res)
+            usage.add(res.usage)
+            failed_here = [p for p in res.labels if p.value is None]
+            n_failed += len(failed_here)
+            n_labels += len(res.labels)
+            if failed_here and first_error is None:
+                first_error = failed_here[0].error
+            streak = streak + 1 if res.labels and len(failed_here) == len(res.labels) else 0
+            done += 1
+            if progress:
+                progress(done, total)
+            if len(pending) >= WRITE_CHUNK:
+                _write(db, run_id, pending)
+                pending = []
+            if streak >= FAIL_FAST_AFTER and n_failed == n_labels:
+                raise LabelRunFailed(run_id, f"the first {streak} trajectories failed on every "
+                                     f"pair; first error: {first_error}")
+    except LabelerUnavailable as exc:
+        _close_failed(db, run_id, pending, pool, str(exc))
+        raise LabelRunFailed(run_id, str(exc)) from None
+    except LabelRunFailed as exc:
+        _close_failed(db, run_id, pending, pool, exc.reason)
+        raise
+    except KeyboardInterrupt:
+        _close_failed(db, run_id, pending, pool, "interrupted (Ctrl-C)")
+        raise
+    except Exception as exc:
+        _close_failed(db, run_id, pending, pool, f"{type(exc).__name__}: {exc}")
+        raise
+    if pool is not None:
+        pool.shutdown(wait=True)
+    if pending:
+        _write(db, run_id, pending)
+    cost = usage.to_dict(lab.model) if lab.model else usage.to_dict()
+    cost["n_failed_pairs"] = n_failed
+    if already:
+        cost["resumed_after"] = already
+    if n_labels and n_failed == n_labels:
+        reason = f"all {n_failed} pairs failed; first error: {first_error}"
+        set_run_status(db, run_id, "failed", reason, cost)
+        raise LabelRunFailed(run_id, reason)
+    set_run_status(db, run_id, "finished", None, cost)
+    return RunSummary(run_id, lab.name, len(transcripts), n_labels, n_failed, cost)
+
+
+def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], TrajectoryLabels],
+                 items: list[Any], ahead: int) -> Iterator[TrajectoryLabels]:
+    """`pool.map` in order, but never more than `ahead` calls submitted and not consumed:
+    when the run stops (fail fast, Ctrl-C) few calls are in flight to waste."""
+    queue: deque[Future[TrajectoryLabels]] = deque()
+    it = iter(items)
+    for item in it:
+        queue.append(pool.submit(fn, item))
+        if len(queue) >= ahead:
+            break
+    while queue:
+        result = queue.popleft().result()
+        for item in it:
+            queue.append(pool.submit(fn, item))
+            break
+        yield result
+
+
+def _close_failed(db: str | Path | None, run_id: str, pending: list[TrajectoryLabels],
+                  pool: ThreadPoolExecutor | None, reason: str) -> None:
+    """Keep what was labeled (a resume starts from it) and mark the run failed."""
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if pending:
+        _write(db, run_id, pending)
+    set_run_status(db, run_id, "failed", reason)

@@ -61,12 +61,13 @@ def _capability_names(con: duckdb.DuckDBPyConnection, include_rejected: bool = F
 
 def create_run(con: duckdb.DuckDBPyConnection, run_id: str, labeler: str, *,
                model: str | None = None, prompt_sha256: str | None = None,
-               params: dict[str, Any] | None = None) -> None:
+               params: dict[str, Any] | None = None, status: str = "running") -> None:
+    """A new label run row; the labeler writes 'running' and finishes it (see labeling)."""
     if con.execute("SELECT 1 FROM label_runs WHERE id = ?", [run_id]).fetchone():
         raise UserInputError(f"label run {run_id!r} already exists; choose another --run name")
-    con.execute("INSERT INTO label_runs (id, labeler, model, prompt_sha256, params) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [run_id, labeler, model, prompt_sha256, json.dumps(params or {})])
+    con.execute("INSERT INTO label_runs (id, labeler, model, prompt_sha256, params, status) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [run_id, labeler, model, prompt_sha256, json.dumps(params or {}), status])
 
 
 # ---------------------------------------------------------------------------- edits
@@ -237,16 +238,44 @@ def grid_changes(before: pd.DataFrame, after: pd.DataFrame) -> list[tuple[str, s
     return out
 
 
-def review_queue(db: str | Path | None, limit: int = 50) -> pd.DataFrame:
-    """Pairs where the runs disagree most, not yet decided by a person."""
+def left_out_runs_con(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Label runs that rank, the review queue and exports do not count (not finished)."""
+    rows = con.execute("""
+        SELECT r.id, r.status, r.status_reason,
+               (SELECT count(DISTINCT trajectory_id) FROM labels l WHERE l.run_id = r.id)
+        FROM label_runs r WHERE coalesce(r.status, 'finished') <> 'finished'
+        ORDER BY r.started_at, r.id""").fetchall()
+    return [{"run": r[0], "status": r[1], "reason": r[2], "n_trajectories_labeled": r[3]}
+            for r in rows]
+
+
+def left_out_runs(db: str | Path | None = None) -> list[dict[str, Any]]:
     with store.connect(db) as con:
-        return con.execute(f"""
+        return left_out_runs_con(con)
+
+
+def left_out_note(runs: list[dict[str, Any]]) -> str | None:
+    """One sentence naming the runs left out, or None when every run finished."""
+    if not runs:
+        return None
+    parts = [f"{r['run']} ({r['status']}, {r['n_trajectories_labeled']} trajectories labeled"
+             + (f": {r['reason']}" if r.get("reason") else "") + ")" for r in runs]
+    return ("left out (not finished; `label --resume RUN` completes one): "
+            + "; ".join(parts))
+
+
+def review_queue(db: str | Path | None, limit: int = 50) -> pd.DataFrame:
+    """Pairs where the runs disagree most, not yet decided by a person (finished runs only;
+    `df.attrs["left_out"]` lists the runs left out)."""
+    with store.connect(db) as con:
+        left_out = left_out_runs_con(con)
+        df = con.execute(f"""
             WITH votes AS (
                 SELECT trajectory_id, capability, count(*) AS n_runs,
                        count(*) FILTER (WHERE value = 'lacking') AS n_lacking,
                        count(*) FILTER (WHERE value = 'present') AS n_present,
                        count(*) FILTER (WHERE value = 'na') AS n_na
-                FROM labels WHERE value IS NOT NULL GROUP BY ALL
+                FROM counted_labels WHERE value IS NOT NULL GROUP BY ALL
             )
             SELECT v.trajectory_id, v.capability, m.value AS majority, v.n_runs,
                    v.n_lacking, v.n_present, v.n_na,
@@ -262,6 +291,8 @@ def review_queue(db: str | Path | None, limit: int = 50) -> pd.DataFrame:
             ORDER BY disagreement DESC, v.n_runs DESC, v.trajectory_id, v.capability
             LIMIT {int(limit)}
         """).df()
+    df.attrs["left_out"] = left_out
+    return df
 
 
 def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list[dict[str, Any]]:
@@ -277,7 +308,8 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
 # ------------------------------------------------------------------------------ CSV
 
 def export_labels(db: str | Path | None, path: str | Path) -> int:
-    """Write effective labels as `trajectory_id,capability,value`; returns the row count."""
+    """Write effective labels as `trajectory_id,capability,value`; returns the row count.
+    Finished runs only (`left_out_runs` names the others)."""
     with store.connect(db) as con:
         rows = con.execute("SELECT trajectory_id, capability, value FROM effective_labels "
                            "ORDER BY trajectory_id, capability").fetchall()
@@ -350,14 +382,16 @@ def import_labels(db: str | Path | None, path: str | Path, run: str, *,
             con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) "
                         "SELECT run_id, trajectory_id, capability, value FROM _import")
             con.unregister("_import")
-            con.execute("UPDATE label_runs SET finished_at = current_timestamp WHERE id = ?", [run])
+            con.execute("UPDATE label_runs SET finished_at = current_timestamp, "
+                        "status = 'finished' WHERE id = ?", [run])
     return len(rows)
 
 
 def label_runs(db: str | Path | None = None) -> pd.DataFrame:
     with store.connect(db) as con:
         return con.execute("""
-            SELECT r.id, r.labeler, r.model, r.started_at, r.finished_at, r.params, r.cost,
+            SELECT r.id, r.labeler, r.model, r.status, r.status_reason, r.started_at,
+                   r.finished_at, r.params, r.cost,
                    count(l.trajectory_id) AS n_labels,
                    count(*) FILTER (WHERE l.error IS NOT NULL) AS n_failed
             FROM label_runs r LEFT JOIN labels l ON l.run_id = r.id

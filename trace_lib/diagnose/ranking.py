@@ -47,6 +47,7 @@ import duckdb
 from scipy.stats import fisher_exact
 
 from trace_lib import store
+from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
 from trace_lib.errors import UserInputError
 
 REFERENCE_N = 10
@@ -109,6 +110,7 @@ class Ranking:
     k_effective: int
     n_runs: int
     note: str | None
+    left_out: list[dict[str, Any]] = field(default_factory=list)  # unfinished label runs
 
     @property
     def selected(self) -> list[CapabilityRank]:
@@ -238,7 +240,8 @@ def _fingerprint(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> tupl
                        "current_database()").fetchone()
     counts = con.execute("SELECT (SELECT count(*) FROM labels), "
                          "(SELECT count(*) FROM trajectories)").fetchone()
-    run_rows = tuple(con.execute("SELECT id, finished_at FROM label_runs ORDER BY id").fetchall())
+    run_rows = tuple(con.execute("SELECT id, finished_at, status FROM label_runs ORDER BY id"
+                                 ).fetchall())
     return (path[0] if path else None, counts, run_rows, tuple(runs) if runs else None)
 
 
@@ -308,20 +311,29 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
                              f"delta={cfg.delta}, K={cfg.k}")
     all_runs = [r[0] for r in con.execute(
         "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
+    # Only finished runs count: a running (or killed) or failed run is left out and named.
+    left_out = left_out_runs_con(con)
+    unfinished = {r["run"] for r in left_out}
     if cfg.runs is not None:
         unknown = sorted(set(cfg.runs) - set(all_runs))
         if unknown:
             raise UserInputError(f"rank --runs: unknown label run(s) {', '.join(unknown)}; "
                                  f"known: {', '.join(all_runs) or '(none)'}")
-        run_ids = list(cfg.runs)
+        run_ids = [r for r in cfg.runs if r not in unfinished]
+        left_out = [r for r in left_out if r["run"] in set(cfg.runs)]
     else:
-        run_ids = all_runs
+        run_ids = [r for r in all_runs if r not in unfinished]
+    # Without unfinished runs the filter is not needed (and the cache key stays stable).
+    run_filter = run_ids if (cfg.runs is not None or unfinished) else None
     n_runs = len(run_ids)
     k_eff, note = effective_k(cfg.k, n_runs)
+    left_note = left_out_note(left_out)
+    if left_note:
+        note = f"{note}; {left_note}" if note else left_note
     if incremental:
-        per_run, pooled = _counts_incremental(con, cfg.runs)
+        per_run, pooled = _counts_incremental(con, run_filter)
     else:
-        where, params = _run_filter(cfg.runs)
+        where, params = _run_filter(run_filter)
         per_run = con.execute(PER_RUN_SQL.format(run_filter=where), params).fetchall()
         pooled = {r[0]: r[1:] for r in con.execute(POOLED_SQL.format(run_filter=where),
                                                       params).fetchall()}
@@ -364,7 +376,7 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
     # Kept first, each group by mean Delta (undefined last), then name.
     rows.sort(key=lambda r: (not r.selected, r.mean_delta is None, -(r.mean_delta or 0.0),
                              r.capability))
-    return Ranking(rows, cfg, k_eff, n_runs, note)
+    return Ranking(rows, cfg, k_eff, n_runs, note, left_out)
 
 
 def rank(db: str | Path | None = None, cfg: RankConfig | None = None) -> Ranking:
@@ -383,6 +395,7 @@ def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
             "selected": r.selected, "fisher_p": r.fisher_p, "status": r.status,
             "cov_ci": r.cov_ci, "er_minus_ci": r.er_minus_ci, "er_plus_ci": r.er_plus_ci,
             "k_effective": ranking.k_effective, "note": ranking.note,
+            "left_out_runs": [r["run"] for r in ranking.left_out],
             "runs": [{"run": f.run, "cov": f.cov, "delta": f.delta, "er_minus": f.er_minus,
                       "er_plus": f.er_plus, "lf": f.lf, "pf": f.pf, "nf": f.nf, "lp": f.lp,
                       "pp": f.pp, "np": f.np} for f in r.runs],

@@ -2,7 +2,10 @@
 
 Design decisions
 - Read straight from the store tables, so every importer's output works without the
-  diagnose stage knowing the source format.
+  diagnose stage knowing the source format, into the shared transcript model
+  (`trace_lib.transcript_model`: the viewer shows the same `Call`s a labeler cites).
+  Expected actions keep their requestor; labelers read `expected_agent` (a user-side
+  miss, tau2 telecom's device actions, is never the agent lacking a capability).
 - Messages keep the store's `idx`, and the rendered text prefixes every message with
   `[idx]`: that is the index labelers cite as evidence and the Labels page scrolls to.
 - Rendering is the untrusted-text boundary for prompts: tool outputs are clipped
@@ -14,37 +17,13 @@ Design decisions
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
+from trace_lib.transcript_model import Call, Transcript
 
-@dataclass
-class Call:
-    message_idx: int
-    call_idx: int
-    name: str
-    arguments: dict[str, Any]
-    requestor: str | None
-    error: str | None
-    result: str | None = None  # the tool message's content that answers it
-
-
-@dataclass
-class Transcript:
-    id: str
-    dataset_id: str
-    source_id: str | None
-    task_id: str | None
-    domain: str | None
-    success: bool | None
-    reward: float | None
-    termination: str | None
-    meta: dict[str, Any]
-    messages: list[dict[str, Any]]  # {idx, role, content, name, tool_call_id}
-    calls: list[Call] = field(default_factory=list)
-    expected: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+__all__ = ["Call", "Transcript", "load_transcript", "load_transcripts", "render_transcript"]
 
 
 def _loads(text: Any) -> Any:
@@ -64,7 +43,10 @@ def load_transcripts(con: duckdb.DuckDBPyConnection, ids: list[str]) -> list[Tra
         SELECT t.id, t.dataset_id, t.source_id, t.task_id, t.domain, t.success, t.reward,
                t.termination, t.meta
         FROM trajectories t JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id)""", [ids]).fetchall()
-    out = {h[0]: Transcript(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], _loads(h[8]) or {}, [])
+    head_cols = ("id", "dataset_id", "source_id", "task_id", "domain", "success", "reward",
+                 "termination")
+    out = {h[0]: Transcript({**dict(zip(head_cols, h[:8], strict=True)),
+                             "meta": _loads(h[8]) or {}}, [])
            for h in heads}
     for tid, idx, role, content, name, tcid in con.execute("""
             SELECT m.trajectory_id, m.idx, m.role, m.content, m.name, m.tool_call_id
@@ -79,16 +61,22 @@ def load_transcripts(con: duckdb.DuckDBPyConnection, ids: list[str]) -> list[Tra
             ORDER BY c.trajectory_id, c.message_idx, c.call_idx""", [ids]).fetchall():
         t = out[tid]
         args_d = _loads(args)
-        call = Call(midx, cidx, name, args_d if isinstance(args_d, dict) else {}, req, err)
-        call.result = _find_result(t.messages, cid, midx, name)
+        call = Call(name=name, arguments=args_d if isinstance(args_d, dict) else {}, error=err,
+                    message_idx=midx, requestor=req, call_idx=cidx, call_id=cid,
+                    result=_find_result(t.messages, cid, midx, name))
         t.calls.append(call)
-    for tid, name, args in con.execute("""
-            SELECT t.id, e.name, e.arguments
+    # A store opened read-only is not migrated: older files have no expected requestor.
+    req = "e.requestor" if con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
+        "AND column_name = 'requestor'").fetchone()[0] else "NULL"
+    for tid, name, args, requestor in con.execute(f"""
+            SELECT t.id, e.name, e.arguments, {req}
             FROM trajectories t JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id)
             JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id
             ORDER BY t.id, e.idx""", [ids]).fetchall():
         a = _loads(args)
-        out[tid].expected.append((name, a if isinstance(a, dict) else {}))
+        out[tid].expected.append(Call(name=name, arguments=a if isinstance(a, dict) else {},
+                                      requestor=requestor))
     missing = [i for i in ids if i not in out]
     if missing:
         from trace_lib.errors import UserInputError

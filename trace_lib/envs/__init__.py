@@ -7,8 +7,9 @@ The public surface other stages use:
         with open_environment("airline/precondition_verification") as env: ...
 
 Store-backed functions (`is_approved`, `list_environments`) take `db` (a path, else
-TRACE_DB); jobs must not call them (they never open the database) and get the name of an
-approved environment in their spec instead.
+TRACE_DB); jobs must not call them (they never open the database): a job gets its
+environment's serialised spec (`EnvSpec.to_json()`, code included) and builds it with
+`spec_for_job` + `build_env`, the same constructor the app uses.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any
 from trace_lib.envs.protocol import Environment, parse_action
 from trace_lib.envs.registry import (
     EnvSpec,
+    build_env,
     builtin_names,
     environment_from_code,
     open_environment,
     resolve,
+    spec_for_job,
 )
 
 
@@ -43,6 +46,7 @@ def list_environments(db: str | Path | None = None) -> list[dict[str, Any]]:
 __all__ = [
     "EnvSpec",
     "Environment",
+    "build_env",
     "builtin_names",
     "environment_from_code",
     "is_approved",
@@ -50,4 +54,5 @@ __all__ = [
     "open_environment",
     "parse_action",
     "resolve",
+    "spec_for_job",
 ]

@@ -10,7 +10,10 @@ Design decisions
 - The trivial baselines that validation requires are policies too: `null` replies at
   once with nothing, `random` makes 1-4 schema-valid calls with arguments drawn from the
   schema types and from tokens of the request (so ids sometimes hit), then replies with
-  nothing. `epsilon:P` follows the reference but takes a random action with probability
+  nothing. Loophole probes (validation requires mean reward <= 0.05 for each): `refuse`
+  (refuse at once), `echo` (repeat the request), `stuffing` (every word of the policy and
+  request plus refusal phrases), `read_refuse` (one random read tool, then refuse).
+  `epsilon:P` follows the reference but takes a random action with probability
   P per step (a tunable stand-in for a learning policy when calibrating offline).
 - `openai:MODEL@URL` (or a bare http URL) drives any OpenAI-compatible server through
   the chat API with tools: vLLM, the project's CPU policy server, or a hosted endpoint.
@@ -112,6 +115,83 @@ class RandomPolicy:
         return {"name": schema["name"], "arguments": args}
 
 
+REFUSAL_TEXT = ("I'm sorry, but I cannot do that: it is not allowed by the policy, so I am "
+                "unable to help and it is not possible. Unfortunately this is not eligible.")
+
+
+def _request_text(conversation: list[dict[str, Any]]) -> str:
+    return " ".join(str(m.get("content") or "") for m in conversation if m.get("role") == "user")
+
+
+@dataclass
+class RefusePolicy:
+    """Loophole probe: refuse at once, no reads, every generic refusal phrase."""
+
+    name: str = "refuse"
+
+    def act(self, env: Environment, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"content": REFUSAL_TEXT}
+
+
+@dataclass
+class EchoPolicy:
+    """Loophole probe: reply with the user's request (every id and amount it names)."""
+
+    name: str = "echo"
+
+    def act(self, env: Environment, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"content": _request_text(conversation)}
+
+
+@dataclass
+class KeywordStuffingPolicy:
+    """Loophole probe: one reply holding every word of the policy, the request and refusals."""
+
+    name: str = "stuffing"
+
+    def act(self, env: Environment, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        words = re.findall(r"[\w$#.'-]+", f"{env.system_prompt} {_request_text(conversation)}")
+        seen = dict.fromkeys(w for w in words)  # unique, first-seen order
+        return {"content": f"{REFUSAL_TEXT} {' '.join(seen)}"}
+
+
+@dataclass
+class ReadThenRefusePolicy:
+    """Loophole probe: one random read tool with random arguments, then refuse."""
+
+    seed: int = 0
+    name: str = "read_refuse"
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+    _called: bool = False
+
+    def begin(self, seed: int) -> None:
+        self._rng = random.Random(f"read-refuse:{self.seed}:{seed}")
+        self._called = False
+
+    def act(self, env: Environment, conversation: list[dict[str, Any]]) -> dict[str, Any]:
+        if self._called:
+            return {"content": REFUSAL_TEXT}
+        self._called = True
+        if hasattr(env, "write_tool_names"):
+            writes = set(env.write_tool_names())
+            reads = [t["function"] for t in env.tool_schemas
+                     if t["function"]["name"] not in writes]
+        else:  # a sandboxed module: read tools by their conventional names
+            reads = [t["function"] for t in env.tool_schemas
+                     if t["function"]["name"].startswith(("get_", "find_", "search_", "list_"))]
+        if not reads:
+            return {"content": REFUSAL_TEXT}
+        fn = self._rng.choice(reads)
+        params = fn.get("parameters", {})
+        args = {k: _random_value(v, self._rng, [], params.get("$defs", {}))
+                for k, v in params.get("properties", {}).items()}
+        return {"name": fn["name"], "arguments": args}
+
+
+# The loophole probes validation runs on every environment (mean reward must stay <= 0.05).
+TRIVIAL_POLICIES: tuple[str, ...] = ("refuse", "echo", "stuffing", "read_refuse")
+
+
 @dataclass
 class EpsilonPolicy:
     """The reference policy with a random action instead, with probability `epsilon`."""
@@ -170,13 +250,22 @@ class OpenAIChatPolicy:
 
 
 def make_policy(spec: str, seed: int = 0) -> Policy:
-    """reference | null | random | epsilon:P | openai:MODEL@URL | http(s)://URL[#MODEL]."""
+    """reference | null | random | refuse | echo | stuffing | read_refuse | epsilon:P |
+    openai:MODEL@URL | http(s)://URL[#MODEL]."""
     if spec == "reference":
         return ReferencePolicy()
     if spec in ("null", "nothing"):
         return NullPolicy()
     if spec == "random":
         return RandomPolicy(seed=seed)
+    if spec == "refuse":
+        return RefusePolicy()
+    if spec == "echo":
+        return EchoPolicy()
+    if spec == "stuffing":
+        return KeywordStuffingPolicy()
+    if spec == "read_refuse":
+        return ReadThenRefusePolicy(seed=seed)
     if spec.startswith("epsilon:"):
         try:
             eps = float(spec.split(":", 1)[1])
@@ -190,7 +279,8 @@ def make_policy(spec: str, seed: int = 0) -> Policy:
         url, _, model = spec.partition("#")
         return OpenAIChatPolicy(model=model or "policy", base_url=url)
     raise UserInputError(
-        f"--policy {spec!r}: expected reference, null, random, epsilon:P, openai:MODEL@URL "
+        f"--policy {spec!r}: expected reference, null, random, refuse, echo, stuffing, "
+        "read_refuse, epsilon:P, openai:MODEL@URL "
         "or an http(s) URL of an OpenAI-compatible server (URL#MODEL to name the model)"
     )
 

@@ -6,15 +6,33 @@
 
 Design decisions
 - Generated code is never imported into the host. It runs in `sandbox_worker.py`, a child
-  started with a scrubbed environment (no API keys, no PYTHONPATH, PYTHONHASHSEED=0 so that
-  set/dict order cannot break determinism), its own temporary directory as cwd and HOME,
-  and its own process group. The confinement layers live in the worker's docstring; the
-  host adds the one a child cannot bypass: a wall-clock deadline per request, after which
-  the whole process group is SIGKILLed.
-- Any violation, timeout, memory exhaustion or crash ends the worker: a module caught
-  misbehaving is not trusted to keep serving. Errors raised by the module's own code
-  (a bug in `step`) are returned as `SandboxError(kind="error")` and the worker lives on,
-  so validation can report them.
+  whose confinement does not depend on the child's good will: the worker runs under
+  bubblewrap (`bwrap`) with new user, mount, PID, IPC, UTS and network namespaces. Its
+  filesystem is an empty root holding only the interpreter (its prefix, the shared
+  libraries under /usr, and the few site-packages the whitelist needs), the library's
+  `trace_lib` folder and the module's own folder, all read-only, plus a size-limited tmpfs
+  workdir (the disk quota) and a /dev without the host's /dev/shm. So the DuckDB file,
+  /etc/passwd, other sandboxes' folders and world-writable host directories do not exist
+  for it; it sees only its own processes; `--die-with-parent` ends it with the host.
+  Inside, the worker adds rlimits and the audit-hook policy (defence in depth, and the
+  source of precise reports); the host adds the wall-clock deadline per request, after
+  which the whole process group is SIGKILLed.
+- Without bwrap (a laptop without the package) generated code is refused, unless the caller
+  passes `unsafe_local=True` (`--unsafe-local-sandbox`): then the old in-process layers run
+  alone (audit hook, rlimits, uid nobody and a network namespace when root), which is no
+  security boundary and is reported as such in `layers`.
+- Every sandbox has its own namespaces, host folder and tmpfs: two concurrent sandboxes
+  cannot see each other's files or processes. The host checks the tmpfs from outside after
+  each request (through /proc/PID/root of the worker), so a module that fills its quota and
+  swallows the error is still reported.
+- The environment is scrubbed (no API keys, no PYTHONPATH; PYTHONHASHSEED=0 so that
+  set/dict order cannot break determinism); `python -I -S` ignores site and user paths.
+- Any violation, timeout, memory exhaustion, crash or protocol abuse ends the worker: a
+  module caught misbehaving is not trusted to keep serving. Errors raised by the module's
+  own code (a bug in `step`) are returned as `SandboxError(kind="error")` and the worker
+  lives on, so validation can report them.
+- The protocol reader trusts nothing: a line that is not JSON, not an object, or longer
+  than `max_line_mb` is a violation with a report, never a host exception.
 - The worker writes its protocol on a private pipe and its prints to a stderr file owned
   by the host; the tail of that file goes into crash reports.
 - One class, `SandboxedEnvironment`, turns a live sandbox into an object that satisfies
@@ -31,15 +49,31 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from trace_lib.errors import UserInputError
 
 LIBRARY_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("sandbox_worker.py")
 NOBODY = 65534
+UNSAFE_ENV = "TRACE_UNSAFE_LOCAL_SANDBOX"  # "1": what --unsafe-local-sandbox sets for children
+# Inside the bwrap namespace: where the module's folder and the tmpfs workdir appear.
+BOX_MODULE_DIR = "/sandbox/module"
+BOX_WORKDIR = "/sandbox/work"
+# The third-party packages the worker's whitelist imports (pydantic and what it needs).
+SITE_PACKAGES_NEEDED = (
+    "pydantic", "pydantic_core", "typing_extensions.py", "annotated_types",
+    "typing_inspection",
+)
+
+
+def _unsafe_default() -> bool:
+    return os.environ.get(UNSAFE_ENV, "") == "1"
 
 
 @dataclass
@@ -49,13 +83,124 @@ class SandboxLimits:
     cpu_s: int = 120  # CPU seconds for the worker's whole life
     memory_mb: int = 1024  # address space
     file_mb: int = 16  # largest file it may write (in its own directory)
-    isolate_network: bool = True  # a fresh network namespace when running as root
+    disk_mb: int = 32  # the workdir's tmpfs: all files together (the disk quota)
+    max_line_mb: int = 8  # longest protocol line the host reads
+    isolate_network: bool = True  # unsafe mode only: a network namespace when root
+    # Run without bwrap (audit hook + rlimits only: NOT a security boundary). Off unless the
+    # user asks with --unsafe-local-sandbox (or TRACE_UNSAFE_LOCAL_SANDBOX=1 in a child).
+    unsafe_local: bool = field(default_factory=_unsafe_default)
+    # Tests of the kernel layer switch the audit hook off to show bwrap holds alone.
+    audit_policy: bool = True
+
+
+class SandboxUnavailable(UserInputError):
+    """bwrap is missing or cannot create namespaces here, and unsafe mode was not asked for
+    (a UserInputError: the CLI and the pages show the message as it is)."""
+
+
+def allow_unsafe_local(allow: bool = True) -> None:
+    """What `--unsafe-local-sandbox` does: later sandboxes in this process and in the jobs it
+    starts run without bwrap (audit hook and rlimits only; NOT a security boundary)."""
+    if allow:
+        os.environ[UNSAFE_ENV] = "1"
+    else:
+        os.environ.pop(UNSAFE_ENV, None)
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _bwrap_probe(bwrap: str) -> str | None:
+    """None if bwrap can create the namespaces we use here, else why not."""
+    try:
+        out = subprocess.run(
+            [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
+             "--unshare-uts", "--uid", str(NOBODY), "--gid", str(NOBODY),
+             "--ro-bind", "/", "/", "--die-with-parent", "/bin/true"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if out.returncode == 0 else (out.stderr.strip() or f"exit {out.returncode}")
+
+
+_PROBE: dict[str, str | None] = {}
+
+
+def kernel_sandbox_problem() -> str | None:
+    """None when the bwrap sandbox works on this machine, else a sentence saying why not."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        return ("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
+                "(or `make test`, which installs it)")
+    if bwrap not in _PROBE:
+        _PROBE[bwrap] = _bwrap_probe(bwrap)
+    problem = _PROBE[bwrap]
+    return None if problem is None else f"bwrap cannot create namespaces here: {problem}"
+
+
+def _interpreter() -> tuple[str, list[str]]:
+    """The real interpreter binary and the read-only trees it needs (prefix, site-packages)."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable) or sys.executable)
+    trees = {os.path.realpath(sys.base_prefix)}
+    purelib = sysconfig.get_paths()["purelib"]
+    for name in SITE_PACKAGES_NEEDED:
+        path = os.path.join(purelib, name)
+        if os.path.exists(path):
+            trees.add(os.path.realpath(path))
+    return exe, sorted(trees)
+
+
+def bwrap_command(bwrap: str, host_module_dir: Path, limits: SandboxLimits, info_fd: int,
+                  worker_args: list[str]) -> list[str]:
+    """The bwrap argv: empty root, read-only interpreter + library + module, tmpfs workdir."""
+    exe, trees = _interpreter()
+    cmd = [
+        bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
+        "--unshare-uts", "--unshare-cgroup-try", "--uid", str(NOBODY), "--gid", str(NOBODY),
+        "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
+        "--ro-bind", "/usr", "/usr",
+    ]
+    for top in ("/bin", "/lib", "/lib64", "/sbin"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    for tree in trees:
+        cmd += ["--ro-bind", tree, tree]
+    lib = str(LIBRARY_ROOT / "trace_lib")
+    cmd += [
+        "--ro-bind", lib, lib,
+        "--ro-bind", str(host_module_dir), BOX_MODULE_DIR,
+        "--proc", "/proc",
+        "--dev", "/dev",  # null, zero, urandom...; its /dev/shm is not the host's
+        "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", BOX_WORKDIR,
+        "--remount-ro", "/dev",  # nothing writable in /dev (so no /dev/shm at all)
+        "--remount-ro", "/",  # the root tmpfs too: the workdir is the only writable place
+        "--chdir", BOX_WORKDIR, "--clearenv",
+    ]
+    for key, value in _child_env(BOX_WORKDIR).items():
+        cmd += ["--setenv", key, value]
+    return [*cmd, "--", exe, "-I", "-S", "-B", *worker_args]
+
+
+def _child_env(home: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LANG": "C.UTF-8",
+    }
 
 
 class SandboxError(RuntimeError):
     """The sandboxed module failed; `kind` says how.
 
     kind: violation | timeout | memory | crashed | error | exit | protocol
+    (protocol abuse and a full disk quota are violations, with an entry in `violations`).
     """
 
     def __init__(self, kind: str, message: str, violations: list[dict] | None = None) -> None:
@@ -80,42 +225,66 @@ class Sandbox:
         self.violations: list[dict] = []
         self.info: dict[str, Any] = {}
         self._buf = b""
+        self._child_pid: int | None = None  # the worker inside bwrap, as the host sees it
+        self._info_fd = -1  # bwrap's --info-fd pipe, read once it has written the pid
 
     # ------------------------------------------------------------------ lifetime
     def start(self) -> dict[str, Any]:
         """Start the worker and load the module; returns its description and layers."""
+        limits = self.limits
+        if limits.unsafe_local and not limits.audit_policy:
+            raise ValueError("unsafe_local without the audit policy would run code unconfined")
+        problem = None if limits.unsafe_local else kernel_sandbox_problem()
+        if problem is not None:
+            raise SandboxUnavailable(
+                f"generated code is not run without a kernel sandbox: {problem}. To run it "
+                "anyway with only the in-process audit hook (no security boundary), pass "
+                "--unsafe-local-sandbox."
+            )
         self.workdir = Path(tempfile.mkdtemp(prefix="trace-sandbox-"))
         (self.workdir / "env_module.py").write_text(self.code, encoding="utf-8")
-        if os.geteuid() == 0:
-            os.chown(self.workdir, NOBODY, NOBODY)
         fd, stderr_name = tempfile.mkstemp(prefix="trace-sandbox-stderr-")
         self.stderr_path = Path(stderr_name)
-        worker_limits = ("cpu_s", "memory_mb", "file_mb", "isolate_network")
-        config = {
-            "workdir": str(self.workdir),
+        worker_limits = ("cpu_s", "memory_mb", "file_mb", "isolate_network", "audit_policy")
+        config: dict[str, Any] = {
             "library_root": str(LIBRARY_ROOT),
-            **{k: v for k, v in asdict(self.limits).items() if k in worker_limits},
+            "site_packages": sysconfig.get_paths()["purelib"],
+            **{k: v for k, v in asdict(limits).items() if k in worker_limits},
         }
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(self.workdir),
-            "TMPDIR": str(self.workdir),
-            "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "LANG": "C.UTF-8",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-s", "-B", str(WORKER), json.dumps(config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=fd,
-            cwd=str(self.workdir),
-            env=env,
-            start_new_session=True,  # its own process group: one killpg ends everything
-            close_fds=True,
-        )
-        os.close(fd)
-        self.info = self._request({"op": "load"}, self.limits.load_timeout_s)
+        pass_fds: tuple[int, ...] = ()
+        info_r = info_w = -1
+        if limits.unsafe_local:
+            if os.geteuid() == 0:
+                os.chown(self.workdir, NOBODY, NOBODY)
+            config.update(workdir=str(self.workdir), module_dir=str(self.workdir),
+                          mode="unsafe-local")
+            argv = [sys.executable, "-s", "-B", str(WORKER), json.dumps(config)]
+            env, cwd = _child_env(str(self.workdir)), str(self.workdir)
+        else:
+            config.update(workdir=BOX_WORKDIR, module_dir=BOX_MODULE_DIR, mode="bwrap")
+            info_r, info_w = os.pipe()
+            pass_fds = (info_w,)
+            argv = bwrap_command(bwrap_path() or "bwrap", self.workdir, limits, info_w,
+                                 [str(WORKER), json.dumps(config)])
+            env, cwd = {"PATH": "/usr/bin:/bin"}, str(self.workdir)
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=fd,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,  # its own process group: one killpg ends everything
+                close_fds=True,
+                pass_fds=pass_fds,
+            )
+        finally:
+            os.close(fd)
+            if info_w >= 0:
+                os.close(info_w)
+        self._info_fd = info_r
+        self.info = self._request({"op": "load"}, limits.load_timeout_s)
         return self.info
 
     def close(self) -> None:
@@ -141,6 +310,9 @@ class Sandbox:
         if self.stderr_path is not None:
             self.stderr_path.unlink(missing_ok=True)
             self.stderr_path = None
+        if self._info_fd >= 0:
+            os.close(self._info_fd)
+            self._info_fd = -1
 
     def __enter__(self) -> Sandbox:
         try:
@@ -180,32 +352,77 @@ class Sandbox:
         except OSError as exc:
             self._fail("crashed", f"could not write to the worker: {exc}")
         deadline = time.monotonic() + timeout_s
+        op = str(req.get("op", "?"))
         while True:
-            line = self._readline(deadline, req.get("op", "?"), timeout_s)
-            try:
-                msg = json.loads(line)
-            except json.JSONDecodeError:
-                self._fail("protocol", f"the worker sent a line that is not JSON: {line[:200]!r}")
+            msg = self._read_message(deadline, op, timeout_s)
             if "violation" in msg:
-                self.violations.append(msg["violation"])
+                violation = msg["violation"]
+                if not isinstance(violation, dict):
+                    violation = {"event": "protocol", "detail": repr(violation)[:300]}
+                self.violations.append(violation)
                 continue  # the response to the request follows
             break
-        if msg.get("ok"):
+        self._check_quota(op)
+        if msg.get("ok") is True:
             if self.violations:
                 # The module caught the refusal and carried on: still a violation.
                 self._fail("violation", self._violation_text())
             return msg.get("result")
-        kind = msg.get("kind", "error")
+        kind = str(msg.get("kind", "error"))
+        error = str(msg.get("error", ""))
         if self.violations or kind == "violation":
-            self._fail("violation", self._violation_text() or msg.get("error", ""))
+            self._fail("violation", self._violation_text() or error)
+        if "No space left on device" in error or "File too large" in error:
+            self._protocol_violation("disk-quota", f"the module hit its disk quota "
+                                     f"({self.limits.disk_mb} MB workdir, {self.limits.file_mb}"
+                                     f" MB per file): {error[-300:]}")
         if kind in ("memory", "exit", "protocol"):
-            self._fail(kind, msg.get("error", ""))
-        raise SandboxError(kind, msg.get("error", ""))
+            self._fail(kind, error)
+        raise SandboxError(kind, error)
+
+    def _read_message(self, deadline: float, op: str, timeout_s: float) -> dict[str, Any]:
+        """One protocol line as a JSON object; anything else is a reported violation."""
+        line = self._readline(deadline, op, timeout_s)
+        try:
+            msg = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            self._protocol_violation("protocol", f"during {op!r} the worker sent a line that is "
+                                     f"not JSON: {line[:200]!r}")
+        if not isinstance(msg, dict):
+            self._protocol_violation("protocol", f"during {op!r} the worker sent "
+                                     f"{type(msg).__name__} where an object belongs: "
+                                     f"{line[:200]!r}")
+        return msg
+
+    def _protocol_violation(self, event: str, detail: str) -> NoReturn:
+        self.violations.append({"event": event, "detail": detail[:300]})
+        self._fail("violation", self._violation_text())
+
+    def _check_quota(self, op: str) -> None:
+        """Seen from outside: a full workdir is a violation even if the module hid the error."""
+        if self._info_fd >= 0:
+            self._child_pid = _read_child_pid(self._info_fd)
+            os.close(self._info_fd)
+            self._info_fd = -1
+        if self._child_pid is None:
+            return
+        try:
+            st = os.statvfs(f"/proc/{self._child_pid}/root{BOX_WORKDIR}")
+        except OSError:
+            return  # the worker is gone; the next request reports that
+        if st.f_bfree * st.f_frsize < 64 * 1024:
+            self._protocol_violation("disk-quota", f"during {op!r} the module filled its "
+                                     f"{self.limits.disk_mb} MB workdir")
 
     def _readline(self, deadline: float, op: str, timeout_s: float) -> str:
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
+        max_bytes = self.limits.max_line_mb * 1024 * 1024
         while b"\n" not in self._buf:
+            if len(self._buf) > max_bytes:
+                self._buf = b""
+                self._protocol_violation("protocol", f"during {op!r} the worker sent a line "
+                                         f"longer than {self.limits.max_line_mb} MB")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._fail("timeout", f"{op!r} took longer than {timeout_s:g}s; worker killed")
@@ -221,9 +438,12 @@ class Sandbox:
                 self._fail(kind, f"the worker died during {op!r}: {why}{self._tail()}")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
+        if len(line) > max_bytes:
+            self._protocol_violation("protocol", f"during {op!r} the worker sent a line "
+                                     f"longer than {self.limits.max_line_mb} MB")
         return line.decode("utf-8", errors="replace")
 
-    def _fail(self, kind: str, message: str) -> None:
+    def _fail(self, kind: str, message: str) -> NoReturn:
         violations = list(self.violations)
         proc = self.proc
         if proc is not None:
@@ -252,9 +472,24 @@ class Sandbox:
         return f"\n--- worker stderr ---\n{text}" if text.strip() else ""
 
 
+def _read_child_pid(fd: int) -> int | None:
+    """bwrap's --info-fd document ({"child-pid": N}), if it wrote one; never blocks."""
+    ready, _, _ = select.select([fd], [], [], 0)
+    if not ready:
+        return None
+    try:
+        data = json.loads(os.read(fd, 65536).decode("utf-8", errors="replace") or "{}")
+        pid = data.get("child-pid") if isinstance(data, dict) else None
+        return int(pid) if isinstance(pid, int) else None
+    except (OSError, ValueError):
+        return None
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "still running"
+    if 128 < code < 128 + 65:
+        code = 128 - code  # bwrap exits with 128+N when its child died of signal N
     if code < 0:
         try:
             name = signal.Signals(-code).name

@@ -8,22 +8,30 @@ or {"ok": false, "error": ..., "kind": ...}). A blocked operation also writes an
 module's state cannot take the report back.
 
 Design decisions
-- Layers, strongest first. (1) Kernel: when started as root the worker enters a fresh
-  network namespace (unshare(CLONE_NEWNET): no interface but a down loopback) and drops to
-  uid/gid `nobody`, so the host's files are protected by permissions, not by goodwill.
-  (2) rlimits: address space, CPU seconds, file size, open files, no core dumps, and
-  RLIMIT_NPROC=0 once unprivileged (no child processes). (3) A `sys.addaudithook` policy:
-  opening, listing, renaming or deleting any path outside the worker's own directory,
-  sockets, process creation (`os.system`, `os.fork`, exec, spawn, `subprocess`), ctypes,
-  signals to other processes, and changing rlimits are refused and reported. (4) The
-  host's wall-clock timeout kills the whole process group. Without root (a CI container)
-  layers 2-4 still hold; the report says which layers were active.
-- Everything the module may import is imported BEFORE the policy is installed (and
-  before privileges drop, because the interpreter lives under a directory `nobody` cannot
-  read). Importing anything else is a violation, so the module's reach is the whitelist.
-  Dangerous modules the host happened to load are dropped from `sys.modules`.
+- Layers, strongest first. (1) Kernel (the host starts this file under bubblewrap): new
+  user, mount, PID, IPC, UTS and network namespaces, uid `nobody`, a read-only root that
+  holds only the interpreter, `trace_lib` and the module's folder, and a size-limited tmpfs
+  workdir. This layer holds even if every layer below is switched off by the module.
+  (2) rlimits: address space, CPU seconds, file size, open files, no core dumps,
+  RLIMIT_NPROC=0. (3) A `sys.addaudithook` policy: opening, listing, renaming or deleting
+  any path outside the workdir and the module's folder, sockets, process creation
+  (`os.system`, `os.fork`, exec, spawn, `subprocess`), ctypes, signals to other processes,
+  changing rlimits, tracing and gc walks are refused and reported. (4) The host's
+  wall-clock timeout kills the whole process group. In unsafe-local mode (no bwrap, asked
+  for explicitly) layer 1 is replaced by uid `nobody` and a network namespace when root,
+  and the report says that there is no kernel boundary.
+- The policy's data lives in the hook's closure (frozensets and a captured workdir string),
+  never in module globals or on the `Worker` object: a module that reaches
+  `sys.modules["__main__"]` or walks frames up to the worker finds nothing to clear, and
+  the functions the hook calls are captured at install time, so patching `os.path` does not
+  move its idea of "inside". It is still Python in the same process; layer 1 is the
+  boundary, this layer is for precise reports.
+- Everything the module may import is imported BEFORE the policy is installed. Importing
+  anything else is a violation, so the module's reach is the whitelist. Dangerous modules
+  the host happened to load are dropped from `sys.modules`.
 - The protocol stream is a private duplicate of fd 1; fd 1 itself is pointed at stderr,
-  so a module that prints cannot corrupt the protocol.
+  so a module that prints cannot corrupt the protocol (the host also rejects any line that
+  is not a JSON object).
 - Tracebacks are formatted without reading source lines: `linecache` would try to open
   files outside the sandbox directory, which the policy (rightly) refuses.
 """
@@ -51,7 +59,7 @@ ALLOWED_LIBRARY = (
     "trace_lib.envs.domains.retail",
     "trace_lib.envs.capabilities",
     "trace_lib.envs.capabilities.task_env",
-    "trace_lib.envs.capabilities.records",
+    "trace_lib.envs.capabilities.instances",
     "trace_lib.envs.capabilities.structured_data_reasoning",
     "trace_lib.envs.capabilities.multi_step_task_completion",
     "trace_lib.envs.capabilities.precondition_verification",
@@ -64,21 +72,29 @@ DROPPED_MODULES = (
     "_ssl", "multiprocessing", "asyncio", "urllib.request", "http.client", "pty", "shutil",
 )
 
-_BLOCKED_EVENTS = {
-    "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
-    "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn",
-    "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "os.startfile",
-    "webbrowser.open", "mmap.__new__", "os.setuid", "os.setgid", "os.chroot",
-}
-_BLOCKED_PREFIXES = ("socket.", "ctypes.", "_ctypes.", "winreg.", "ftplib.", "smtplib.")
-# Events whose first argument is a path: allowed inside the sandbox directory only.
-_PATH_EVENTS = {
-    "open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
-    "os.chmod", "os.chown", "os.link", "os.symlink", "os.truncate", "os.utime", "os.chdir",
-    "os.chflags", "os.setxattr", "os.removexattr", "os.listxattr", "os.getxattr",
-    "glob.glob", "shutil.rmtree", "shutil.copyfile", "shutil.move", "os.walk", "os.fwalk",
-}
-_TWO_PATH_EVENTS = {"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.move"}
+def _policy_tables() -> tuple[frozenset, tuple, frozenset, frozenset]:
+    """The policy's tables, built fresh for the hook's closure (no module-level copy)."""
+    blocked = frozenset({
+        "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
+        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn",
+        "resource.setrlimit", "resource.prlimit", "sys.addaudithook", "os.startfile",
+        "webbrowser.open", "mmap.__new__", "os.setuid", "os.setgid", "os.chroot",
+        "sys.settrace", "sys.setprofile", "gc.get_referrers", "gc.get_referents",
+        "gc.get_objects", "sys._current_frames",
+    })
+    prefixes = ("socket.", "ctypes.", "_ctypes.", "winreg.", "ftplib.", "smtplib.")
+    # Events whose first argument is a path: allowed inside the sandbox folders only.
+    path_events = frozenset({
+        "open", "os.listdir", "os.scandir", "os.remove", "os.rmdir", "os.mkdir", "os.rename",
+        "os.chmod", "os.chown", "os.link", "os.symlink", "os.truncate", "os.utime",
+        "os.chdir", "os.chflags", "os.setxattr", "os.removexattr", "os.listxattr",
+        "os.getxattr", "glob.glob", "shutil.rmtree", "shutil.copyfile", "shutil.move",
+        "os.walk", "os.fwalk",
+    })
+    two_path = frozenset({"os.rename", "os.link", "os.symlink", "shutil.copyfile",
+                          "shutil.move"})
+    return blocked, prefixes, path_events, two_path
+
 
 CLONE_NEWNET = 0x40000000
 NOBODY = 65534
@@ -100,6 +116,9 @@ def _format_exception(exc: BaseException, limit: int = 8) -> str:
 class Worker:
     def __init__(self, config: dict) -> None:
         self.workdir = os.path.realpath(config["workdir"])
+        self.module_path = os.path.join(config.get("module_dir", config["workdir"]),
+                                        "env_module.py")
+        self.bwrap = config.get("mode") == "bwrap"
         self.config = config
         self.layers: list[str] = []
         self.proto = None
@@ -140,6 +159,12 @@ class Worker:
             json.dumps(env.tool_schemas)
 
     def enter_network_namespace(self) -> None:
+        if self.bwrap:
+            # bwrap made every namespace before this process started.
+            self.layers += ["kernel-namespaces(user,mount,pid,ipc,uts,net)",
+                            "read-only-root", "tmpfs-workdir-quota"]
+            return
+        self.layers.append("UNSAFE-no-kernel-boundary")
         if os.geteuid() != 0 or not self.config.get("isolate_network", True):
             return
         import ctypes
@@ -170,7 +195,9 @@ class Worker:
     def drop_privileges(self) -> None:
         import resource
 
-        if os.geteuid() == 0:
+        if self.bwrap:
+            self.layers.append("uid-nobody(user-namespace)")
+        elif os.geteuid() == 0:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
@@ -183,40 +210,60 @@ class Worker:
         for name in DROPPED_MODULES:
             sys.modules.pop(name, None)
 
-    def _inside(self, path: object) -> bool:
-        if isinstance(path, int):
-            return True  # an already-open descriptor: the sandbox can only hold its own
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        if not isinstance(path, str):
-            path = os.fspath(path)  # type: ignore[arg-type]
-        full = os.path.realpath(os.path.join(self.workdir, path))
-        return full == self.workdir or full.startswith(self.workdir + os.sep)
-
     def install_policy(self) -> None:
-        allowed = set(sys.modules)
-        proto = self.proto
+        if not self.config.get("audit_policy", True):
+            return  # tests of the kernel layer only (the host refuses this without bwrap)
+        # Everything the hook uses is bound here, in its closure: nothing on `self` or in
+        # module globals that the sandboxed module could reach and change.
+        allowed = frozenset(sys.modules)
+        blocked, prefixes, path_events, two_path = _policy_tables()
+        workdir = os.path.realpath(self.workdir)
+        module_dir = os.path.realpath(os.path.dirname(self.module_path))
+        writes = (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        proto_write, proto_flush = self.proto.write, self.proto.flush
+        dumps, realpath, join = json.dumps, os.path.realpath, os.path.join
+        fsdecode, fspath, sep = os.fsdecode, os.fspath, os.sep
+        violation = SandboxViolation
+
+        def inside(path: object, reading: bool) -> bool:
+            if isinstance(path, int):
+                return True  # an already-open descriptor: the sandbox can only hold its own
+            if isinstance(path, bytes):
+                path = fsdecode(path)
+            if not isinstance(path, str):
+                path = fspath(path)  # type: ignore[arg-type]
+            full = realpath(join(workdir, path))
+            # The module's own folder is readable; only the workdir is writable.
+            roots = (workdir, module_dir) if reading else (workdir,)
+            return any(full == r or full.startswith(r + sep) for r in roots)
 
         def report(event: str, detail: str) -> None:
             msg = {"violation": {"event": event, "detail": detail[:300]}}
             try:
-                proto.write(json.dumps(msg) + "\n")
-                proto.flush()
+                proto_write(dumps(msg) + "\n")
+                proto_flush()
             except Exception:
                 pass
-            raise SandboxViolation(f"sandbox policy: {event} is not allowed ({detail[:200]})")
+            raise violation(f"sandbox policy: {event} is not allowed ({detail[:200]})")
 
         def hook(event: str, args: tuple) -> None:
-            if event in _BLOCKED_EVENTS or event.startswith(_BLOCKED_PREFIXES):
+            if event in blocked or event.startswith(prefixes):
                 report(event, repr(args)[:300])
             elif event == "import":
                 name = args[0]
                 if name not in allowed:
                     report(event, f"module {name!r} is not on the sandbox whitelist")
-            elif event in _PATH_EVENTS and args:
-                paths = args[:2] if event in _TWO_PATH_EVENTS else args[:1]
+            elif event in path_events and args:
+                paths = args[:2] if event in two_path else args[:1]
+                if event == "open":
+                    mode, flags = (args + (None, 0))[1:3]
+                    reading = not (any(c in str(mode or "") for c in "wax+")
+                                   or int(flags or 0) & writes)
+                else:
+                    reading = event in ("os.listdir", "os.scandir", "glob.glob", "os.walk",
+                                        "os.fwalk", "os.listxattr", "os.getxattr", "os.chdir")
                 for p in paths:
-                    if p is not None and not self._inside(p):
+                    if p is not None and not inside(p, reading):
                         report(event, f"path {p!r} is outside the sandbox directory")
 
         sys.addaudithook(hook)
@@ -241,7 +288,7 @@ class Worker:
         self.proto.flush()
 
     def load(self) -> dict:
-        path = os.path.join(self.workdir, "env_module.py")
+        path = self.module_path
         with open(path, encoding="utf-8") as fh:
             source = fh.read()
         code = compile(source, path, "exec")
@@ -327,9 +374,13 @@ class Worker:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    # sys.path[0] is this file's folder; the library root replaces it so that sibling
-    # modules cannot shadow anything.
-    sys.path[0] = config["library_root"]
+    if config.get("mode") == "bwrap":
+        # `python -I -S`: no script folder, no site; the library and the bound packages only.
+        sys.path[:0] = [config["library_root"], config["site_packages"]]
+    else:
+        # sys.path[0] is this file's folder; the library root replaces it so that sibling
+        # modules cannot shadow anything.
+        sys.path[0] = config["library_root"]
     worker = Worker(config)
     worker.confine()
     worker.serve()

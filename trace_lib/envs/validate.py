@@ -6,7 +6,9 @@ Design decisions
 - Checks and thresholds follow the issue: determinism (same seed -> same instance and the
   same verdict), schema fidelity (every tool is one of the domain's original schemas with
   the same argument names and types), the reference policy solves >= 95% of 50 seeds,
-  trivial policies (do nothing; random valid calls) score <= 10% mean reward, instances
+  trivial policies (do nothing; random valid calls) score <= 10% mean reward, loophole
+  probes (always refuse, echo the request, keyword stuffing, random read then refuse)
+  score <= 5% (a verifier that pays for words instead of work fails here), instances
   differ across seeds, rewards stay in [0, 1]. Each check reports its figure and its
   threshold, so a rejection says by how much.
 - An instance's fingerprint is the sha256 of its system prompt, opening messages, tool
@@ -31,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_lib.envs.policies import make_policy, run_episode
+from trace_lib.envs.policies import TRIVIAL_POLICIES, make_policy, run_episode
 from trace_lib.envs.protocol import Environment
 
 
@@ -41,6 +43,7 @@ class ValidationConfig:
     determinism_seeds: int = 5
     reference_min_pass: float = 0.95
     trivial_max_reward: float = 0.10
+    loophole_max_reward: float = 0.05  # always refuse, echo, keyword stuffing, read+refuse
     distinct_min: float = 0.9  # share of distinct instances among n_seeds
     seed_offset: int = 0
 
@@ -155,7 +158,7 @@ def validate_environment(
     started = time.monotonic()
     checks: dict[str, dict[str, Any]] = {}
     seeds = list(range(cfg.seed_offset, cfg.seed_offset + cfg.n_seeds))
-    total = cfg.determinism_seeds * 2 + cfg.n_seeds * 3
+    total = cfg.determinism_seeds * 2 + cfg.n_seeds * (3 + len(TRIVIAL_POLICIES))
     done = 0
 
     def tick(n: int = 1) -> None:
@@ -218,7 +221,7 @@ def validate_environment(
         # reference, trivial policies, diversity, reward range
         results: dict[str, list[dict[str, Any]]] = {}
         fingerprints = []
-        for policy_name in ("reference", "null", "random"):
+        for policy_name in ("reference", "null", "random", *TRIVIAL_POLICIES):
             runs = []
             policy = make_policy(policy_name, seed=cfg.seed_offset)
             for s in seeds:
@@ -244,6 +247,13 @@ def validate_environment(
                                          "threshold": f"<= {cfg.trivial_max_reward}",
                                          "pass_rate": _mean(float(bool(r.get("passed")))
                                                             for r in results[name])}
+        for name in TRIVIAL_POLICIES:
+            mean = _mean(r["reward"] for r in results[name])
+            checks[f"loophole_{name}"] = {"passed": mean <= cfg.loophole_max_reward,
+                                          "figure": mean,
+                                          "threshold": f"<= {cfg.loophole_max_reward}",
+                                          "pass_rate": _mean(float(bool(r.get("passed")))
+                                                             for r in results[name])}
         distinct = len(set(fingerprints)) / max(1, len(fingerprints))
         checks["distinct_instances"] = {"passed": distinct >= cfg.distinct_min,
                                         "figure": distinct, "threshold": f">= {cfg.distinct_min}"}

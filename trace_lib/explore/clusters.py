@@ -11,7 +11,10 @@ Design decisions
      the agent never called X, "wrong args: X" when it called X with other arguments;
      "(all expected actions made)" when every one was reproduced (the failure lies
      elsewhere: an extra write, a wrong answer), "(no expected actions)" when the
-     benchmark ships none for the task.
+     benchmark ships none for the task. Each side is compared with its own calls: an
+     expected action whose `requestor` is the user (tau2 telecom's device actions) is
+     matched against the user simulator's calls and labelled as the user's
+     ("missing (user): toggle_roaming"), never as a missing agent action.
 - Matching is order-insensitive (positional matching would flag every interleaved read
   as a deviation) and by exact arguments compared as JSON with keys sorted at every depth
   (tau2 files hold the agent's nested keys sorted and the expected actions' as authored).
@@ -68,6 +71,12 @@ def _ensure_udf(con: duckdb.DuckDBPyConnection) -> None:
 
 def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
     _ensure_udf(con)
+    # A store opened read-only is not migrated: older files have no expected requestor.
+    has_req = con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
+        "AND column_name = 'requestor'").fetchone()[0]
+    exp_side = ("CASE WHEN e.requestor = 'user' THEN 'user' ELSE 'assistant' END"
+                if has_req else "'assistant'")
     return f"""
         WITH f AS MATERIALIZED (
             SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
@@ -82,13 +91,14 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
             WHERE c.error IS NOT NULL GROUP BY c.trajectory_id
         ),
         exp0 AS MATERIALIZED (
-            SELECT f.id AS trajectory_id, e.idx, e.name,
+            SELECT f.id AS trajectory_id, e.idx, e.name, {exp_side} AS side,
                    coalesce(json(e.arguments)::VARCHAR, '{{}}') AS args
             FROM f JOIN expected_actions e
               ON e.dataset_id = f.dataset_id AND e.task_id = f.task_id
         ),
         calls0 AS MATERIALIZED (
             SELECT DISTINCT c.trajectory_id, c.name,
+                   CASE WHEN c.requestor = 'user' THEN 'user' ELSE 'assistant' END AS side,
                    coalesce(json(c.arguments)::VARCHAR, '{{}}') AS args
             FROM tool_calls c
             WHERE c.trajectory_id IN (SELECT trajectory_id FROM exp0)
@@ -99,24 +109,26 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
             FROM (SELECT args FROM exp0 UNION SELECT args FROM calls0)
         ),
         exp AS MATERIALIZED (
-            SELECT x.trajectory_id, x.idx, x.name, k.canon
+            SELECT x.trajectory_id, x.idx, x.name, x.side, k.canon
             FROM exp0 x JOIN canon k ON k.args = x.args
         ),
         calls AS MATERIALIZED (
-            SELECT c.trajectory_id, c.name, k.canon
+            SELECT c.trajectory_id, c.name, c.side, k.canon
             FROM calls0 c JOIN canon k ON k.args = c.args
         ),
         exp_status AS MATERIALIZED (
-            SELECT x.trajectory_id, x.idx, x.name,
+            SELECT x.trajectory_id, x.idx, x.name, x.side,
                    coalesce(bool_or(c.canon = x.canon), false) AS exact,
                    count(c.name) > 0 AS named
             FROM exp x LEFT JOIN calls c
-              ON c.trajectory_id = x.trajectory_id AND c.name = x.name
-            GROUP BY x.trajectory_id, x.idx, x.name
+              ON c.trajectory_id = x.trajectory_id AND c.name = x.name AND c.side = x.side
+            GROUP BY x.trajectory_id, x.idx, x.name, x.side
         ),
         dev AS MATERIALIZED (
             SELECT trajectory_id,
-                   arg_min(CASE WHEN named THEN 'wrong args: ' ELSE 'missing: ' END || name,
+                   arg_min(CASE WHEN named THEN 'wrong args' ELSE 'missing' END
+                           || CASE WHEN side = 'user' THEN ' (user)' ELSE '' END
+                           || ': ' || name,
                            idx) FILTER (WHERE NOT exact) AS deviation
             FROM exp_status GROUP BY trajectory_id
         ),

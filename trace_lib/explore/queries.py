@@ -27,8 +27,10 @@ from typing import Any, Literal
 import duckdb
 import pandas as pd
 
-Outcome = Literal["success", "failure", "unknown"]
-OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown")
+# `error`: a run the harness crashed on (trajectories.outcome = 'error', success NULL). It
+# is its own outcome: shown and filterable, never counted in a success rate.
+Outcome = Literal["success", "failure", "unknown", "error"]
+OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown", "error")
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,10 @@ def where_sql(flt: TrajectoryFilter | None, alias: str = "t") -> tuple[str, list
         if "failure" in flt.outcomes:
             parts.append(f"NOT {alias}.success")
         if "unknown" in flt.outcomes:
-            parts.append(f"{alias}.success IS NULL")
+            parts.append(f"({alias}.success IS NULL AND "
+                         f"coalesce({alias}.outcome, '') <> 'error')")
+        if "error" in flt.outcomes:
+            parts.append(f"coalesce({alias}.outcome, '') = 'error'")
         clauses.append("(" + " OR ".join(parts) + ")")
     if flt.tool_error is True:
         clauses.append(f"coalesce({alias}.n_tool_errors, 0) > 0")
@@ -131,7 +136,7 @@ def _df(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pd.DataF
 def _outcome_sql(alias: str = "t") -> str:
     return (
         f"CASE WHEN {alias}.success THEN 'success' WHEN NOT {alias}.success THEN 'failure' "
-        "ELSE 'unknown' END"
+        f"WHEN {alias}.outcome = 'error' THEN 'error' ELSE 'unknown' END"
     )
 
 
@@ -230,7 +235,9 @@ def outcome_summary(
         SELECT count(*) AS n_trajectories,
                count(*) FILTER (WHERE success) AS n_success,
                count(*) FILTER (WHERE NOT success) AS n_failure,
-               count(*) FILTER (WHERE success IS NULL) AS n_unknown,
+               count(*) FILTER (WHERE success IS NULL AND coalesce(outcome, '') <> 'error')
+                   AS n_unknown,
+               count(*) FILTER (WHERE outcome = 'error') AS n_error,
                count(*) FILTER (WHERE success) / nullif(count(success), 0) AS success_rate,
                avg(reward) AS mean_reward,
                count(DISTINCT task_id) AS n_tasks,

@@ -1,6 +1,9 @@
 """Transcripts: load one trajectory, render it as safe HTML, align tool calls.
 
 Design decisions
+- `Call` and `Transcript` are the shared model (`trace_lib.transcript_model`, also what
+  the labelers read); this module loads one with the viewer's extras (each message's
+  `tool_calls` and `is_error`) and renders and aligns it.
 - Trajectory text is untrusted (users, tools and models wrote it). Every piece of it that
   reaches HTML goes through `html.escape(..., quote=True)` in exactly one helper, `_e`;
   the markup around it is ours and static. A message holding `<script>` shows as text.
@@ -11,8 +14,11 @@ Design decisions
   pass on names alone pairs calls of the same tool as "args differ"; what is left is
   "only left" / "only right". Two trials of a task and expected-vs-actual use the same
   function, so the page shows the same vocabulary for both.
-- Expected actions are compared with the agent's own calls only (`requestor` assistant or
-  unknown); tau2 user-side device calls are not the agent's actions.
+- Expected actions are compared side by side: the agent's expected actions with the
+  agent's own calls (`requestor` assistant or unknown), the user's (tau2 telecom:
+  `toggle_roaming`, ...) with the user simulator's calls. User-side rows carry the status
+  with " (user)" (`only left (user)` = the user never made an expected action): a user
+  miss is not the agent's deviation, and it is never hidden either.
 """
 
 from __future__ import annotations
@@ -21,45 +27,14 @@ import difflib
 import html
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
 import pandas as pd
 
 from trace_lib.errors import UserInputError
-
-
-@dataclass
-class Call:
-    name: str
-    arguments: Any = None
-    error: str | None = None
-    message_idx: int | None = None
-    requestor: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}({canonical_json(self.arguments)})"
-
-
-@dataclass
-class Transcript:
-    trajectory: dict[str, Any]
-    messages: list[dict[str, Any]]  # idx, role, content, name, tool_call_id, tool_calls
-    expected: list[Call] = field(default_factory=list)
-
-    @property
-    def id(self) -> str:
-        return str(self.trajectory["id"])
-
-    def agent_calls(self) -> list[Call]:
-        return [
-            c
-            for m in self.messages
-            for c in m["tool_calls"]
-            if c.requestor in (None, "assistant", "agent")
-        ]
+from trace_lib.transcript_model import Call, Transcript, canonical_json
 
 
 @dataclass(frozen=True)
@@ -67,15 +42,6 @@ class AlignedRow:
     status: str  # same | args differ | only left | only right
     left: Call | None
     right: Call | None
-
-
-def canonical_json(value: Any) -> str:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return value
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _loads(value: Any) -> Any:
@@ -115,7 +81,8 @@ def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Trans
     errors_by_call_id: dict[str, str] = {}
     for midx, name, args, err, req, call_id in calls:
         by_msg.setdefault(midx, []).append(
-            Call(name=name, arguments=_loads(args), error=err, message_idx=midx, requestor=req)
+            Call(name=name, arguments=_loads(args), error=err, message_idx=midx, requestor=req,
+                 call_id=call_id)
         )
         if err is not None and call_id:
             errors_by_call_id[call_id] = err
@@ -136,15 +103,17 @@ def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Trans
         }
         for idx, role, content, name, tcid, turn in msgs
     ]
+    requestor = "requestor" if _has_column(con, "expected_actions", "requestor") else "NULL"
     expected = [
-        Call(name=n, arguments=_loads(a))
-        for n, a in con.execute(
-            "SELECT name, arguments FROM expected_actions WHERE dataset_id = ? AND task_id = ? "
-            "ORDER BY idx",
+        Call(name=n, arguments=_loads(a), requestor=r)
+        for n, a, r in con.execute(
+            f"SELECT name, arguments, {requestor} FROM expected_actions "
+            "WHERE dataset_id = ? AND task_id = ? ORDER BY idx",
             [traj["dataset_id"], traj["task_id"]],
         ).fetchall()
     ]
-    return Transcript(trajectory=traj, messages=messages, expected=expected)
+    return Transcript(trajectory=traj, messages=messages,
+                      calls=[c for cs in by_msg.values() for c in cs], expected=expected)
 
 
 def contrast_pair(
@@ -210,8 +179,21 @@ def _align_by_name(left: list[Call], right: list[Call]) -> list[AlignedRow]:
 
 
 def expected_vs_actual(t: Transcript) -> list[AlignedRow]:
-    """Expected actions (left) aligned with the agent's calls (right)."""
-    return align_calls(t.expected, t.agent_calls())
+    """Expected actions (left) aligned with the calls of the same side (right): the agent's
+    first, then the user's (their statuses end in " (user)")."""
+    agent, user = t.expected_agent, t.expected_user
+    rows = align_calls(agent, t.agent_calls())
+    if user:
+        rows += [AlignedRow(f"{r.status} (user)", r.left, r.right)
+                 for r in align_calls(user, t.user_calls())]
+    return rows
+
+
+def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    # A store opened read-only is not migrated: an older file may lack a newer column.
+    return bool(con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? "
+        "AND column_name = ?", [table, column]).fetchone()[0])
 
 
 def alignment_frame(rows: list[AlignedRow], left: str = "left", right: str = "right"
@@ -325,7 +307,8 @@ def render_alignment_html(rows: list[AlignedRow], left: str, right: str) -> str:
         f"<th>{_e(left)}</th><th>{_e(right)}</th></tr>"
     )
     body = "".join(
-        f'<tr style="{_STATUS_STYLE.get(r.status, "")};border-top:1px solid #e5e7eb">'
+        f'<tr style="{_STATUS_STYLE.get(r.status.removesuffix(" (user)"), "")};'
+        f'border-top:1px solid #e5e7eb">'
         f'<td style="vertical-align:top;white-space:nowrap">{_e(r.status)}</td>'
         f"{cell(r.left)}{cell(r.right)}</tr>"
         for r in rows

@@ -10,8 +10,10 @@ Design decisions
   (`{id, type, function: {name, arguments: JSON string}}`) or the flat one
   (`{id, name, arguments: object}`); both normalise to the same ToolCall. Content may be a
   string, null, or a list of content parts (text parts joined).
-- At least one of `reward` (number) and `success` (boolean) is required: a trajectory
-  without an outcome cannot be ranked, so it is an error, not an unknown.
+- `reward` (number) and `success` (boolean) give the outcome. A record with neither (an
+  SFT file, raw rollouts) imports with outcome `unknown` and is left out of rankings;
+  `require_outcome=True` (`--require-outcome`) refuses it instead. `"outcome": "error"`
+  marks a run the harness crashed on (kept, excluded from success rates).
 - A tool message's `error` field (a string, or `true` meaning "the content is the error")
   marks a failed call; without it, content starting with "Error:" does (tau-bench/tau2's
   convention).
@@ -26,12 +28,13 @@ Design decisions
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
-from trace_lib.ingest.records import (
+from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
     Skipped,
@@ -39,11 +42,15 @@ from trace_lib.ingest.records import (
     assemble,
     check_role,
     check_type,
+    error_outcome,
     field,
+    id_field,
     infer_termination,
+    int32_field,
     opt_field,
+    outcome_fields,
     parse_arguments,
-    success_from,
+    reward_value,
     text_content,
 )
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
@@ -114,23 +121,29 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
 
 
 def parse_record(
-    raw: Any, record: int
+    raw: Any, record: int, ctx: ParseContext | None = None
 ) -> tuple[Trajectory, list[ExpectedAction] | None, list[dict[str, Any]]]:
+    ctx = ctx or ParseContext()
     rec = as_object(raw, record, "")
-    reward = opt_field(rec, "reward", (int, float), record)
+    reward = reward_value(rec, "reward", record)
     success = opt_field(rec, "success", (bool,), record)
-    if reward is None and success is None:
+    declared = opt_field(rec, "outcome", (str,), record)
+    if declared is not None and declared not in ("success", "failure", "unknown", "error"):
+        raise RecordError(record, "outcome",
+                          f"expected one of success/failure/unknown/error, got {declared!r}")
+    if reward is None and success is None and declared != "error" and ctx.require_outcome:
         raise RecordError(
             record,
             "reward",
-            "missing outcome; expected 'reward' (a number) or 'success' (a boolean)",
+            "missing outcome; expected 'reward' (a number) or 'success' (a boolean) "
+            "(--require-outcome)",
         )
     messages_raw = field(rec, "messages", (list,), record)
     if not messages_raw:
         raise RecordError(record, "messages", "empty; expected at least one message")
     messages = _messages(messages_raw, record)
-    source_id = opt_field(rec, "id", (str, int), record)
-    task_id = opt_field(rec, "task_id", (str, int), record)
+    source_id = id_field(rec, "id", record)
+    task_id = id_field(rec, "task_id", record)
     termination = opt_field(rec, "termination", (str,), record) or infer_termination(messages)
     expected = None
     if rec.get("expected_actions") is not None:
@@ -159,20 +172,33 @@ def parse_record(
                 f"tools[{k}].function.name",
                 "expected an OpenAI function tool {type: function, function: {name, ...}}",
             )
+    meta = {"source_format": "openai_jsonl", **(opt_field(rec, "meta", (dict,), record) or {})}
+    if declared == "error":
+        outcome = error_outcome(meta, str(meta.get("error") or "outcome: error"), reward)
+    else:
+        outcome = outcome_fields(reward, success, record, ctx.reward_range)
+        if declared is not None and declared != ("unknown" if outcome["success"] is None else
+                                                 "success" if outcome["success"] else "failure"):
+            raise RecordError(record, "outcome",
+                              f"{declared!r} disagrees with reward/success of the record")
     traj = assemble(
         messages,
         record,
-        source_id=None if source_id is None else str(source_id),
-        task_id=None if task_id is None else str(task_id),
-        trial=opt_field(rec, "trial", (int,), record),
+        source_id=source_id,
+        task_id=task_id,
+        trial=int32_field(rec, "trial", record),
         agent_model=opt_field(rec, "agent_model", (str,), record),
         domain=opt_field(rec, "domain", (str,), record),
-        reward=None if reward is None else float(reward),
-        success=success_from(None if reward is None else float(reward), success),
         termination=termination,
-        meta={"source_format": "openai_jsonl", **(opt_field(rec, "meta", (dict,), record) or {})},
+        meta=meta,
+        **outcome,
     )
     return traj, expected, tools
+
+
+def _is_tau2_simulation(item: Any) -> bool:
+    return isinstance(item, dict) and "messages" in item and (
+        "reward_info" in item or "termination_reason" in item)
 
 
 class OpenAIJsonlImporter:
@@ -185,22 +211,31 @@ class OpenAIJsonlImporter:
 
     def matches(self, doc: Any) -> bool:
         if isinstance(doc, dict):
-            return "messages" in doc
+            return "messages" in doc and not _is_tau2_simulation(doc)
         return (
             isinstance(doc, list)
             and bool(doc)
             and isinstance(doc[0], dict)
             and "messages" in doc[0]
+            and not _is_tau2_simulation(doc[0])
         )
+
+    def why_not(self, doc: Any) -> str:
+        first = doc[0] if isinstance(doc, list) and doc else doc
+        if not isinstance(first, dict):
+            return "not one JSON object per line (nor a list of objects)"
+        if "messages" not in first:
+            return "the first record has no 'messages'"
+        return "the records carry tau2's reward_info/termination_reason (a tau2 simulation)"
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "")
         schemas: dict[tuple[str, str], ToolSchema] = {}
 
-        def take(record: int, raw: Any, line: int | None) -> None:
+        def take(record: int, raw: Any, line: int | None) -> Trajectory | None:
             out.n_records += 1
             try:
-                traj, expected, tools = parse_record(raw, record)
+                traj, expected, tools = parse_record(raw, record, ctx)
                 if expected is not None:
                     out.add_expected(str(traj.task_id), expected, record)
             except RecordError as exc:
@@ -208,34 +243,38 @@ class OpenAIJsonlImporter:
                 if not ctx.skip_invalid:
                     raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
                 out.skipped.append(Skipped(src.name, record, str(exc)))
-                return
+                return None
             domain = traj.domain or DEFAULT_DOMAIN
             for tool in tools:
                 name = tool["function"]["name"]
-                schemas.setdefault(
-                    (domain, name),
-                    ToolSchema(domain=domain, name=name, schema=tool, source="given"),
-                )
-            out.trajectories.append(traj)
+                if (domain, name) not in schemas:
+                    schemas[(domain, name)] = ToolSchema(
+                        domain=domain, name=name, schema=tool, source="given")
+                    out.given_schemas.append(schemas[(domain, name)])
+            return traj
 
-        if doc is not None:
-            items = doc if isinstance(doc, list) else [doc]
-            for i, raw in enumerate(items):
-                take(i, raw, None)
-        else:
-            digest = hashlib.sha256()
-            for line in iter_jsonl(src, ctx.limits, digest, ctx.progress):
-                if line.error is not None:
-                    if not ctx.skip_invalid:
-                        raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
-                    out.n_records += 1
-                    out.skipped.append(Skipped(src.name, line.record, str(line.error)))
-                    continue
-                take(line.record, line.value, line.record + 1)
-            out.sha256 = digest.hexdigest()
-        if out.n_records == 0:
-            raise UserInputError(f"{src.name}: no records; expected one JSON object per line")
-        out.given_schemas = list(schemas.values())
+        def records() -> Iterator[Trajectory]:
+            if doc is not None:
+                for i, raw in enumerate(doc if isinstance(doc, list) else [doc]):
+                    traj = take(i, raw, None)
+                    if traj is not None:
+                        yield traj
+            else:
+                digest = hashlib.sha256()
+                for line in iter_jsonl(src, ctx.limits, digest, ctx.progress):
+                    if line.error is not None:
+                        if not ctx.skip_invalid:
+                            raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
+                        out.n_records += 1
+                        out.skipped.append(Skipped(src.name, line.record, str(line.error)))
+                        continue
+                    traj = take(line.record, line.value, line.record + 1)
+                    if traj is not None:
+                        yield traj
+            if out.n_records == 0:
+                raise UserInputError(f"{src.name}: no records; expected one JSON object per line")
+
+        out.records = records()
         return out
 
 

@@ -1,40 +1,48 @@
 """`ingest_paths` / `ingest_bytes` / `store_stats`: the library calls behind the CLI and the page.
 
 Design decisions
-- Two phases. First every file is read, detected and normalised in memory; only when all
-  of them parsed (or, with `skip_invalid`, their bad records were set aside) does one
-  `store.transaction` write them all. A bad record or file therefore imports nothing,
-  across all paths of one call, and the database is never touched by a failed import.
+- Streaming, all or nothing. Each file is parsed record by record and written in Arrow
+  batches (writer.py) inside ONE transaction over every path of the call: memory is one
+  batch, not the file, and a bad record anywhere (file 3, record 900k) rolls everything
+  back. The store is opened at the first batch, so a file that fails early never opens it,
+  and a store this call created is deleted again when the import fails.
 - `--skip-invalid` skips bad *records* (and one-record SWE-agent files); a file that
   cannot be read at all (not UTF-8, truncated JSON document, empty, a directory, unknown
   format) still stops the import: skipping it silently would hide a whole dataset.
 - The report counts what this call added: `trajectories` = new rows, split into
-  `successes` / `failures` / `unknown`; `duplicates` = records already in the store (or
-  repeated in this import); `skipped` lists each skipped record with its reason.
+  `successes` / `failures` / `unknown` / `errors` (runs the harness crashed on);
+  `duplicates` = records already in the store (or repeated in this import); `skipped`
+  lists each skipped record with its reason; `notes` says what was inferred (a domain from
+  the policy text, a model from the file name); `warnings` what looks wrong but imported.
+- Overrides: `domain` / `agent_model` replace what a file says or what was inferred, for
+  every record (and the domain of the file's given tool schemas).
 - The cyclic garbage collector is paused during an import: parsing allocates millions of
-  small objects that all stay alive until the write, so every collection would re-scan
-  them for nothing (it halved parse time in bench/ingest.py). It is re-enabled when the
-  import ends, whatever happens; the parsed objects are acyclic and freed by refcount.
-- `progress`: True shows a tqdm bar on stderr (bytes read, then a write step); a callable
-  gets (fraction in [0, 1], text) — the Streamlit page passes one that drives st.progress.
+  small acyclic objects, so every collection would re-scan them for nothing. It is
+  re-enabled when the import ends, whatever happens.
+- `progress`: True shows a tqdm bar on stderr (bytes read); a callable gets (fraction in
+  [0, 1], text) — the Streamlit page passes one that drives st.progress.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from trace_lib import store
+from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, load
-from trace_lib.ingest.records import ParsedFile, Skipped, SuccessMap
+from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
 from trace_lib.ingest.source import IngestLimits, Source
 from trace_lib.ingest.swe_agent import load_success_file
-from trace_lib.ingest.writer import FileResult, write_files
+from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
 
 ProgressFn = Callable[[float, str], None]
 
@@ -47,10 +55,26 @@ class IngestReport:
     successes: int = 0
     failures: int = 0
     unknown: int = 0
+    errors: int = 0
     duplicates: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     datasets: list[dict[str, Any]] = field(default_factory=list)
     formats: dict[str, str] = field(default_factory=dict)  # file -> detected/chosen format
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, f: ParsedFile, r: FileResult) -> None:
+        self.formats[f.name] = f.format
+        self.skipped.extend(f.skipped)
+        self.notes.extend(f.notes)
+        self.warnings.extend(r.warnings)
+        self.duplicates += r.duplicates
+        self.datasets.append(r.to_json())
+        self.trajectories += r.new
+        self.successes += r.successes
+        self.failures += r.failures
+        self.unknown += r.unknown
+        self.errors += r.errors
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,30 +82,36 @@ class IngestReport:
             "successes": self.successes,
             "failures": self.failures,
             "unknown": self.unknown,
+            "errors": self.errors,
             "duplicates": self.duplicates,
             "skipped": [s.to_json() for s in self.skipped],
             "datasets": self.datasets,
             "formats": self.formats,
+            "notes": self.notes,
+            "warnings": self.warnings,
         }
 
     def summary(self) -> str:
         lines = [
             f"imported {self.trajectories} trajectories ({self.successes} successes, "
-            f"{self.failures} failures, {self.unknown} unknown); {self.duplicates} duplicates, "
-            f"{len(self.skipped)} skipped"
+            f"{self.failures} failures, {self.unknown} unknown, {self.errors} errors); "
+            f"{self.duplicates} duplicates, {len(self.skipped)} skipped"
         ]
         for d in self.datasets:
+            target = f"dataset {d['id']}" if d["id"] else "no dataset (every record skipped)"
             lines.append(
                 f"  {d['name']}: {d['format']}, {d['records']} records, "
-                f"{d['trajectories']} new, {d['duplicates']} duplicates -> dataset {d['id']}"
+                f"{d['trajectories']} new, {d['duplicates']} duplicates -> {target}"
             )
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  warning: {w}" for w in self.warnings]
         for s in self.skipped:
             lines.append(f"  skipped {s.file} record {s.record}: {s.reason}")
         return "\n".join(lines)
 
 
 class _Progress:
-    """Bytes read drive the first 90%; writing is the last step."""
+    """Bytes read drive the bar; the last step is the commit."""
 
     def __init__(self, progress: bool | ProgressFn, total: int):
         self.total = max(total, 1)
@@ -91,7 +121,7 @@ class _Progress:
         if progress is True:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading", leave=False)
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="importing", leave=False)
         elif callable(progress):
             self.fn = progress
 
@@ -100,13 +130,13 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(n)
         if self.fn is not None:
-            self.fn(min(0.9, 0.9 * self.done / self.total), f"reading {self.done / 1e6:.1f} MB")
+            self.fn(min(0.95, 0.95 * self.done / self.total), f"read {self.done / 1e6:.1f} MB")
 
     def step(self, text: str) -> None:
         if self.bar is not None:
             self.bar.set_description(text)
         if self.fn is not None:
-            self.fn(0.9, text)
+            self.fn(0.95, text)
 
     def close(self, text: str = "done") -> None:
         if self.bar is not None:
@@ -115,36 +145,104 @@ class _Progress:
             self.fn(1.0, text)
 
 
-def _ingest(
-    sources: list[Source],
-    *,
-    db: str | Path | None,
-    fmt: str,
-    skip_invalid: bool,
-    success: SuccessMap | None,
-    progress: bool | ProgressFn,
-    limits: IngestLimits | None,
-) -> IngestReport:
+class _Store:
+    """The store, opened on first use inside one transaction; `abort` removes a file that
+    this import created."""
+
+    def __init__(self, db: str | Path | None, memory_bytes: int):
+        self.db = db
+        self.memory_bytes = memory_bytes
+        self.path = store.resolve_db_path(db)
+        self.existed = self.path.exists()
+        self.con: duckdb.DuckDBPyConnection | None = None
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        if self.con is None:
+            self.con = store.open_connection(self.db)
+            # Bounded: the transaction's uncommitted rows spill to disk (see IngestLimits).
+            self.con.execute(f"SET memory_limit = '{max(self.memory_bytes >> 20, 64)}MiB'")
+            self.con.execute("BEGIN TRANSACTION")
+        return self.con
+
+    def commit(self) -> None:
+        if self.con is not None:
+            self.con.execute("COMMIT")
+            self.con.close()
+            self.con = None
+
+    def abort(self) -> None:
+        if self.con is not None:
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("ROLLBACK")
+            self.con.close()
+            self.con = None
+        if not self.existed:
+            for p in (self.path, self.path.with_name(self.path.name + ".wal")):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+
+
+def _file_sha256(src: Source) -> str:
+    digest = hashlib.sha256()
+    for chunk in src.chunks():
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _overridden(records: Iterator[Trajectory], ctx: ParseContext) -> Iterator[Trajectory]:
+    for t in records:
+        if ctx.domain is not None:
+            t.domain = ctx.domain
+        if ctx.agent_model is not None:
+            t.agent_model = ctx.agent_model
+        yield t
+
+
+def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
+    parsed = load(src, fmt, ctx)
+    if not parsed.sha256:
+        # Streaming importers learn the file's hash only at its end, but every row names
+        # its dataset: hash the file first (a fast pass, ~2% of the import's CPU).
+        parsed.sha256 = _file_sha256(src)
+    if ctx.domain is not None or ctx.agent_model is not None:
+        parsed.records = _overridden(parsed.records, ctx)
+        if ctx.domain is not None:
+            for s in parsed.given_schemas:
+                s.domain = ctx.domain
+    return parsed
+
+
+def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: SuccessMap | None,
+            progress: bool | ProgressFn, ctx: ParseContext, batch_size: int) -> IngestReport:
     if not sources:
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
-    ctx = ParseContext(
-        limits=limits or IngestLimits(),
-        skip_invalid=skip_invalid,
-        success=success,
-        progress=bar.read if (bar.bar or bar.fn) else None,
-    )
-    parsed: list[ParsedFile] = []
+    ctx.success = success
+    ctx.progress = bar.read if (bar.bar or bar.fn) else None
+    report = IngestReport()
+    target = _Store(db, ctx.limits.store_memory_bytes)
     with _gc_paused():
         try:
+            writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size)
             for src in sources:
-                parsed.append(load(src, fmt, ctx))
-            bar.step("writing")
-            with store.connect(db) as con, store.transaction(con):
-                results = write_files(con, parsed, {s.name: s.origin for s in sources})
+                parsed = _prepare(src, fmt, ctx)
+                report.add(parsed, writer.write_file(parsed))
+            bar.step("committing")
+            writer.finish()
+            target.commit()
+        except duckdb.OutOfMemoryException as exc:
+            target.abort()
+            raise UserInputError(
+                f"the import needs more than the {ctx.limits.store_memory_bytes >> 20} MiB of "
+                f"database memory it may use (IngestLimits.store_memory_bytes): {exc}. Import "
+                f"the files in several calls, or raise the limit"
+            ) from None
+        except BaseException:
+            target.abort()
+            raise
         finally:
             bar.close()
-        return _report(parsed, results)
+    return report
 
 
 @contextlib.contextmanager
@@ -158,22 +256,38 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _report(parsed: list[ParsedFile], results: list[FileResult]) -> IngestReport:
-    report = IngestReport()
-    for f, r in zip(parsed, results, strict=True):
-        report.formats[f.name] = f.format
-        report.skipped.extend(f.skipped)
-        report.duplicates += r.duplicates
-        report.datasets.append(r.to_json())
-        for t in r.new:
-            report.trajectories += 1
-            if t.success is True:
-                report.successes += 1
-            elif t.success is False:
-                report.failures += 1
-            else:
-                report.unknown += 1
-    return report
+def parse_reward_range(value: str | tuple[float, float] | None) -> tuple[float, float]:
+    """`"LO,HI"` (the CLI's --reward-range) or a pair -> (lo, hi); None is [0, 1]."""
+    if value is None:
+        return DEFAULT_REWARD_RANGE
+    if isinstance(value, str):
+        parts = value.split(",")
+        try:
+            lo, hi = (float(p) for p in parts)
+        except ValueError:
+            raise UserInputError(
+                f"--reward-range {value!r}: expected two numbers LO,HI (e.g. 0,10)"
+            ) from None
+    else:
+        lo, hi = (float(v) for v in value)
+    if not lo < hi:
+        raise UserInputError(f"reward range [{lo:g}, {hi:g}]: expected LO < HI")
+    return lo, hi
+
+
+def _context(skip_invalid: bool, limits: IngestLimits | None, reward_range: Any,
+             require_outcome: bool, domain: str | None, agent_model: str | None) -> ParseContext:
+    for name, value in (("domain", domain), ("agent model", agent_model)):
+        if value is not None and not value.strip():
+            raise UserInputError(f"{name} override: expected a non-empty name")
+    return ParseContext(
+        limits=limits or IngestLimits(),
+        skip_invalid=skip_invalid,
+        reward_range=parse_reward_range(reward_range),
+        require_outcome=require_outcome,
+        domain=domain.strip() if domain else None,
+        agent_model=agent_model.strip() if agent_model else None,
+    )
 
 
 def ingest_paths(
@@ -185,21 +299,20 @@ def ingest_paths(
     success_file: str | Path | None = None,
     progress: bool | ProgressFn = False,
     limits: IngestLimits | None = None,
+    reward_range: str | tuple[float, float] | None = None,
+    require_outcome: bool = False,
+    domain: str | None = None,
+    agent_model: str | None = None,
+    batch_size: int = BATCH_SIZE,
 ) -> IngestReport:
     """Import trajectory files into the store, all or nothing. Raises UserInputError."""
     if isinstance(paths, str | Path):
         paths = [paths]  # one path given bare: never iterate over its characters
+    ctx = _context(skip_invalid, limits, reward_range, require_outcome, domain, agent_model)
     sources = [Source.from_path(p) for p in paths]
     success = load_success_file(success_file) if success_file else None
-    return _ingest(
-        sources,
-        db=db,
-        fmt=fmt,
-        skip_invalid=skip_invalid,
-        success=success,
-        progress=progress,
-        limits=limits,
-    )
+    return _ingest(sources, db=db, fmt=fmt, success=success, progress=progress, ctx=ctx,
+                   batch_size=batch_size)
 
 
 def ingest_bytes(
@@ -211,17 +324,15 @@ def ingest_bytes(
     skip_invalid: bool = False,
     progress: bool | ProgressFn = False,
     limits: IngestLimits | None = None,
+    reward_range: str | tuple[float, float] | None = None,
+    require_outcome: bool = False,
+    domain: str | None = None,
+    agent_model: str | None = None,
 ) -> IngestReport:
     """Import one uploaded file (the Streamlit upload widget). `name` gives the suffix."""
-    return _ingest(
-        [Source(name=name, data=data)],
-        db=db,
-        fmt=fmt,
-        skip_invalid=skip_invalid,
-        success=None,
-        progress=progress,
-        limits=limits,
-    )
+    ctx = _context(skip_invalid, limits, reward_range, require_outcome, domain, agent_model)
+    return _ingest([Source(name=name, data=data)], db=db, fmt=fmt, success=None,
+                   progress=progress, ctx=ctx, batch_size=BATCH_SIZE)
 
 
 def store_stats(db: str | Path | None = None) -> dict[str, Any]:
@@ -234,6 +345,7 @@ def store_stats(db: str | Path | None = None) -> dict[str, Any]:
             "successes": 0,
             "failures": 0,
             "unknown": 0,
+            "errors": 0,
             "messages": 0,
             "tool_calls": 0,
             "tool_errors": 0,
@@ -244,9 +356,10 @@ def store_stats(db: str | Path | None = None) -> dict[str, Any]:
             "domains": {},
         }
     with store.connect(db, read_only=True) as con:
-        n, succ, fail, unk = con.execute(
+        n, succ, fail, unk, err = con.execute(
             "SELECT count(*), count(*) FILTER (success), count(*) FILTER (NOT success), "
-            "count(*) FILTER (success IS NULL) FROM trajectories"
+            "count(*) FILTER (success IS NULL AND coalesce(outcome, '') <> 'error'), "
+            "count(*) FILTER (outcome = 'error') FROM trajectories"
         ).fetchone()
         n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
         n_calls, n_err = con.execute("SELECT count(*), count(error) FROM tool_calls").fetchone()
@@ -288,6 +401,7 @@ def store_stats(db: str | Path | None = None) -> dict[str, Any]:
         "successes": succ,
         "failures": fail,
         "unknown": unk,
+        "errors": err,
         "messages": n_msgs,
         "tool_calls": n_calls,
         "tool_errors": n_err,

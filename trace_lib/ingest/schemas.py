@@ -114,23 +114,43 @@ class _Observed:
         }
 
 
+class SchemaObserver:
+    """Observed calls per (domain, tool), fed one trajectory at a time (the writer streams
+    batches, so inference cannot wait for a list of every trajectory)."""
+
+    def __init__(self) -> None:
+        self.observed: dict[tuple[str, str], _Observed] = {}
+
+    def add(self, traj: Trajectory) -> None:
+        domain = traj.domain or DEFAULT_DOMAIN
+        observed = self.observed
+        for m in traj.messages:
+            for call in m.tool_calls:
+                key = (domain, call.name)
+                obs = observed.get(key)
+                if obs is None:
+                    obs = observed[key] = _Observed()
+                obs.add(call.arguments)
+
+    def schemas(
+        self, skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()
+    ) -> list[ToolSchema]:
+        return [
+            ToolSchema(domain=domain, name=name, schema=obs.schema(name), source="inferred")
+            for (domain, name), obs in sorted(self.observed.items())
+            if (domain, name) not in skip
+        ]
+
+
 def infer_schemas(
     trajectories: Iterable[Trajectory],
     skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset(),
 ) -> list[ToolSchema]:
     """Schemas for every (domain, tool) called in `trajectories`, except those in `skip`."""
-    observed: dict[tuple[str, str], _Observed] = {}
+    observer = SchemaObserver()
     for traj in trajectories:
-        domain = traj.domain or DEFAULT_DOMAIN
-        for m in traj.messages:
-            for call in m.tool_calls:
-                key = (domain, call.name)
-                if key not in skip:
-                    observed.setdefault(key, _Observed()).add(call.arguments)
-    return [
-        ToolSchema(domain=domain, name=name, schema=obs.schema(name), source="inferred")
-        for (domain, name), obs in sorted(observed.items())
-    ]
+        observer.add(traj)
+    return observer.schemas(skip)
 
 
 def merge_inferred(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -14,13 +14,24 @@ Design decisions
   and line, never replaced silently: `errors="replace"` would change the content hash.
 - Every error is a `UserInputError` whose message starts with the file name; a record-level
   problem is a `RecordError` that the importer may turn into a skipped record.
+- Compressed input is read transparently: a name ending in `.gz` is decompressed as it
+  streams (users keep their logs compressed), and the suffix that decides the format is
+  the one under `.gz` (`runs.jsonl.gz` is JSONL). The hash and every limit apply to the
+  decompressed bytes, so a `.json` and its `.json.gz` are the same dataset.
+- `json.loads` failures that are not syntax errors are still the file's fault, never a
+  traceback: nesting deeper than the parser's recursion limit (`RecursionError`) and
+  integers over Python's 4300-digit conversion limit (`ValueError`) are reported as such.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
+import re
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +48,13 @@ _BOM = b"\xef\xbb\xbf"
 class IngestLimits:
     """Bounds on what one import may read. Override for tests or unusually large files."""
 
-    max_record_bytes: int = 64 * MiB  # one JSONL line
+    max_record_bytes: int = 64 * MiB  # one JSONL line, or one record of a .json list
     max_document_bytes: int = 512 * MiB  # one whole-document file (parsed in memory)
+    # DuckDB's memory during the import's one transaction. Without a limit DuckDB keeps
+    # every uncommitted row in memory (~100 MiB per 100k trajectories); with it, it spills
+    # them to a temporary file next to the store. Its indexes stay in memory (~31 MiB per
+    # 100k trajectories), so an import of ~2M trajectories in one call needs more.
+    store_memory_bytes: int = 768 * MiB
 
 
 def human_size(n: int) -> str:
@@ -72,6 +88,19 @@ class Source:
     def from_path(cls, path: str | Path) -> Source:
         p = Path(path).expanduser()
         if not p.exists():
+            if p.is_symlink():
+                try:
+                    p.resolve(strict=True)
+                except RuntimeError:  # Python 3.11 reports a loop this way
+                    raise UserInputError(
+                        f"{p}: symbolic link loop; expected a link that ends at a file"
+                    ) from None
+                except OSError as exc:
+                    if "loop" in str(exc).lower() or getattr(exc, "errno", None) == 40:
+                        raise UserInputError(
+                            f"{p}: symbolic link loop; expected a link that ends at a file"
+                        ) from None
+                raise UserInputError(f"{p}: broken symbolic link (its target does not exist)")
             raise UserInputError(f"{p}: no such file")
         if p.is_dir():
             raise UserInputError(
@@ -88,30 +117,66 @@ class Source:
         return str(self.path.resolve()) if self.path is not None else f"upload:{self.name}"
 
     @property
+    def compressed(self) -> bool:
+        return self.name.lower().endswith(".gz")
+
+    @property
     def suffix(self) -> str:
-        return Path(self.name).suffix.lower()
+        """The format suffix, under any `.gz` (`a.jsonl.gz` -> `.jsonl`)."""
+        name = self.name[:-3] if self.compressed else self.name
+        return Path(name).suffix.lower()
+
+    @property
+    def stem_name(self) -> str:
+        """The file name without `.gz` (for names that carry meaning: `<model>-<domain>`)."""
+        return self.name[:-3] if self.compressed else self.name
 
     def size(self) -> int:
+        """Bytes on disk (compressed size for .gz): what progress counts."""
         if self.data is not None:
             return len(self.data)
         assert self.path is not None
         return self.path.stat().st_size
 
-    def head(self, n: int = _CHUNK) -> bytes:
+    def _raw(self) -> io.BufferedIOBase:
         if self.data is not None:
-            return self.data[:n]
+            return io.BytesIO(self.data)
         assert self.path is not None
-        with open(self.path, "rb") as fh:
-            return fh.read(n)
+        return open(self.path, "rb")
+
+    def _open(self) -> io.BufferedIOBase:
+        raw = self._raw()
+        return gzip.GzipFile(fileobj=raw, mode="rb") if self.compressed else raw
+
+    def head(self, n: int = _CHUNK) -> bytes:
+        if self.data is not None and not self.compressed:
+            return self.data[:n]
+        with self._open() as fh:
+            try:
+                return fh.read(n)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise self._gzip_error(exc) from None
+
+    def _gzip_error(self, exc: BaseException) -> UserInputError:
+        return UserInputError(
+            f"{self.name}: not a readable gzip file ({exc}); expected gzip-compressed JSON or "
+            f"JSONL (or drop the .gz suffix if the file is not compressed)"
+        )
 
     def chunks(self, size: int = _CHUNK) -> Iterator[bytes]:
-        if self.data is not None:
+        """Decompressed content in chunks; progress counts compressed bytes on disk."""
+        if self.data is not None and not self.compressed:
             for i in range(0, len(self.data), size):
                 yield self.data[i : i + size]
             return
-        assert self.path is not None
-        with open(self.path, "rb") as fh:
-            while chunk := fh.read(size):
+        with self._open() as fh:
+            while True:
+                try:
+                    chunk = fh.read(size)
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise self._gzip_error(exc) from None
+                if not chunk:
+                    break
                 yield chunk
 
 
@@ -181,22 +246,92 @@ def read_document(
         )
     parts: list[bytes] = []
     digest = hashlib.sha256()
+    held = 0
     for chunk in src.chunks():
         digest.update(chunk)
         parts.append(chunk)
+        held += len(chunk)
+        if held > limits.max_document_bytes:  # a .gz expands past what its size said
+            raise UserInputError(
+                f"{src.name}: over the {human_size(limits.max_document_bytes)} limit for a "
+                f"whole-document JSON file once decompressed (IngestLimits.max_document_bytes); "
+                f"split it or convert it to JSONL"
+            )
         if progress:
             progress(len(chunk))
     data = b"".join(parts)
     del parts
+    check_record_sizes(src, data, limits)
     body = data[len(_BOM) :] if data.startswith(_BOM) else data
     text = _decode(src, body, base_offset=len(data) - len(body))
     if not text.strip():
         raise UserInputError(f"{src.name}: empty file; expected JSON or JSONL trajectories")
+    return loads_checked(src, text), digest.hexdigest()
+
+
+# A JSON string token (escapes included) or a bracket. Strings are matched whole so that
+# brackets inside them are skipped; possessive quantifiers keep a 300 MB string linear.
+_TOKENS = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}]')
+_QUOTE, _OPEN_LIST = ord('"'), ord("[")
+
+
+def check_record_sizes(src: Source, data: bytes, limits: IngestLimits) -> None:
+    """Refuse a whole-document file holding one record over `max_record_bytes`, before it is
+    parsed (parsing a 300 MB record takes ~6x that in memory).
+
+    A record is an object or list directly inside a list at depth 1 or 2: an element of a
+    tau-bench list, a simulation (or task) of a tau2 results file, a history entry of a
+    SWE-agent file. Only files over the limit are scanned, so small files cost nothing.
+    """
+    limit = limits.max_record_bytes
+    if len(data) <= limit:
+        return
+    stack: list[list[int]] = []  # [opening byte, start offset, children so far]
+    for m in _TOKENS.finditer(data):
+        start = m.start()
+        c = data[start]
+        if c == _QUOTE:
+            continue
+        if c in b"[{":
+            if stack:
+                stack[-1][2] += 1
+            stack.append([c, start, 0])
+            continue
+        if not stack:
+            return  # unbalanced: json.loads reports it with a line and column
+        opened = stack.pop()
+        depth = len(stack) + 1
+        if depth in (2, 3) and stack[-1][0] == _OPEN_LIST and m.end() - opened[1] > limit:
+            index = stack[-1][2] - 1
+            raise UserInputError(
+                f"{src.name}: record {index} (bytes {opened[1]}-{m.end()}) is "
+                f"{human_size(m.end() - opened[1])}, over the {human_size(limit)} record limit "
+                f"(IngestLimits.max_record_bytes); expected records of a few MiB at most"
+            )
+
+
+def loads_checked(src: Source, text: str, where: str = "") -> Any:
+    """`json.loads` whose every failure is a UserInputError naming the file (and `where`)."""
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _json_error(src, exc) from None
-    return doc, digest.hexdigest()
+        raise _json_error(src, exc, where) from None
+    except RecursionError:
+        raise UserInputError(
+            f"{src.name}: {where}JSON nested too deeply (over ~{_max_depth()} levels of "
+            f"arrays/objects); expected trajectory records, which nest a few levels"
+        ) from None
+    except ValueError as exc:  # the 4300-digit int limit: "Exceeds the limit ..."
+        raise UserInputError(
+            f"{src.name}: {where}a number is too large to read ({exc}); expected ids and "
+            f"counts that fit in 64 bits"
+        ) from None
+
+
+def _max_depth() -> int:
+    import sys
+
+    return sys.getrecursionlimit()
 
 
 @dataclass
@@ -245,6 +380,17 @@ def iter_jsonl(
             )
         try:
             return JsonlLine(index, value=json.loads(text))
+        except RecursionError:
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"JSON nested too deeply (over ~{_max_depth()} levels); expected one "
+                    f"trajectory object per line",
+                    line=index + 1,
+                ),
+            )
         except json.JSONDecodeError as exc:
             kind = "truncated JSON" if looks_truncated(exc) else "malformed JSON"
             return JsonlLine(
@@ -253,6 +399,17 @@ def iter_jsonl(
                     index,
                     None,
                     f"{kind} at column {exc.colno}: {exc.msg}; expected one JSON object per line",
+                    line=index + 1,
+                ),
+            )
+        except ValueError as exc:  # an integer over the 4300-digit conversion limit
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"a number is too large to read ({exc}); expected ids and counts that "
+                    f"fit in 64 bits",
                     line=index + 1,
                 ),
             )

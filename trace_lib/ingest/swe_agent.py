@@ -6,11 +6,17 @@ Design decisions
   usable history, the `trajectory` steps (response, action, observation) are replayed as
   assistant/tool pairs.
 - Tool calls: function-calling runs store OpenAI `tool_calls` on assistant messages and
-  answer with `role: tool` + `tool_call_ids`; those are kept as they are. Older
-  thought-action runs only have the command text (`action`): it becomes one call named by
-  the command's first word (`open`, `edit`, `submit`, `ls`, ...) with
-  `arguments={"command": <full action>}`, and the observation that follows becomes the tool
-  message answering it. SWE-agent records no per-command error flag, so `error` stays NULL.
+  answer with `role: tool` + `tool_call_ids`; those are kept as they are. Thought-action
+  runs only have the command text (`action`): it becomes one call named by the command's
+  first word (`open`, `edit`, `submit`, `ls`, ...) with `arguments={"command": <full
+  action>}`, and the observation that follows becomes the tool message answering it.
+  SWE-agent records no per-command error flag, so `error` stays NULL.
+- Two generations of the format, detected per file: 1.x history entries carry
+  `message_type` (observations are `user` turns with `message_type: observation`); 0.x
+  entries have none, and the command's output is simply the next `user` turn after an
+  assistant turn with an `action`. Both become tool messages answering the command
+  (`meta.swe_agent_format` says which was read). The multi-agent `agent` field of history
+  entries (`primary`, `main`, a reviewer...) is kept per message in `meta.message_agents`.
 - The instance id is the file's stem (SWE-agent writes `<instance_id>.traj`); it is both
   `task_id` and `source_id`. The domain is `swe` (tool schemas are filed under it).
 - Outcome: SWE-agent does not know whether the patch resolved the issue; that comes from
@@ -18,7 +24,10 @@ Design decisions
     * a JSON list of resolved instance ids (every other instance counts as failed);
     * a JSON object {instance_id: true/false} (instances not listed stay unknown);
     * a SWE-bench evaluation report with `resolved_ids` (and `unresolved_ids`,
-      `error_ids`, `empty_patch_ids`, `completed_ids`: those not resolved are failures).
+      `error_ids`, `empty_patch_ids`, `completed_ids`: those not resolved are failures);
+    * the older per-run SWE-bench report `{no_generation, generated, with_logs,
+      install_fail, reset_failed, no_apply, applied, test_errored, test_timeout, resolved}`
+      (lists of ids): resolved = success, every other listed id = failure.
   Without it `success` is NULL (unknown) and the trajectory is left out of rankings.
 - Termination from `info.exit_status`: "submitted..." -> agent_stop; cost, context, time or
   step limits (exit_cost, exit_context, exit_total_execution_time, ...) -> max_steps; any
@@ -33,7 +42,7 @@ from typing import Any
 
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
-from trace_lib.ingest.records import (
+from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
     Skipped,
@@ -48,6 +57,8 @@ from trace_lib.ingest.records import (
 from trace_lib.ingest.source import RecordError, Source, read_document
 
 _BUDGET_WORDS = ("cost", "context", "time", "limit", "steps", "api_calls")
+OLD_REPORT_KEYS = ("no_generation", "generated", "with_logs", "install_fail", "reset_failed",
+                   "no_apply", "applied", "test_errored", "test_timeout")
 
 
 def termination_from_exit(status: str | None) -> str | None:
@@ -74,6 +85,16 @@ def load_success_file(path: str | Path) -> SuccessMap:
         if not all(isinstance(x, str) for x in data):
             raise UserInputError(f"{p}: expected a JSON list of resolved instance ids (strings)")
         return SuccessMap(dict.fromkeys(data, True), default=False)
+    if isinstance(data, dict) and isinstance(data.get("resolved"), list) and any(
+        isinstance(data.get(k), list) for k in OLD_REPORT_KEYS
+    ):
+        old: dict[str, bool] = {}
+        for key in OLD_REPORT_KEYS:
+            for x in data.get(key) or []:
+                old[str(x)] = False
+        for x in data["resolved"]:
+            old[str(x)] = True
+        return SuccessMap(old)
     if isinstance(data, dict) and isinstance(data.get("resolved_ids"), list):
         out: dict[str, bool] = {}
         for key in ("completed_ids", "unresolved_ids", "error_ids", "empty_patch_ids"):
@@ -97,16 +118,26 @@ def load_success_file(path: str | Path) -> SuccessMap:
     )
 
 
-def _from_history(history: list[Any], record: int) -> tuple[list[RawMessage], int]:
+def history_generation(history: list[Any]) -> str:
+    """"1.x" when history entries carry `message_type`, else "0.x"."""
+    return "1.x" if any(isinstance(m, dict) and "message_type" in m for m in history) else "0.x"
+
+
+def _from_history(
+    history: list[Any], record: int, agents: list[str | None] | None = None
+) -> tuple[list[RawMessage], int]:
     out: list[RawMessage] = []
     n_demo = 0
     pending_call: dict[str, Any] | None = None
+    v0 = history_generation(history) == "0.x"
     for i, raw in enumerate(history):
         path = f"history[{i}]"
         m = as_object(raw, record, path)
-        if m.get("is_demo"):
+        if m.get("is_demo") or m.get("message_type") == "demonstration":
             n_demo += 1
             continue
+        if agents is not None:
+            agents.append(m.get("agent") if isinstance(m.get("agent"), str) else None)
         role = m.get("role")
         content = text_content(m.get("content"), record, f"{path}.content")
         if role == "system":
@@ -158,7 +189,7 @@ def _from_history(history: list[Any], record: int) -> tuple[list[RawMessage], in
             )
             pending_call = None
         elif role == "user":
-            if pending_call is not None and m.get("message_type") == "observation":
+            if pending_call is not None and (v0 or m.get("message_type") == "observation"):
                 out.append(
                     RawMessage(
                         role="tool",
@@ -227,6 +258,11 @@ class SweAgentImporter:
     def matches(self, doc: Any) -> bool:
         return isinstance(doc, dict) and "info" in doc and ("trajectory" in doc or "history" in doc)
 
+    def why_not(self, doc: Any) -> str:
+        if not isinstance(doc, dict):
+            return "not a JSON object"
+        return "no 'info' key" if "info" not in doc else "no 'trajectory' or 'history' key"
+
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
@@ -234,14 +270,17 @@ class SweAgentImporter:
             raise UserInputError(
                 f"{src.name}: expected a SWE-agent .traj object, got {type(doc).__name__}"
             )
-        instance = Path(src.name).name.removesuffix(".json").removesuffix(".traj")
+        instance = Path(src.stem_name).name.removesuffix(".json").removesuffix(".traj")
         try:
             info = check_type(doc.get("info") or {}, (dict,), 0, "info")
             history = check_type(doc.get("history") or [], (list,), 0, "history")
             steps = check_type(doc.get("trajectory") or [], (list,), 0, "trajectory")
-            messages, n_demo = _from_history(history, 0)
+            agents: list[str | None] = []
+            messages, n_demo = _from_history(history, 0, agents)
+            generation = history_generation(history)
             if not any(m.role == "assistant" for m in messages):
-                messages, n_demo = _from_steps(steps, 0), n_demo
+                messages, n_demo, agents = _from_steps(steps, 0), n_demo, []
+                generation = "trajectory steps"
             if not messages:
                 raise RecordError(
                     0, "history", "no messages; expected a history or trajectory steps"
@@ -265,6 +304,8 @@ class SweAgentImporter:
                     "model_stats": info.get("model_stats"),
                     "n_demo_messages": n_demo,
                     "environment": doc.get("environment"),
+                    "swe_agent_format": generation,
+                    **({"message_agents": agents} if any(agents) else {}),
                 },
             )
         except RecordError as exc:
@@ -283,7 +324,7 @@ class SweAgentImporter:
             format=self.name,
             sha256=sha256 or "",
             n_records=1,
-            trajectories=[traj],
+            records=iter([traj]),
             meta={"instance_id": instance},
         )
 

@@ -10,10 +10,19 @@ Design decisions
   `info.environment_info.policy`. The policy is put first as a system message so that every
   imported trajectory shows what the agent was told (tau-bench stores its prompt the same
   way); `meta.system_prompt` says where it came from.
-- Outcome: `reward_info.reward` (required), the whole breakdown kept as `meta.reward_info`.
-  Termination: `termination_reason` verbatim. Agent model: `info.agent_info.llm`; domain:
+- Outcome: `reward_info.reward`, the whole breakdown kept as `meta.reward_info`. A
+  simulation whose reward is null (or has no reward_info) or whose `termination_reason` is
+  an infrastructure error (`INFRA_TERMINATIONS`: the user simulator or the environment
+  failed, not the agent) is imported with outcome `error`. Termination:
+  `termination_reason` verbatim. Agent model: `info.agent_info.llm`; domain:
   `info.environment_info.domain_name`.
-- Expected actions: `tasks[].evaluation_criteria.actions` (name, arguments), per task id.
+- Expected actions: `tasks[].evaluation_criteria.actions` (name, arguments, requestor), per
+  task id. In telecom most expected actions are the *user's* (`toggle_roaming`, ...):
+  `requestor` is kept so deviations are compared side by side (the agent's calls against
+  the agent's expected actions, the user's against the user's).
+- A bare JSON list of simulations (no `info`/`tasks` wrapper, as some submissions and
+  scripts save them) is tau2 too: imported without expected actions, domain or agent
+  model (the notes say so; `--domain` / `--agent-model` supply the latter two).
 - Tool schemas: the file's `environment_info.tool_defs` when present, else
   `tool_schemas_by_domain.json` (the tau2 data folder's derived schemas), found through
   `TRACE_TAU2_TOOL_SCHEMAS` or in the results file's parent folders. Both are stored as
@@ -23,28 +32,34 @@ Design decisions
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
-from trace_lib.ingest.records import (
+from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
     Skipped,
     as_object,
     assemble,
     check_role,
+    error_outcome,
     expected_actions,
     field,
+    id_field,
+    int32_field,
     opt_field,
+    outcome_fields,
     parse_arguments,
-    success_from,
+    reward_value,
     text_content,
 )
 from trace_lib.ingest.source import RecordError, Source, env_path, read_document
 
+INFRA_TERMINATIONS = frozenset({"user_error", "infrastructure_error", "env_error"})
 SCHEMA_FILE = "tool_schemas_by_domain.json"
 SCHEMA_ENV = "TRACE_TAU2_TOOL_SCHEMAS"
 
@@ -143,12 +158,17 @@ def _expected(task: dict[str, Any], record: int) -> list[ExpectedAction] | None:
 
 
 def parse_simulation(
-    raw: Any, record: int, common: dict[str, Any], policy: str | None
+    raw: Any, record: int, common: dict[str, Any], policy: str | None,
+    reward_range: tuple[float, float] = (0.0, 1.0),
 ) -> Trajectory:
     sim = as_object(raw, record, "simulations[]")
-    task_id = field(sim, "task_id", (str, int), record)
-    reward_info = field(sim, "reward_info", (dict,), record)
-    reward = float(field(reward_info, "reward", (int, float), record, "reward_info"))
+    task_id = id_field(sim, "task_id", record, required=True)
+    if "reward_info" not in sim:  # absent is a malformed file; null is "not evaluated"
+        field(sim, "reward_info", (dict,), record)
+    reward_info = opt_field(sim, "reward_info", (dict,), record)
+    reward = None if reward_info is None else reward_value(reward_info, "reward", record,
+                                                           "reward_info")
+    termination = opt_field(sim, "termination_reason", (str,), record)
     messages = _messages(field(sim, "messages", (list,), record), record)
     if policy:
         messages.insert(0, RawMessage(role="system", content=policy))
@@ -165,32 +185,61 @@ def parse_simulation(
         "agent_implementation": common.get("agent_implementation"),
         "system_prompt": "info.environment_info.policy" if policy else None,
     }
+    if termination in INFRA_TERMINATIONS:
+        outcome = error_outcome(meta, f"termination_reason {termination}", reward)
+    elif reward is None:
+        outcome = error_outcome(meta, "no reward (the simulation was not evaluated)")
+    else:
+        outcome = outcome_fields(reward, None, record, reward_range, "reward_info.reward")
     return assemble(
         messages,
         record,
-        source_id=opt_field(sim, "id", (str,), record),
-        task_id=str(task_id),
-        trial=opt_field(sim, "trial", (int,), record),
+        source_id=id_field(sim, "id", record),
+        task_id=task_id,
+        trial=int32_field(sim, "trial", record),
         agent_model=common.get("agent_model"),
         domain=common.get("domain"),
-        reward=reward,
-        success=success_from(reward, None),
-        termination=opt_field(sim, "termination_reason", (str,), record),
+        termination=termination,
         meta=meta,
+        **outcome,
     )
+
+
+def _is_simulation(item: Any) -> bool:
+    return isinstance(item, dict) and "messages" in item and "task_id" in item and (
+        "reward_info" in item or "termination_reason" in item)
 
 
 class Tau2Importer:
     name = "tau2"
-    description = "an object {info, tasks, simulations} (tau2-bench results file)"
+    description = (
+        "an object {info, tasks, simulations} (a tau2-bench results file), or a bare list of "
+        "tau2 simulations {id, task_id, messages, reward_info, termination_reason}"
+    )
     streaming = False
 
     def matches(self, doc: Any) -> bool:
+        if isinstance(doc, list):
+            return bool(doc) and _is_simulation(doc[0])
         return isinstance(doc, dict) and "simulations" in doc and "tasks" in doc
+
+    def why_not(self, doc: Any) -> str:
+        if isinstance(doc, dict):
+            missing = [k for k in ("simulations", "tasks") if k not in doc]
+            return f"no {' or '.join(repr(k) for k in missing)} key"
+        if isinstance(doc, list):
+            return ("the first item is not a simulation {task_id, messages, reward_info|"
+                    "termination_reason}") if doc else "the list is empty"
+        return "not a JSON object or list"
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
+        if isinstance(doc, list):
+            doc = {"simulations": doc, "tasks": []}
+            bare = True
+        else:
+            bare = False
         if not isinstance(doc, dict):
             raise UserInputError(
                 f"{src.name}: expected a tau2 results object, got {type(doc).__name__}"
@@ -234,6 +283,11 @@ class Tau2Importer:
             given_schemas=schemas,
             meta={**common, "timestamp": doc.get("timestamp"), "tool_schemas_from": schema_source},
         )
+        if bare:
+            out.notes.append(
+                f"{src.name}: a bare list of tau2 simulations (no info/tasks wrapper): imported "
+                f"without expected actions, domain or agent model (pass --domain / --agent-model)"
+            )
         for k, task in enumerate(tasks):
             if not isinstance(task, dict) or "id" not in task:
                 raise UserInputError(f"{src.name}: tasks[{k}]: expected an object with an 'id'")
@@ -245,17 +299,22 @@ class Tau2Importer:
                 ) from None
             if expected is not None:
                 out.expected_actions[str(task["id"])] = expected
-        for i, raw in enumerate(sims):
-            try:
-                traj = parse_simulation(raw, i, common, policy)
-            except RecordError as exc:
-                if not ctx.skip_invalid:
-                    raise UserInputError(
-                        f"{src.name}: simulations {exc}; nothing was imported"
-                    ) from None
-                out.skipped.append(Skipped(src.name, i, str(exc)))
-                continue
-            out.trajectories.append(traj)
+
+        def records() -> Iterator[Trajectory]:
+            for i, raw in enumerate(sims):
+                try:
+                    traj = parse_simulation(raw, i, common, policy, ctx.reward_range)
+                except RecordError as exc:
+                    if not ctx.skip_invalid:
+                        raise UserInputError(
+                            f"{src.name}: simulations {exc}; nothing was imported"
+                        ) from None
+                    out.skipped.append(Skipped(src.name, i, str(exc)))
+                    continue
+                sims[i] = None  # free the raw simulation once normalised
+                yield traj
+
+        out.records = records()
         return out
 
 

@@ -11,38 +11,62 @@ Design decisions
   "transfer_to_human_agents" -> agent_stop (the agent handed off), any other tool name ->
   max_steps (tau-bench's loop ended after its step budget on that action). The raw value is
   kept as `meta.end_source`.
-- The file does not name its agent or domain; the upstream file names do
-  (`gpt-4o-airline.json`, `sonnet-35-new-retail.json`): `<agent model>-<domain>.json` is
-  read when the stem ends with a known domain, else both stay unknown.
+- The file does not name its agent or domain. Both are inferred, and the report's notes
+  say so: the historical file names (`gpt-4o-airline.json`) are `<agent model>-<domain>`;
+  files written by tau-bench's `run.py` are
+  `<strategy>-<model>-<temperature>_range_<start>-<end>_user-<user model>-<user strategy>_<time>.json`
+  (the model is read from there); the domain also comes from the policy that opens the
+  first system message ("# Retail agent policy", "# Airline Agent Policy"). `--domain` /
+  `--agent-model` override both.
+- Crashed runs: when the harness throws (connection reset, token limit, parse error),
+  `run.py` writes `{task_id, reward: 0.0, info: {error, traceback}, traj: []}`. Those are
+  imported with outcome `error` (the 0.0 kept as `meta.harness_reward`, `info.error` as
+  `meta.harness_error`), never as the agent's failures.
 - Expected actions come from `info.task.actions` (`{name, kwargs}`), per task id.
-- `reward` is required (a number); success = reward >= 1.0, as tau-bench defines it.
+- `reward` is required (a number in the reward range); success = reward >= 1.0, as
+  tau-bench defines it.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trace_lib.data_model import ExpectedAction, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
-from trace_lib.ingest.records import (
+from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
     Skipped,
     as_object,
     assemble,
     check_role,
+    error_outcome,
     expected_actions,
     field,
+    id_field,
+    int32_field,
     opt_field,
+    outcome_fields,
     parse_arguments,
-    success_from,
+    reward_value,
 )
 from trace_lib.ingest.source import RecordError, Source, read_document
 
 DOMAINS = ("airline", "retail")
 TOOL_ERROR_PREFIX = "Error:"
+
+
+# tau-bench run.py: f"{agent_strategy}-{model.split('/')[-1]}-{temperature}_range_{start}-{end}"
+# f"_user-{user_model}-{user_strategy}_{time}.json"
+_RUN_PY_NAME = re.compile(
+    r"^(?P<strategy>tool-calling|act|react|few-shot|[a-z_]+)-(?P<model>.+)-(?P<temperature>"
+    r"[0-9.]+)_range_(?P<start>-?\d+)-(?P<end>-?\d+)_user-(?P<user>.+)_(?P<time>[0-9]{4,}.*)$"
+)
+_POLICY = re.compile(r"^\s*#\s*(?P<domain>[A-Za-z]+)\s+agent\s+policy", re.I)
 
 
 def model_and_domain(name: str) -> tuple[str | None, str | None]:
@@ -51,6 +75,21 @@ def model_and_domain(name: str) -> tuple[str | None, str | None]:
         if stem.endswith("-" + domain) and len(stem) > len(domain) + 1:
             return stem[: -len(domain) - 1], domain
     return None, None
+
+
+def run_py_name(name: str) -> dict[str, str] | None:
+    """The parts of a tau-bench `run.py` result file name, or None if it is not one."""
+    match = _RUN_PY_NAME.match(Path(name).stem)
+    return match.groupdict() if match else None
+
+
+def domain_from_policy(traj: list[Any]) -> str | None:
+    """"# Retail agent policy" at the top of the first system message -> "retail"."""
+    for m in traj[:2]:
+        if isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str):
+            match = _POLICY.match(m["content"])
+            return match.group("domain").lower() if match else None
+    return None
 
 
 def termination_from_source(source: str | None) -> str | None:
@@ -107,12 +146,13 @@ def _expected(task: dict[str, Any] | None, record: int) -> list[ExpectedAction] 
 
 
 def parse_record(
-    raw: Any, record: int, model: str | None, domain: str | None
+    raw: Any, record: int, model: str | None, domain: str | None,
+    reward_range: tuple[float, float] = (0.0, 1.0),
 ) -> tuple[Trajectory, list[ExpectedAction] | None]:
     rec = as_object(raw, record, "")
-    task_id = field(rec, "task_id", (int, str), record)
-    trial = opt_field(rec, "trial", (int,), record)
-    reward = float(field(rec, "reward", (int, float), record))
+    task_id = id_field(rec, "task_id", record, required=True)
+    trial = int32_field(rec, "trial", record)
+    reward = reward_value(rec, "reward", record, required=True)
     info = opt_field(rec, "info", (dict,), record) or {}
     traj = field(rec, "traj", (list,), record)
     messages = _messages(traj, record)
@@ -124,6 +164,12 @@ def parse_record(
         "reward_info": info.get("reward_info"),
         "user_cost": info.get("user_cost"),
     }
+    if "error" in info:
+        # run.py caught an exception: the harness failed, not the agent.
+        outcome = error_outcome(meta, str(info.get("error")), reward)
+        meta["traceback"] = info.get("traceback")
+    else:
+        outcome = outcome_fields(reward, None, record, reward_range)
     if task:
         meta["instruction"] = task.get("instruction")
         meta["user_id"] = task.get("user_id")
@@ -132,33 +178,61 @@ def parse_record(
         messages,
         record,
         source_id=f"{task_id}/{trial}",
-        task_id=str(task_id),
+        task_id=task_id,
         trial=trial,
         agent_model=model,
         domain=domain,
-        reward=reward,
-        success=success_from(reward, None),
-        termination=termination_from_source(end_source),
+        termination="error" if outcome.get("outcome") == "error" else termination_from_source(
+            end_source),
         meta=meta,
+        **outcome,
     )
     return traj_model, _expected(task, record)
+
+
+def _looks_like_episode(item: Any) -> bool:
+    return isinstance(item, dict) and "traj" in item and "task_id" in item
 
 
 class TauBenchImporter:
     name = "tau_bench"
     description = (
-        "a JSON list of {task_id, trial, reward, info, traj} (tau-bench v1 historical trajectories)"
+        "a JSON list of {task_id, trial, reward, info, traj} (tau-bench historical "
+        "trajectories or run.py results)"
     )
     streaming = False
 
     def matches(self, doc: Any) -> bool:
-        return (
-            isinstance(doc, list)
-            and bool(doc)
-            and isinstance(doc[0], dict)
-            and "traj" in doc[0]
-            and "task_id" in doc[0]
-        )
+        return isinstance(doc, list) and bool(doc) and _looks_like_episode(doc[0])
+
+    def why_not(self, doc: Any) -> str:
+        if not isinstance(doc, list):
+            return "not a JSON list"
+        if not doc:
+            return "the list is empty"
+        return "the first item has no 'traj' and 'task_id'"
+
+    def _infer(self, src: Source, doc: list[Any], out: ParsedFile) -> tuple[str | None, str | None]:
+        model, domain = model_and_domain(src.stem_name)
+        how_model = how_domain = "the file name <model>-<domain>.json"
+        run = run_py_name(src.stem_name)
+        if model is None and run is not None:
+            model, how_model = run["model"], "the run.py file name"
+            out.meta["run_py"] = run
+        if domain is None:
+            first = next((d for d in doc if isinstance(d, dict) and d.get("traj")), None)
+            if first is not None and isinstance(first.get("traj"), list):
+                domain = domain_from_policy(first["traj"])
+                how_domain = "the policy in the first system message"
+        if model is not None:
+            out.notes.append(f"{src.name}: agent model {model!r} inferred from {how_model}")
+        if domain is not None:
+            out.notes.append(f"{src.name}: domain {domain!r} inferred from {how_domain}")
+        if model is None or domain is None:
+            missing = " and ".join(w for w, v in (("agent model", model), ("domain", domain))
+                                   if v is None)
+            out.notes.append(f"{src.name}: {missing} unknown (pass --agent-model / --domain)")
+        return model, domain
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
         if doc is None:
@@ -169,25 +243,26 @@ class TauBenchImporter:
             )
         if not doc:
             raise UserInputError(f"{src.name}: the list is empty; expected tau-bench episodes")
-        model, domain = model_and_domain(src.name)
-        out = ParsedFile(
-            name=src.name,
-            format=self.name,
-            sha256=sha256 or "",
-            n_records=len(doc),
-            meta={"agent_model": model, "domain": domain},
-        )
-        for i, raw in enumerate(doc):
-            try:
-                traj, expected = parse_record(raw, i, model, domain)
-                if expected is not None:
-                    out.add_expected(str(traj.task_id), expected, i)
-            except RecordError as exc:
-                if not ctx.skip_invalid:
-                    raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
-                out.skipped.append(Skipped(src.name, i, str(exc)))
-                continue
-            out.trajectories.append(traj)
+        out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "",
+                         n_records=len(doc))
+        model, domain = self._infer(src, doc, out)
+        out.meta.update({"agent_model": model, "domain": domain})
+
+        def records() -> Iterator[Trajectory]:
+            for i, raw in enumerate(doc):
+                try:
+                    traj, expected = parse_record(raw, i, model, domain, ctx.reward_range)
+                    if expected is not None:
+                        out.add_expected(str(traj.task_id), expected, i)
+                except RecordError as exc:
+                    if not ctx.skip_invalid:
+                        raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
+                    out.skipped.append(Skipped(src.name, i, str(exc)))
+                    continue
+                doc[i] = None  # free the raw record once normalised
+                yield traj
+
+        out.records = records()
         return out
 
 

@@ -27,6 +27,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jsonschema
 
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
+
 
 class LLMError(RuntimeError):
     """The provider could not produce an answer (transport failure after retries, config)."""
@@ -145,24 +147,24 @@ def validate_json(data: Any, schema: dict[str, Any]) -> str | None:
 # --------------------------------------------------------------------------- registry
 
 ProviderFactory = Callable[..., LLMProvider]
-PROVIDERS: dict[str, str | ProviderFactory] = {
-    # name -> "module:factory" (imported on first use) or a factory
-    "anthropic": "trace_lib.llm.anthropic_provider:AnthropicProvider",
-    "openai": "trace_lib.llm.openai_provider:OpenAIProvider",
-    "replay": "trace_lib.llm.replay:ReplayProvider",
-}
+# name -> "module:factory" (imported on first use) or a factory; third parties add theirs
+# through the `trace_workbench.llm_providers` entry-point group.
+PROVIDERS: Registry[ProviderFactory] = Registry(
+    "LLM provider", group=ENTRY_POINT_GROUPS["llm_providers"], error=LLMError, builtins={
+        "anthropic": "trace_lib.llm.anthropic_provider:AnthropicProvider",
+        "openai": "trace_lib.llm.openai_provider:OpenAIProvider",
+        "replay": "trace_lib.llm.replay:ReplayProvider",
+    })
 
 
 def register_provider(name: str, factory: ProviderFactory) -> None:
     """Add a provider (a class or function taking keyword config) under `name`."""
-    PROVIDERS[name] = factory
+    PROVIDERS.register(name, factory, replace=True)
 
 
 def get_provider(name: str, **cfg: Any) -> LLMProvider:
     """Build the provider `name` with keyword config (model, base_url, api_key, ...)."""
-    if name not in PROVIDERS:
-        raise LLMError(f"unknown LLM provider {name!r}; known: {', '.join(sorted(PROVIDERS))}")
-    return build_lazily(PROVIDERS[name], cfg)
+    return build_lazily(PROVIDERS.get(name), cfg)
 
 
 def build_lazily(target: str | Callable[..., Any], cfg: dict[str, Any]) -> Any:

@@ -68,13 +68,16 @@ class TinyLlama:
     """A random-init Llama small enough for unit tests and smoke runs on a CPU."""
 
     name: str = "tiny"
-    description: str = "random-init Llama, 2 layers x 64 hidden, byte-level BPE; for tests"
+    description: str = ("random-init Llama, 2 layers x 64 hidden, byte-level BPE, 16k "
+                        "context; for tests")
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
     num_attention_heads: int = 2  # head dim 32: vLLM's CPU attention has no kernel for 16
     vocab_size: int = 1024  # tokenizer has < 1024 ids; padded rows are never sampled
-    max_position_embeddings: int = 4096
+    # 16k: every built-in prompt at tools=all, policy=full is ~8k of tiny's byte-level
+    # tokens (4k made `train --model tiny` fail with HTTP 400 on every built-in).
+    max_position_embeddings: int = 16384
     final_norm_scale: float = 8.0  # see build(): lets a LoRA reach confident logits
     seed: int = 0
 
@@ -193,7 +196,12 @@ def ensure_model_dir(name: str, rebuild: bool = False) -> Path:
             "config.json"
         )
     dest = models_dir() / source.name
-    if (dest / DONE_MARKER).is_file() and not rebuild:
+    marker = dest / DONE_MARKER
+    # A folder built from an older recipe (its marker holds the description it was built
+    # with) is rebuilt: e.g. a 4k-context tiny from before the 16k one.
+    if marker.is_file() and marker.read_text().strip() != source.description.strip():
+        rebuild = True
+    if marker.is_file() and not rebuild:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=dest.parent))

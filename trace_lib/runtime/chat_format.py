@@ -21,6 +21,12 @@ Design decisions
   canonical spacing). Trainers should still keep the sampled token ids, never re-tokenise.
 - Generated text is untrusted: a `<tool_call>` block whose body is not a JSON object with a
   string `name` and object `arguments` stays in the content as plain text; nothing raises.
+  What small models actually write is accepted: compact JSON (`{"name":"x","arguments":{}}`),
+  any surrounding whitespace, and the JSON-list form `<tool_call>[{...}, {...}]</tool_call>`
+  (each element one call; a list with any bad element is kept as text, whole).
+- Templates per model family live in `CHAT_TEMPLATES` (`chat_template_for`): the model's
+  own where it has one that speaks this tool convention (SmolLM2 and tiny use ChatML, so
+  ours *is* their template plus the Hermes tool blocks), one registry for all of them.
 """
 
 from __future__ import annotations
@@ -95,6 +101,26 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+# One registry of chat templates by model family. SmolLM2-Instruct's own template is ChatML
+# without tools; ours is that ChatML with Hermes tool blocks added, so it is the family's
+# template for both. A family added here gets its template written into prepared folders.
+CHAT_TEMPLATES: dict[str, str] = {
+    "chatml": CHAT_TEMPLATE,  # ChatML + Hermes tools (Qwen2.5, Hermes, SmolLM2, tiny)
+    "smollm2": CHAT_TEMPLATE,
+    "tiny": CHAT_TEMPLATE,
+    "qwen2": CHAT_TEMPLATE,
+}
+
+
+def chat_template_for(family: str) -> str:
+    """The chat template of a model family (see `CHAT_TEMPLATES`); unknown -> a clear error."""
+    try:
+        return CHAT_TEMPLATES[family]
+    except KeyError:
+        raise UserInputError(f"no chat template for model family {family!r}; known: "
+                             f"{', '.join(sorted(CHAT_TEMPLATES))}") from None
+
 
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 _ROLES = ("system", "user", "assistant", "tool")
@@ -195,22 +221,31 @@ def format_assistant(content: str | None, tool_calls: list[dict[str, Any]] | Non
     return text
 
 
-def _parse_call(body: str) -> tuple[str, dict[str, Any]] | None:
-    try:
-        obj = json.loads(body.strip())
-    except (json.JSONDecodeError, RecursionError):
-        return None
+def _one_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models emit arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
-    return obj["name"], args
+    return obj["name"].strip(), args
+
+
+def _parse_calls(body: str) -> list[tuple[str, dict[str, Any]]] | None:
+    """One block's calls: a JSON object, or a JSON list of them (compact or spaced)."""
+    try:
+        obj = json.loads(body.strip())
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        return None
+    items = obj if isinstance(obj, list) else [obj]
+    calls = [_one_call(item) for item in items]
+    if not calls or any(c is None for c in calls):
+        return None
+    return [c for c in calls if c is not None]
 
 
 def parse_assistant(text: str, parse_tools: bool = True) -> ParsedAssistant:
@@ -227,16 +262,16 @@ def parse_assistant(text: str, parse_tools: bool = True) -> ParsedAssistant:
     malformed = 0
     pos = 0
     for match in _BLOCK.finditer(text):
-        parsed = _parse_call(match.group(1))
+        parsed = _parse_calls(match.group(1))
         if parsed is None:
             malformed += 1
             continue  # stays in the content below
         kept.append(text[pos:match.start()])
         pos = match.end()
-        name, args = parsed
-        calls.append({"id": new_call_id(), "type": "function",
-                      "function": {"name": name,
-                                   "arguments": json.dumps(args, ensure_ascii=False)}})
+        for name, args in parsed:
+            calls.append({"id": new_call_id(), "type": "function",
+                          "function": {"name": name,
+                                       "arguments": json.dumps(args, ensure_ascii=False)}})
     kept.append(text[pos:])
     content = "".join(kept)
     if calls:

@@ -1,9 +1,12 @@
 """A typed client for a policy server: our CPU server and vLLM look the same through it.
 
 Design decisions
-- `PolicyClient` is a Protocol (models, chat, load/unload adapter); `OpenAIPolicyClient`
-  implements it over the `openai` SDK for chat and httpx for vLLM's LoRA endpoints, so the
-  rollout loop is written once against any OpenAI-compatible server with vLLM's extensions.
+- One client family for training, composition and benchmarks (issue 11 merged the rollout
+  loop's former `ChatClient`/`OpenAIChatClient` into this): `PolicyClient` is the Protocol
+  (chat, load/unload adapter); `OpenAIPolicyClient` implements it over the `openai` SDK
+  for chat and httpx for vLLM's LoRA endpoints, so the rollout loop is written once
+  against any OpenAI-compatible server with vLLM's extensions. In-process clients
+  (compose's `LocalMoEClient`) implement the same `chat` and return `Completion`s.
 - Training needs the exact sampled tokens, not text: every chat call asks for
   `return_token_ids` (vLLM >= 0.10.2 and our server) and `return_tokens_as_token_ids`
   with `logprobs`, and reads token ids from `choices[i].token_ids`, falling back to the
@@ -49,7 +52,18 @@ class Completion:
 
 
 @runtime_checkable
-class PolicyClient(Protocol):
+class ChatPolicy(Protocol):
+    """The part of a policy client a rollout needs: in-process clients implement only this."""
+
+    def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+             model: str | None = None, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+             max_tokens: int = 256, seed: int | None = None) -> list[Completion]: ...
+
+
+@runtime_checkable
+class PolicyClient(ChatPolicy, Protocol):
+    """A policy server: chat plus listing models and hot-swapping LoRA adapters."""
+
     base_url: str
 
     def models(self) -> list[str]: ...
@@ -80,6 +94,8 @@ class OpenAIPolicyClient:
         import openai
 
         self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):  # a server root works too
+            self.base_url += "/v1"
         self.root_url = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self._openai = openai.OpenAI(base_url=self.base_url, api_key=key, timeout=timeout,
@@ -128,6 +144,7 @@ class OpenAIPolicyClient:
     def chat(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
              model: str | None = None, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
              max_tokens: int = 256, seed: int | None = None) -> list[Completion]:
+        """`n` choices for `messages`, each with its sampled token ids and their log-probs."""
         import openai
 
         kwargs: dict[str, Any] = {}
@@ -152,6 +169,10 @@ class OpenAIPolicyClient:
             ids = (choice.model_extra or {}).get("token_ids")
             if ids is None:
                 ids = [_token_id(e.token) for e in lp]
+            if lp and len(lp) != len(ids):
+                raise PolicyServerError(f"{self.base_url}: {len(ids)} token ids but {len(lp)} "
+                                        "logprobs in a choice (a server bug; the trainer "
+                                        "cannot score tokens it has no log-prob for)")
             msg: dict[str, Any] = {"role": "assistant", "content": choice.message.content}
             calls = [c.model_dump(exclude_none=True) for c in (choice.message.tool_calls or [])]
             if calls:

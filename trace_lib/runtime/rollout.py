@@ -1,18 +1,24 @@
 """Multi-turn rollouts: an Environment and a policy talking through the OpenAI chat API.
 
 Design decisions
-- The policy is reached only through an OpenAI-compatible `/v1/chat/completions` with
-  `tools`: our CPU server or vLLM, the same client code. The request asks for
+- The policy is reached only through `policy_client.PolicyClient` (one client family):
+  `OpenAIPolicyClient` over `/v1/chat/completions` with `tools` (our CPU server or vLLM,
+  the same code) or an in-process client with the same `chat` (compose's LocalMoEClient). The request asks for
   `logprobs` and vLLM's `return_token_ids`, so every turn brings back the exact prompt
   token ids the server rendered and the token ids it sampled; the trainer never
   re-tokenises what the policy generated (re-tokenising generated text is not guaranteed
   to give the sampled ids back, and then the gradient would be on tokens nobody sampled).
 - One training sequence per rollout is grown turn by turn: the first prompt's ids, then
-  each turn's sampled ids (loss mask 1), then the part of the next prompt the server added
-  after them (tool results, the next header: mask 0). If a server's next prompt does not
-  extend the sequence (its template re-rendered an earlier turn differently), the sequence
-  restarts from that prompt with every earlier token masked and `prefix_mismatches`
-  counts it: correct, at the cost of that rollout's earlier turns.
+  each turn's sampled ids exactly as sampled (loss mask 1), then only the tokens of the
+  new tool/user turn and the next assistant header (mask 0). A turn is never re-rendered
+  or re-tokenised: when the server renders an earlier turn differently from what was
+  sampled (a compact-JSON tool call comes back with canonical spacing), `new_turn_tokens`
+  cuts the new turn out of the server's prompt by its `<|im_start|>` and the sampled turn
+  keeps its tokens and its loss; `rerendered_turns` counts these. (The server then
+  conditioned the next turn on its canonical rendering: a small off-policy gap, visible
+  as `sampler_logprob_gap`, that vanishes once the model writes canonical calls.)
+  Only a server prompt that does not extend the previous one restarts the sequence
+  (`prefix_mismatches`).
 - The first turn of a group is one request with `n` (the server batches it); later turns
   diverge and go one request per rollout. With `parallel=True` (the trainer, over HTTP) the
   hinted and plain first requests and every rollout's later turns are sent from threads at
@@ -37,127 +43,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import httpx
+from typing import Any
 
 from trace_lib.envs.protocol import Environment
+from trace_lib.runtime.policy_client import ChatPolicy, Completion
 
-
-@dataclass
-class Sample:
-    """One choice of a chat completion, with what the trainer needs from it."""
-
-    message: dict[str, Any]  # OpenAI assistant message: content, tool_calls
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str | None
-
-
-class ChatClient(Protocol):
-    """What the rollout loop needs from a policy server."""
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        *,
-        model: str,
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        seed: int | None,
-    ) -> list[Sample]: ...
-
-
-class OpenAIChatClient:
-    """`/v1/chat/completions` over HTTP with token ids and log-probs (vLLM's extension)."""
-
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0):
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        resp = self._http.post(path, json=body)
-        if resp.status_code != 200:
-            raise RuntimeError(
-                f"{self.base_url}{path} answered {resp.status_code}: {resp.text[:500]}"
-            )
-        return resp
-
-    def load_adapter(self, name: str, path: str) -> None:
-        """vLLM's runtime LoRA loading (needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=True there)."""
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-
-    def unload_adapter(self, name: str) -> None:
-        self._post("/v1/unload_lora_adapter", {"lora_name": name})
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        *,
-        model: str,
-        n: int = 1,
-        max_tokens: int = 256,
-        temperature: float = 1.0,
-        seed: int | None = None,
-    ) -> list[Sample]:
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": messages,
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "logprobs": True,
-            "return_token_ids": True,
-        }
-        if tools:
-            body["tools"] = tools
-        if seed is not None:
-            body["seed"] = seed
-        data = self._post("/v1/chat/completions", body).json()
-        prompt_ids = data.get("prompt_token_ids")
-        if prompt_ids is None:
-            raise RuntimeError(
-                f"{self.base_url}: the response has no `prompt_token_ids`; the policy server "
-                "must support `return_token_ids` (our CPU server does, vLLM >= 0.10.2 does)"
-            )
-        samples = []
-        for choice in data["choices"]:
-            ids = choice.get("token_ids")
-            content = (choice.get("logprobs") or {}).get("content") or []
-            if ids is None:
-                raise RuntimeError(f"{self.base_url}: a choice has no `token_ids`")
-            lps = [float(c["logprob"]) for c in content]
-            if len(lps) != len(ids):
-                # The logprob entries are per generated token; a missing one is a server bug
-                # we cannot train through, so say which lengths disagreed.
-                raise RuntimeError(
-                    f"{self.base_url}: {len(ids)} token ids but {len(lps)} logprobs in a choice"
-                )
-            msg = choice["message"]
-            samples.append(
-                Sample(
-                    message={
-                        "role": "assistant",
-                        "content": msg.get("content"),
-                        **({"tool_calls": msg["tool_calls"]} if msg.get("tool_calls") else {}),
-                    },
-                    prompt_token_ids=list(prompt_ids),
-                    token_ids=list(ids),
-                    logprobs=lps,
-                    finish_reason=choice.get("finish_reason"),
-                )
-            )
-        return samples
+# The policy client family lives in `policy_client` (one Protocol, one HTTP client); a
+# rollout's turn is its `Completion`. `Sample` is the same class under the name the
+# in-process clients (compose's LocalMoEClient) have used.
+Sample = Completion
 
 
 @dataclass
@@ -180,12 +74,44 @@ class Rollout:
     passed: bool = False
     turns: int = 0
     reasons: list[str] = field(default_factory=list)
-    prefix_mismatches: int = 0
+    prefix_mismatches: int = 0  # turns whose server prompt did not extend the last one
     truncated: bool = False
+    rerendered_turns: int = 0  # turns the server re-rendered differently from the samples
 
     @property
     def n_sampled(self) -> int:
         return sum(self.loss_mask)
+
+
+def new_turn_tokens(prev_prompt: list[int], prompt: list[int], sampled: list[int],
+                    seq: list[int]) -> tuple[list[int] | None, bool]:
+    """The tokens to append after a sampled turn: only what the server added after it.
+
+    `prev_prompt` is the prompt the turn was sampled from, `prompt` the server's next one,
+    `sampled` the ids the policy drew. The next prompt is `prev_prompt` + the server's
+    rendering of the assistant turn (`<|im_end|>` and a newline at its end) + the new
+    tool/user turn and the next assistant header, which begins with `<|im_start|>` (the
+    first token of every prompt). We keep `sampled` exactly and append only the new turn
+    (with the closing `<|im_end|>` when the sample stopped without one), never the
+    re-rendered turn. Returns (delta, whether the server's rendering differed from the
+    samples); delta is None when `prompt` does not extend `prev_prompt` at all.
+    """
+    if prompt[: len(seq)] == seq:  # the server rendered our samples back exactly
+        return prompt[len(seq):], False
+    if not prev_prompt or prompt[: len(prev_prompt)] != prev_prompt:
+        return None, True
+    im_start = prev_prompt[0]
+    rest = prompt[len(prev_prompt):]
+    try:
+        j = rest.index(im_start)
+    except ValueError:
+        return None, True
+    if j < 2:
+        return None, True
+    im_end = rest[j - 2]
+    # rest[:j] is the server's assistant turn: text..., <|im_end|>, "\n"
+    delta = rest[j - 1:] if sampled and sampled[-1] == im_end else rest[j - 2:]
+    return delta, True
 
 
 def _with_hint(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
@@ -225,7 +151,7 @@ def _apply_turn(env: Environment, message: dict[str, Any]) -> list[dict[str, Any
 def run_group(
     make_env: Callable[[], Environment],
     seed: int,
-    client: ChatClient,
+    client: ChatPolicy,
     cfg: RolloutConfig,
     *,
     model: str,
@@ -233,10 +159,13 @@ def run_group(
     n_hinted: int = 0,
     request_seed: int | None = None,
     parallel: bool = False,
+    token_ids: bool = True,
 ) -> list[Rollout]:
     """G rollouts of one environment seed; the first `n_hinted` see the hint.
 
-    `parallel` sends independent requests from threads (needs a thread-safe client)."""
+    `parallel` sends independent requests from threads (needs a thread-safe client).
+    `token_ids=False` accepts a client that returns no token ids (evaluation against a
+    hosted provider): the transcript and reward are kept, the sequences stay empty."""
     envs = [make_env() for _ in range(group_size)]
     for env in envs:
         env.reset(seed)
@@ -258,7 +187,7 @@ def run_group(
         n = n_hinted if hinted else group_size - n_hinted
         if not n:
             return []
-        return client.chat(hinted_msgs if hinted else base_msgs, tools, model=model, n=n,
+        return client.chat(hinted_msgs if hinted else base_msgs, tools=tools, model=model, n=n,
                            max_tokens=cfg.max_tokens, temperature=cfg.temperature,
                            seed=sub_seed(0, 1 if hinted else 0))
 
@@ -268,22 +197,27 @@ def run_group(
     else:
         hinted_s, plain_s = first_turn(True), first_turn(False)
     first = [(s, True) for s in hinted_s] + [(s, False) for s in plain_s]
+    if token_ids and any(not s.prompt_token_ids for s, _ in first):
+        raise RuntimeError("the policy server returned no `prompt_token_ids`; it must support "
+                           "`return_token_ids` (our CPU server does, vLLM >= 0.10.2 does)")
     plain_prompt: list[int] | None = plain_s[0].prompt_token_ids if plain_s else None
     if n_hinted and plain_prompt is None:
         # Every rollout was hinted: ask the server for the plain prompt's ids (1 token).
-        probe = client.chat(base_msgs, tools, model=model, n=1, max_tokens=1,
+        probe = client.chat(base_msgs, tools=tools, model=model, n=1, max_tokens=1,
                             temperature=cfg.temperature, seed=sub_seed(0, 2))
         plain_prompt = probe[0].prompt_token_ids
 
-    def finish(i: int, sample: Sample, hinted: bool, env: Environment) -> Rollout:
+    def finish(i: int, sample: Completion, hinted: bool, env: Environment) -> Rollout:
         msgs = [dict(m) for m in (hinted_msgs if hinted else base_msgs)]
         opening = list(sample.prompt_token_ids)
         seq = list(opening)
         mask = [0] * len(seq)
         lps: list[float | None] = [None] * len(seq)
         mismatches = 0
+        rerenders = 0
         truncated = False
         turns = 0
+        prev_prompt = list(sample.prompt_token_ids)
         while True:
             turns += 1
             seq += sample.token_ids
@@ -296,15 +230,18 @@ def run_group(
             if turns >= cfg.max_turns or len(seq) + cfg.max_tokens > cfg.max_sequence:
                 truncated = True
                 break
-            sample = client.chat(msgs, tools, model=model, n=1, max_tokens=cfg.max_tokens,
-                                 temperature=cfg.temperature, seed=sub_seed(i, turns))[0]
+            sampled = sample.token_ids
+            sample = client.chat(msgs, tools=tools, model=model, n=1,
+                                 max_tokens=cfg.max_tokens, temperature=cfg.temperature,
+                                 seed=sub_seed(i, turns))[0]
             prompt = sample.prompt_token_ids
-            if prompt[: len(seq)] == seq:
-                delta = prompt[len(seq):]
-            else:
+            delta, rerendered = new_turn_tokens(prev_prompt, prompt, sampled, seq)
+            prev_prompt = list(prompt)
+            if delta is None:  # the server's prompt does not extend the last one at all
                 mismatches += 1
                 seq, mask, lps = [], [], []
-                delta = prompt
+                delta = list(prompt)
+            rerenders += int(rerendered)
             seq += delta
             mask += [0] * len(delta)
             lps += [None] * len(delta)
@@ -325,7 +262,7 @@ def run_group(
             messages=msgs, reward=float(summary.get("reward", 0.0)),
             passed=bool(summary.get("passed", False)), turns=turns,
             reasons=list(summary.get("reasons", [])), prefix_mismatches=mismatches,
-            truncated=truncated,
+            truncated=truncated, rerendered_turns=rerenders,
         )
 
     jobs = [(i, s, h, env) for i, ((s, h), env) in enumerate(zip(first, envs, strict=True))]
@@ -346,7 +283,7 @@ class EvalResult:
 def evaluate(
     make_env: Callable[[], Environment],
     seeds: list[int],
-    client: ChatClient,
+    client: ChatPolicy,
     cfg: RolloutConfig,
     *,
     model: str,

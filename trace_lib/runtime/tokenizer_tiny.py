@@ -87,7 +87,7 @@ def save_tiny_tokenizer(dest: Path, vocab_size: int = VOCAB_SIZE):
         eos_token=IM_END,
         pad_token=END_OF_TEXT,
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (IM_END, END_OF_TEXT)],
-        model_max_length=4096,
+        model_max_length=16384,
         clean_up_tokenization_spaces=False,
     )
     hf.chat_template = CHAT_TEMPLATE

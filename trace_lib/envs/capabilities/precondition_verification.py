@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trace_lib.envs.capabilities import task_builder
-from trace_lib.envs.capabilities.records import REFUSAL, airline_active, call, pick
+from trace_lib.envs.capabilities.instances import airline_active, call, pick
 from trace_lib.envs.capabilities.task_env import Task
 
 COVERED = {"health": ["I got sick and my doctor told me not to travel",
@@ -44,7 +44,9 @@ def _looks_eligible(res: Any) -> bool:
 
 @task_builder("precondition_verification", "airline",
               note="cancel a reservation: allowed (recent, business, airline-cancelled, "
-                   "insured with a covered reason) or not")
+                   "insured with a covered reason) or not",
+              tools=('get_user_details', 'get_reservation_details', 'cancel_reservation'),
+              policy_sections=('Cancelling',))
 def airline_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
     from trace_lib.envs.domains.airline.tools import cancellation_allowed
 
@@ -79,13 +81,14 @@ def airline_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
     else:
         actions = reads
         answer = f"I'm sorry, but I cannot cancel reservation {rid}: {why}."
-        items = [REFUSAL]
+        items = []
     return Task(
         request=request,
         actions=actions,
         answer=answer,
         answer_items=items,
         required_reads=[call("get_reservation_details", reservation_id=rid)],
+        refusal_of=None if why is None else rid,
         hint=("Read the reservation before deciding. Cancel only if it was booked less than "
               "24 hours ago, an airline-cancelled flight is on it, the cabin is business, or "
               "it has insurance and the reason is health or weather. Otherwise refuse and do "
@@ -97,9 +100,11 @@ def airline_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
 
 
 @task_builder("precondition_verification", "retail",
-              note="cancel an order: allowed only if it is the user's own and still pending")
+              note="cancel an order: allowed only if it is the user's own and still pending",
+              tools=('find_user_id_by_email', 'get_order_details', 'cancel_pending_order'),
+              policy_sections=('General rules', 'Cancelling a pending order'))
 def retail_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
-    from trace_lib.envs.capabilities.records import retail_login, retail_orders
+    from trace_lib.envs.capabilities.instances import retail_login, retail_orders
 
     pending = retail_orders(db, "pending")
     kind = "eligible" if rng.random() < 0.5 else (
@@ -133,13 +138,14 @@ def retail_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
                else f"the order is {order.status}, and only pending orders can be cancelled")
         actions = reads
         answer = f"I'm sorry, I cannot cancel order {oid}: {why}."
-        items = [REFUSAL]
+        items = []
     return Task(
         request=request,
         actions=actions,
         answer=answer,
         answer_items=items,
         required_reads=reads,
+        refusal_of=None if why is None else oid,
         hint=("Authenticate the user first (find_user_id_by_email), then read the order: "
               "cancel only an order of this user whose status is pending; otherwise refuse "
               "without calling cancel_pending_order."),

@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from trace_lib.envs.capabilities import task_builder
-from trace_lib.envs.capabilities.records import call, pick
+from trace_lib.envs.capabilities.instances import call, pick
 from trace_lib.envs.capabilities.task_env import Task
 
 
@@ -113,7 +113,9 @@ _AIRLINE_QUESTIONS = {
 
 
 @task_builder("structured_data_reasoning", "airline",
-              note="net amount paid, total bags, priciest flight, free bag allowance")
+              note="net amount paid, total bags, priciest flight, free bag allowance",
+              tools=('get_user_details', 'get_reservation_details'),
+              policy_sections=('Records', 'Booking'))
 def airline_question(db: Any, rng: random.Random, difficulty: int) -> Task:
     q = None
     for _ in range(20):
@@ -143,7 +145,7 @@ def _retail_user(db: Any, rng: random.Random, min_orders: int = 1) -> Any:
 
 
 def _retail_net_paid(db: Any, rng: random.Random) -> dict[str, Any] | None:
-    from trace_lib.envs.capabilities.records import money, retail_login
+    from trace_lib.envs.capabilities.instances import money, retail_login
 
     order = pick(rng, [o for _, o in sorted(db.orders.items())])
     net = round(sum(p.amount if p.transaction_type == "payment" else -p.amount
@@ -161,7 +163,7 @@ def _retail_net_paid(db: Any, rng: random.Random) -> dict[str, Any] | None:
 
 
 def _retail_priciest_item(db: Any, rng: random.Random) -> dict[str, Any] | None:
-    from trace_lib.envs.capabilities.records import money, retail_login
+    from trace_lib.envs.capabilities.instances import money, retail_login
 
     order = pick(rng, [o for _, o in sorted(db.orders.items()) if len(o.items) >= 2] or
                  [o for _, o in sorted(db.orders.items())])
@@ -183,7 +185,7 @@ def _retail_priciest_item(db: Any, rng: random.Random) -> dict[str, Any] | None:
 
 
 def _retail_items_delivered(db: Any, rng: random.Random) -> dict[str, Any] | None:
-    from trace_lib.envs.capabilities.records import retail_login
+    from trace_lib.envs.capabilities.instances import retail_login
 
     user = _retail_user(db, rng, 2)
     orders = [db.orders[o] for o in sorted(user.orders)]
@@ -201,7 +203,7 @@ def _retail_items_delivered(db: Any, rng: random.Random) -> dict[str, Any] | Non
 
 
 def _retail_cheapest_variant(db: Any, rng: random.Random) -> dict[str, Any] | None:
-    from trace_lib.envs.capabilities.records import money, retail_login, retail_other_variants
+    from trace_lib.envs.capabilities.instances import money, retail_login, retail_other_variants
 
     order = pick(rng, [o for _, o in sorted(db.orders.items())])
     item = pick(rng, order.items)
@@ -235,7 +237,9 @@ _RETAIL_QUESTIONS = {
 
 
 @task_builder("structured_data_reasoning", "retail",
-              note="net paid, priciest item, delivered item count, cheapest other variant")
+              note="net paid, priciest item, delivered item count, cheapest other variant",
+              tools=('find_user_id_by_email', 'get_user_details', 'get_order_details', 'get_product_details'),
+              policy_sections=('Records',))
 def retail_question(db: Any, rng: random.Random, difficulty: int) -> Task:
     q = None
     for _ in range(20):

@@ -23,6 +23,15 @@ Design decisions
 - Answer items are lists of alternatives, matched case-insensitively on normalised text
   (thousands separators and "$" removed; numbers matched as whole tokens, so "2" does not
   match "2024").
+- No reward without the work: answer items count only when every required read was
+  made (before any write), and a task whose right outcome is a refusal credits the
+  refusal only if the reads were made, nothing was written, and the reply both refuses
+  and names the instance's id (`Task.refusal_of`). Generic refusal words alone earn 0;
+  `validate.TRIVIAL_POLICIES` (always refuse, echo, keyword stuffing, random read then
+  refuse) must stay at mean reward <= 0.05 on every built-in.
+- `tools="capability"` / `policy="excerpt"` shrink the prompt (see capabilities/__init__);
+  the tools a call may use are still the domain's whole toolkit (a call to a tool not
+  shown is answered like any other), only the prompt changes.
 - Writes are the domain's `@tool(write=True)` tools; no hashing per step.
 - The instance seed is mixed with the environment's name and difficulty, so two
   environments on the same seed do not draw the same request.
@@ -30,6 +39,7 @@ Design decisions
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -61,6 +71,9 @@ class Task:
     required_reads: list[dict[str, Any]] = field(default_factory=list)  # before any write
     hint: str = ""
     facts: dict[str, Any] = field(default_factory=dict)  # what the instance is about
+    # A task whose correct outcome is a refusal: the id the reply must name. Credit needs
+    # the required reads first, no write, a refusal phrase and this id in the reply.
+    refusal_of: str | None = None
 
 
 TaskBuilder = Callable[[Any, random.Random, int], Task]
@@ -71,6 +84,11 @@ class EnvConfig:
     difficulty: int = 2  # 1 easy .. 3 hard: each builder documents what it changes
     max_steps: int = 30  # tool calls + final reply; the episode ends at this many
     db_size: dict[str, Any] = field(default_factory=dict)  # passed to Domain.make_db
+    tools: str = "all"  # "all" | "capability": which tool schemas the prompt carries
+    policy: str = "full"  # "full" | "excerpt": which policy text the system prompt carries
+    distractors: int = 2  # with tools="capability": this many other domain tools too
+    needed_tools: tuple[str, ...] = ()  # declared by the task builder
+    policy_sections: tuple[str, ...] = ()  # "## " sections of the policy the tasks exercise
 
 
 def _normalise_text(text: str) -> str:
@@ -85,6 +103,25 @@ def answer_contains(answer: str, alternative: str) -> bool:
     if not needle:
         return False
     return re.search(r"(?<![\w.])" + re.escape(needle) + r"(?![\w])", hay) is not None
+
+
+REFUSAL_PHRASES = (
+    "cannot", "can't", "can not", "unable", "not able", "not possible", "not eligible",
+    "not allowed", "won't be able", "not permitted", "do not allow", "does not allow",
+)
+
+
+def policy_excerpt(policy: str, sections: tuple[str, ...] | list[str]) -> str:
+    """The policy's opening, its "How to work" section and `sections`, cut verbatim."""
+    parts = re.split(r"(?m)^(?=## )", policy.strip())
+    head, body = parts[0], parts[1:]
+    by_title = {p.splitlines()[0][3:].strip(): p for p in body}
+    missing = [t for t in sections if t not in by_title]
+    if missing:
+        raise KeyError(f"policy has no sections {missing}; it has {sorted(by_title)}")
+    wanted = ["How to work", *[t for t in sections if t != "How to work"]]
+    kept = [by_title[t].rstrip() for t in by_title if t in wanted]  # policy order
+    return "\n\n".join([head.rstrip(), *kept])
 
 
 def _canonical(value: Any) -> str:
@@ -169,11 +206,28 @@ class TaskEnvironment:
 
     @property
     def system_prompt(self) -> str:
-        return f"{self._domain.policy.strip()}\n\n{FRAMING}"
+        policy = self._domain.policy.strip()
+        if self.config.policy == "excerpt" and self.config.policy_sections:
+            policy = policy_excerpt(policy, self.config.policy_sections)
+        return f"{policy}\n\n{FRAMING}"
+
+    def write_tool_names(self) -> list[str]:
+        return self._domain.write_tools()
+
+    def tool_names_shown(self) -> list[str]:
+        """The tools the prompt lists, in the domain's order."""
+        every = self._domain.tool_names()
+        if self.config.tools == "all" or not self.config.needed_tools:
+            return list(every)
+        needed = set(self.config.needed_tools)
+        others = sorted((n for n in every if n not in needed),
+                        key=lambda n: hashlib.sha1(f"{self.capability}:{n}".encode()).hexdigest())
+        shown = needed | set(others[: max(0, self.config.distractors)])
+        return [n for n in every if n in shown]
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
-        return self._domain.tool_schemas()
+        return self._domain.tool_schemas(self.tool_names_shown())
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -320,11 +374,30 @@ class TaskEnvironment:
             score, why = self._read_score(read)
             checks.append({"check": "read_before_write", "score": score, "reason": why})
         answer = self.final_answer or ""
+        reads_ok = all(c["score"] == 1.0 for c in checks if c["check"] == "read_before_write")
+        wrote = any(c["write"] for c in self.calls)
         for item in task.answer_items:
             found = any(answer_contains(answer, alt) for alt in item)
             shown = " | ".join(item)
+            if found and not reads_ok:
+                checks.append({"check": "answer", "score": 0.0,
+                               "reason": f"reply states {shown} without the required reads"})
+                continue
             checks.append({"check": "answer", "score": 1.0 if found else 0.0,
                            "reason": ("reply states " if found else "reply lacks ") + shown})
+        if task.refusal_of is not None:
+            refused = any(answer_contains(answer, alt) for alt in REFUSAL_PHRASES)
+            named = answer_contains(answer, task.refusal_of)
+            if not reads_ok:
+                score, why = 0.0, "refused without the required reads"
+            elif wrote:
+                score, why = 0.0, "wrote to the database instead of refusing"
+            elif not (refused and named):
+                score, why = 0.0, (f"reply does not refuse {task.refusal_of}" if not refused
+                                   else f"reply refuses without naming {task.refusal_of}")
+            else:
+                score, why = 1.0, f"refused {task.refusal_of} after checking the records"
+            checks.append({"check": "refusal", "score": score, "reason": why})
         final_hash = db_hash(self.db)
         state_ok = final_hash == self.expected_hash
         if state_ok:

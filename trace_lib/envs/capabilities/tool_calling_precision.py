@@ -20,7 +20,7 @@ import random
 from typing import Any
 
 from trace_lib.envs.capabilities import task_builder
-from trace_lib.envs.capabilities.records import (
+from trace_lib.envs.capabilities.instances import (
     FIRST_NAMES,
     airline_active,
     airline_payment,
@@ -143,7 +143,11 @@ def _airline_draw(db: Any, rng: random.Random, difficulty: int):
 
 
 @task_builder("tool_calling_precision", "airline",
-              note="passenger-list edits, full bookings, cabin changes listing every flight")
+              note="passenger-list edits, full bookings, cabin changes listing every flight",
+              tools={1: ("update_reservation_passengers",),
+                     2: ("update_reservation_passengers", "book_reservation"),
+                     3: ("book_reservation", "update_reservation_flights")},
+              policy_sections=('Booking', 'Changing a reservation'))
 def airline_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
     drawn = None
     for _ in range(30):
@@ -166,7 +170,7 @@ def airline_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
 
 
 def _retail_swap(db: Any, rng: random.Random, status: str, max_items: int):
-    from trace_lib.envs.capabilities.records import retail_orders, retail_other_variants
+    from trace_lib.envs.capabilities.instances import retail_orders, retail_other_variants
 
     orders = [o for o in retail_orders(db, status)
               if any(retail_other_variants(db, i) for i in o.items)]
@@ -192,11 +196,11 @@ def _retail_swap(db: Any, rng: random.Random, status: str, max_items: int):
 
 
 def _retail_order_address(db: Any, rng: random.Random):
+    from trace_lib.envs.capabilities.instances import retail_orders
     from trace_lib.envs.capabilities.multi_step_task_completion import (
         _address_text,
         _retail_address,
     )
-    from trace_lib.envs.capabilities.records import retail_orders
 
     order = pick(rng, retail_orders(db, "pending"))
     user = db.users[order.user_id]
@@ -217,9 +221,15 @@ def _retail_draw(db: Any, rng: random.Random, difficulty: int):
 
 
 @task_builder("tool_calling_precision", "retail",
-              note="order address changes, item swaps and exchanges with exact id lists")
+              note="order address changes, item swaps and exchanges with exact id lists",
+              tools={1: ("find_user_id_by_email", "modify_pending_order_address"),
+                     2: ("find_user_id_by_email", "modify_pending_order_items",
+                         "exchange_delivered_order_items"),
+                     3: ("find_user_id_by_email", "modify_pending_order_items",
+                         "exchange_delivered_order_items")},
+              policy_sections=('General rules', 'Changing a pending order', 'Exchanging a delivered order'))
 def retail_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
-    from trace_lib.envs.capabilities.records import retail_login
+    from trace_lib.envs.capabilities.instances import retail_login
 
     drawn = None
     for _ in range(30):

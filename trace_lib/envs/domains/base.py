@@ -14,9 +14,10 @@ text. Capability environments, the scripted demo agent and the tests all use thi
 Design decisions
 - A tool is a toolkit method marked with `@tool` (read) or `@tool(write=True)`. Its JSON
   schema is generated from the method itself: the signature's type hints become a pydantic
-  model named "parameters" (the same construction tau2-bench uses, so `$defs`, `anyOf`,
-  enums and titles come out in the same shape) and the Google-style docstring gives the
-  tool and argument descriptions. There is no second, hand-written copy of a schema to
+  model named "parameters" (the same construction tau2-bench uses, so `$defs`, `anyOf`
+  and enums come out in the same shape; pydantic's `title` keys are dropped: on a small
+  model's prompt budget they cost tokens and repeat the property names) and the
+  Google-style docstring gives the tool and argument descriptions. There is no second, hand-written copy of a schema to
   drift from the code.
 - `invoke` validates arguments against that same model before calling, strictly (no
   "2" -> 2 coercion) and refusing unknown argument names, so a wrong type, a missing or an
@@ -225,11 +226,31 @@ def _params_model(cls: type, name: str) -> type[BaseModel]:
     return _MODEL_CACHE[key]
 
 
+def strip_titles(schema: Any) -> Any:
+    """A JSON schema without pydantic's `title` keys (prompt tokens that say nothing new).
+
+    Only the `title` *keyword* of a schema object goes; a property that happens to be
+    named "title" (a key of `properties`) stays."""
+    if isinstance(schema, list):
+        return [strip_titles(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {k: strip_titles(v) for k, v in value.items()}
+        else:
+            out[key] = strip_titles(value)
+    return out
+
+
 def tool_schema(cls: type, name: str) -> dict[str, Any]:
     """The OpenAI function schema of one tool, generated from its signature and docstring."""
     fn = getattr(cls, name)
     description, _ = parse_docstring(fn.__doc__)
-    params = _params_model(cls, name).model_json_schema()
+    params = strip_titles(_params_model(cls, name).model_json_schema())
     return {
         "type": "function",
         "function": {"name": name, "description": description, "parameters": params},

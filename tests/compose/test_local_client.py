@@ -1,0 +1,63 @@
+"""Composition resolves environments through the registry: generated (file / code)
+environments run in the sandbox, and errors are never swallowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trace_lib.compose.gated import compose
+from trace_lib.errors import UserInputError
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_composition_evaluates_a_generated_environment_file(tiny_dir, adapter_dirs) -> None:
+    from trace_lib.compose.evaluate import EvalConfig, evaluate_composition
+    from trace_lib.compose.local_client import env_factory, route_env
+
+    path = str(HERE / "file_env.py")
+    env = env_factory(path)()
+    try:
+        assert type(env).__name__ == "SandboxedEnvironment"  # never imported in-process
+        env.reset(3)
+        assert env.messages[-1]["content"] == "say 3"
+    finally:
+        env.close()
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]])
+    rows = evaluate_composition(moe, EvalConfig(envs=[path], seeds=2, max_tokens=3,
+                                                max_turns=1))
+    assert {r["env"] for r in rows} == {path} and all(r["n"] == 2 for r in rows)
+    trace = route_env(moe, path, seed=1, force=2, max_tokens=3, max_turns=1)
+    assert trace.meta["env"] == path and (trace.chosen == 2).all()
+
+
+def test_environment_errors_are_raised_not_swallowed(tmp_path) -> None:
+    from trace_lib.compose.local_client import env_factory
+
+    with pytest.raises(UserInputError, match="no such environment module file"):
+        env_factory(str(tmp_path / "missing.py"))
+    with pytest.raises(UserInputError, match="expected DOMAIN/CAPABILITY"):
+        env_factory("nonsense")
+    with pytest.raises(UserInputError, match="never reads the store"):
+        env_factory("airline/precondition_verification/gen7", store=False)
+
+
+def test_a_stored_generated_environment_resolves_through_the_store(db_path) -> None:
+    from trace_lib.compose.local_client import env_code, env_factory
+    from trace_lib.envs.catalog import save_environment
+    from trace_lib.envs.registry import EnvSpec
+
+    code = (HERE / "file_env.py").read_text()
+    spec = EnvSpec(name="toy/say_seed/gen1", capability="say_seed", domain="toy", version=1,
+                   source="generated", code=code)
+    save_environment(spec, "approved", db=db_path)
+    assert env_code("toy/say_seed/gen1", db=db_path) == code
+    env = env_factory("toy/say_seed/gen1", db=db_path)()
+    try:
+        env.reset(5)
+        assert env.messages[-1]["content"] == "say 5"
+    finally:
+        env.close()
+    assert env_code("airline/precondition_verification") is None  # built-ins need no code

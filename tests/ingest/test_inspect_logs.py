@@ -1,0 +1,154 @@
+"""Inspect AI logs: a real Inspect task with a tool, run on Inspect's mock model
+(`mockllm/model`), writes real `.eval` and `.json` logs; they are imported as trajectories."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.ingest import ingest_bytes, ingest_paths
+
+pytest.importorskip("inspect_ai")
+
+# Three samples: one answered right after a tool call, one answered wrong after a tool
+# error (ToolError: the model sees it), one whose tool crashes (a sample error), two epochs.
+TASK = r'''
+import sys
+from inspect_ai import Task, eval as inspect_eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import ToolError, tool
+
+
+@tool
+def add():
+    async def execute(x: int, y: int):
+        """Add two integers.
+
+        Args:
+            x: the first
+            y: the second
+        """
+        if x < 0:
+            raise ToolError("negative numbers are not supported")
+        if x > 100:
+            raise RuntimeError("calculator crashed")
+        return x + y
+    return execute
+
+
+def outputs():
+    m = "mockllm/model"
+    out = []
+    for _ in range(2):  # two epochs, samples run in order (max_samples=1)
+        out += [
+            ModelOutput.for_tool_call(model=m, tool_name="add", tool_arguments={"x": 1, "y": 2}),
+            ModelOutput.from_content(model=m, content="The answer is 3"),
+            ModelOutput.for_tool_call(model=m, tool_name="add", tool_arguments={"x": -1, "y": 5}),
+            ModelOutput.from_content(model=m, content="I could not add them"),
+            ModelOutput.for_tool_call(model=m, tool_name="add", tool_arguments={"x": 101, "y": 1}),
+        ]
+    for o in out:  # explicit usage: the mock model would otherwise count tokens with tiktoken
+        o.usage = ModelUsage(input_tokens=10, output_tokens=5, total_tokens=15)
+    return out
+
+
+task = Task(
+    name="adder",
+    dataset=[Sample(input="What is 1+2?", target="3", id="s1"),
+             Sample(input="What is -1+5?", target="4", id="s2"),
+             Sample(input="What is 101+1?", target="102", id="s3")],
+    solver=[use_tools(add()), generate()],
+    scorer=includes(),
+)
+for fmt in ("eval", "json"):
+    inspect_eval(task, model=get_model("mockllm/model", custom_outputs=outputs()),
+                 log_dir=sys.argv[1] + "/" + fmt, log_format=fmt, display="none",
+                 max_samples=1, epochs=2, fail_on_error=False)
+'''
+
+
+@pytest.fixture(scope="module")
+def inspect_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("inspect")
+    script = out / "task.py"
+    script.write_text(TASK)
+    env = {**os.environ, "INSPECT_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1",
+           "INSPECT_DISPLAY": "none"}
+    run = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=out)
+    assert run.returncode == 0, run.stderr[-3000:]
+    logs = {fmt: next((out / fmt).glob(f"*.{fmt}")) for fmt in ("eval", "json")}
+    return logs
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    with store.connect(db, read_only=True) as con:
+        return con.execute(sql).fetchall()
+
+
+@pytest.mark.parametrize("fmt", ["eval", "json"])
+def test_inspect_log_imports_one_trajectory_per_sample_and_epoch(
+    inspect_logs: dict[str, Path], db_path: Path, fmt: str
+) -> None:
+    report = ingest_paths([inspect_logs[fmt]], db=db_path)
+    assert report.formats == {str(inspect_logs[fmt]): "inspect"}
+    assert (report.trajectories, report.successes, report.failures, report.errors) == (6, 2, 2, 2)
+    got = rows(db_path, "SELECT task_id, trial, outcome, reward, agent_model, domain, termination "
+                        "FROM trajectories ORDER BY task_id, trial")
+    assert got == [
+        ("s1", 1, "success", 1.0, "mockllm/model", "adder", "agent_stop"),
+        ("s1", 2, "success", 1.0, "mockllm/model", "adder", "agent_stop"),
+        ("s2", 1, "failure", 0.0, "mockllm/model", "adder", "agent_stop"),
+        ("s2", 2, "failure", 0.0, "mockllm/model", "adder", "agent_stop"),
+        ("s3", 1, "error", None, "mockllm/model", "adder", "error"),
+        ("s3", 2, "error", None, "mockllm/model", "adder", "error"),
+    ]
+    # Messages with the tool call, its result, and the ToolError on the call it answers.
+    msgs = rows(db_path, "SELECT m.role, m.content, m.name FROM messages m JOIN trajectories t "
+                         "ON t.id = m.trajectory_id WHERE t.task_id = 's1' AND t.trial = 1 "
+                         "ORDER BY m.idx")
+    assert [m[0] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[2][1:] == ("3", "add") and msgs[3][1] == "The answer is 3"
+    calls = rows(db_path, "SELECT t.task_id, c.name, c.arguments::VARCHAR, c.error FROM "
+                          "tool_calls c JOIN trajectories t ON t.id = c.trajectory_id "
+                          "WHERE t.trial = 1 ORDER BY t.task_id")
+    assert [(c[0], c[1], json.loads(c[2])) for c in calls] == [
+        ("s1", "add", {"x": 1, "y": 2}), ("s2", "add", {"x": -1, "y": 5}),
+        ("s3", "add", {"x": 101, "y": 1})]
+    assert calls[1][3] == "negative numbers are not supported" and calls[0][3] is None
+    meta = json.loads(rows(db_path, "SELECT meta FROM trajectories WHERE outcome = 'error' "
+                                    "LIMIT 1")[0][0])
+    assert "calculator crashed" in meta["harness_error"] and meta["task"] == "adder"
+    schema = rows(db_path, "SELECT schema FROM tool_schemas WHERE domain = 'adder'")
+    assert json.loads(schema[0][0])["function"]["name"] == "add"
+
+
+def test_inspect_log_upload_and_gzip_and_reimport(
+    inspect_logs: dict[str, Path], db_path: Path, tmp_path: Path
+) -> None:
+    data = inspect_logs["eval"].read_bytes()
+    first = ingest_bytes("run.eval", data, db=db_path)
+    assert first.trajectories == 6
+    packed = tmp_path / "run.eval.gz"
+    packed.write_bytes(gzip.compress(data))
+    again = ingest_paths([packed], db=db_path)
+    assert (again.trajectories, again.duplicates) == (0, 6)
+
+
+def test_broken_inspect_log_is_a_clear_error(tmp_path: Path, db_path: Path) -> None:
+    bad = tmp_path / "broken.eval"
+    bad.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(UserInputError, match="broken.eval: not a readable Inspect log"):
+        ingest_paths([bad], db=db_path)
+    assert not db_path.exists()

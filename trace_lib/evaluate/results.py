@@ -1,0 +1,105 @@
+"""The store side of evaluation: a finished run becomes a dataset, like any import.
+
+Design decisions
+- An evaluation's episodes file is imported through the ingest stage (`ingest_paths`,
+  format openai_jsonl), not written row by row here: the same parser, the same
+  all-or-nothing transaction, the same expected actions and tool schemas, so explore,
+  diagnose, rank and compare read it like a user's file.
+- Background runs never open the store (one writer): the job leaves `result.json` with
+  the episodes path in its run directory, and `sync_evaluations` (called by the app and
+  the CLI when they look at jobs) imports each succeeded `evaluate` job once. "Once" is
+  the dataset whose `source` is that file: re-syncing finds it and imports nothing.
+- A result carries the pass rate's Wilson interval, so every front end prints the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trace_lib import store
+from trace_lib.compare import wilson
+
+
+def import_episodes(db: str | Path | None, result: dict[str, Any],
+                    job_id: str | None = None) -> dict[str, Any]:
+    """Import a run's episodes file; return the `evaluate --json` document."""
+    from trace_lib.ingest import ingest_paths
+
+    path = Path(result["episodes_path"]).resolve()
+    report = ingest_paths([path], db=db, fmt="openai_jsonl")
+    ds = report.datasets[0]
+    return summary(result, ds, job_id)
+
+
+def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> dict[str, Any]:
+    n, k = int(result["trajectories"]), int(result["successes"])
+    lo, hi = wilson(k, n)
+    return {
+        "dataset": ds["name"],
+        "dataset_id": ds["id"],
+        "trajectories": n,
+        "successes": k,
+        "failures": n - k,
+        "pass_rate": k / n if n else None,
+        "ci95": [lo, hi],
+        "write_tasks": result.get("write_tasks"),
+        "policy": result.get("policy"),
+        "domain": result.get("domain"),
+        "tasks": result.get("tasks"),
+        "trials": result.get("trials"),
+        "run_id": result.get("run_id"),
+        "job_id": job_id,
+        "episodes_path": result.get("episodes_path"),
+        "wall_s": result.get("wall_s"),
+    }
+
+
+def _dataset_for(con: Any, path: str) -> tuple[str, str] | None:
+    row = con.execute("SELECT id, name FROM datasets WHERE source = ?", [path]).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def sync_evaluations(db: str | Path | None) -> list[dict[str, Any]]:
+    """Import every succeeded `evaluate` job's episodes not yet in the store; return the
+    summaries of what this call imported."""
+    from trace_lib import jobs
+
+    done = []
+    for st in jobs.list_jobs():
+        if st.kind != "evaluate" or st.state != "succeeded":
+            continue
+        result = jobs.read_result(st.run_dir)
+        path = result.get("episodes_path")
+        if not path or not Path(path).is_file():
+            continue
+        with store.connect(db) as con:
+            known = _dataset_for(con, str(Path(path).resolve()))
+        if known is None:
+            done.append(import_episodes(db, result, job_id=st.id))
+    return done
+
+
+def evaluation_datasets(db: str | Path | None) -> list[dict[str, Any]]:
+    """Datasets with their outcome counts and, for evaluations, the provenance: what the
+    Compare page offers, newest first."""
+    path = store.resolve_db_path(db)
+    if not path.exists():
+        return []
+    with store.connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT d.id, d.name, d.format, d.imported_at, count(t.id), "
+            "count(t.id) FILTER (t.success), count(DISTINCT t.task_id), "
+            "any_value(t.agent_model), "
+            "any_value(CAST(t.meta->'provenance' AS VARCHAR)) "
+            "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
+            "GROUP BY d.id, d.name, d.format, d.imported_at ORDER BY d.imported_at DESC, d.name"
+        ).fetchall()
+    import json
+
+    out = []
+    for id_, name, fmt, at, n, k, tasks, agent, prov in rows:
+        out.append({"id": id_, "name": name, "format": fmt, "imported_at": str(at),
+                    "trajectories": n, "successes": k, "tasks": tasks, "agent_model": agent,
+                    "provenance": json.loads(prov) if prov else None})
+    return out

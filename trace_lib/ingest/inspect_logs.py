@@ -1,0 +1,215 @@
+"""Inspect AI evaluation logs (`.eval` archives and `.json` logs): one sample = one trajectory.
+
+Design decisions
+- Read through Inspect's own reader (`inspect_ai.log.read_eval_log` for the header,
+  `read_eval_log_samples` for the samples, one at a time), never a hand-written parser of
+  its format: the format is versioned by Inspect and its reader follows it. Samples are
+  streamed (`events` are left out: they are the bulk of a log and not part of a transcript),
+  so a large log costs one sample of memory at a time. Message attachments are resolved.
+- Messages map one to one: system/user/assistant/tool. An assistant's `tool_calls`
+  (`function`, `arguments`, `id`) become ToolCalls; a tool message answers by
+  `tool_call_id`, and its `error` (Inspect's ToolCallError) becomes the call's error text.
+  A call Inspect could not parse keeps the raw text under `_unparsed` (`parse_error`).
+- Outcome: the first score of the sample (the task's first scorer), converted with
+  Inspect's `value_to_float` (C=1, P=0.5, I=0, numbers as they are): reward, and success =
+  reward at the top of the reward range. A sample with an `error` (the model API or the
+  sandbox failed) is outcome `error`; a sample without a score is `unknown`.
+- Ids: task_id = the sample id, trial = the epoch, source_id = `<sample id>/<epoch>`,
+  agent_model = the log's model, domain = the task name (tool schemas are filed under it),
+  `meta` keeps the task, run id, scorer, explanation and the sample's limit.
+- Termination: the sample hit a limit (`limit.type`: message, token, time, ...) ->
+  max_steps; an error -> error; otherwise inferred from the last message.
+- Inspect's reader needs a file: uploaded bytes and `.gz` logs are written to a temporary
+  file first (removed when the import ends).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trace_lib.data_model import Trajectory
+from trace_lib.errors import UserInputError
+from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.normalise import (
+    ParsedFile,
+    RawMessage,
+    Skipped,
+    assemble,
+    error_outcome,
+    infer_termination,
+    outcome_fields,
+    parse_arguments,
+)
+from trace_lib.ingest.source import RecordError, Source
+
+_ROLES = {"system", "user", "assistant", "tool"}
+
+
+@contextlib.contextmanager
+def _local_file(src: Source) -> Iterator[Path]:
+    """A plain file holding the log's bytes (Inspect's reader takes a path)."""
+    if src.path is not None and not src.compressed:
+        yield src.path
+        return
+    fd, name = tempfile.mkstemp(suffix=Path(src.stem_name).suffix or ".eval")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in src.chunks():
+                fh.write(chunk)
+        yield Path(name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _messages(sample: Any, record: int) -> list[RawMessage]:
+    out: list[RawMessage] = []
+    for i, m in enumerate(sample.messages):
+        role = getattr(m, "role", None)
+        if role not in _ROLES:
+            raise RecordError(record, f"messages[{i}].role",
+                              f"expected one of system/user/assistant/tool, got {role!r}")
+        text = m.text if isinstance(m.content, list) else m.content
+        if role == "tool":
+            err = getattr(m, "error", None)
+            out.append(RawMessage(
+                role="tool", content=text, tool_call_id=getattr(m, "tool_call_id", None),
+                name=getattr(m, "function", None),
+                error=(err.message or err.type) if err is not None else None,
+            ))
+            continue
+        calls = []
+        for j, tc in enumerate(getattr(m, "tool_calls", None) or []):
+            args = tc.arguments
+            if getattr(tc, "parse_error", None):
+                args = {"_unparsed": str(tc.parse_error)} if not args else args
+            calls.append({
+                "name": tc.function,
+                "arguments": parse_arguments(args, record, f"messages[{i}].tool_calls[{j}]"),
+                "call_id": tc.id,
+                "requestor": "assistant",
+            })
+        out.append(RawMessage(role=role, content=text, tool_calls=calls))
+    return out
+
+
+def _score(sample: Any) -> tuple[float | None, dict[str, Any]]:
+    from inspect_ai.scorer import value_to_float
+
+    if not sample.scores:
+        return None, {}
+    name, score = next(iter(sample.scores.items()))
+    info = {"scorer": name, "score_value": score.value, "answer": score.answer,
+            "explanation": score.explanation}
+    if isinstance(score.value, dict | list):
+        return None, info  # several metrics in one score: no single reward
+    return float(value_to_float()(score.value)), info
+
+
+def parse_sample(sample: Any, record: int, header: dict[str, Any], ctx: ParseContext
+                 ) -> Trajectory:
+    messages = _messages(sample, record)
+    reward, score_info = _score(sample)
+    limit = getattr(sample, "limit", None)
+    meta: dict[str, Any] = {
+        "source_format": "inspect",
+        "task": header["task"],
+        "run_id": header["run_id"],
+        "eval_id": header["eval_id"],
+        "sample_uuid": getattr(sample, "uuid", None),
+        "limit": getattr(limit, "type", None),
+        **score_info,
+    }
+    if sample.error is not None:
+        outcome = error_outcome(meta, sample.error.message, reward)
+        termination = "error"
+    else:
+        outcome = outcome_fields(reward, None, record, ctx.reward_range, "scores")
+        termination = "max_steps" if limit is not None else infer_termination(messages)
+    return assemble(
+        messages,
+        record,
+        source_id=f"{sample.id}/{sample.epoch}",
+        task_id=str(sample.id),
+        trial=sample.epoch,
+        agent_model=header["model"],
+        domain=header["task"],
+        termination=termination,
+        meta=meta,
+        **outcome,
+    )
+
+
+class InspectImporter:
+    name = "inspect"
+    description = "an Inspect AI evaluation log (.eval archive, or .json with eval/samples)"
+    streaming = True
+
+    def matches(self, doc: Any) -> bool:
+        return isinstance(doc, dict) and "eval" in doc and "version" in doc and "status" in doc
+
+    def why_not(self, doc: Any) -> str:
+        if not isinstance(doc, dict):
+            return "not a JSON object"
+        missing = [k for k in ("eval", "version", "status") if k not in doc]
+        return f"no {', '.join(repr(k) for k in missing)} key(s)"
+
+    def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
+        from inspect_ai.log import read_eval_log, read_eval_log_samples
+
+        out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "")
+        stack = contextlib.ExitStack()
+        path = stack.enter_context(_local_file(src))
+        try:
+            log = read_eval_log(str(path), header_only=True)
+        except Exception as exc:  # Inspect raises many types for a file it cannot read
+            stack.close()
+            raise UserInputError(
+                f"{src.name}: not a readable Inspect log ({type(exc).__name__}: "
+                f"{str(exc)[:300]}); expected an .eval or .json log written by inspect_ai"
+            ) from None
+        header = {"task": log.eval.task, "model": log.eval.model, "run_id": log.eval.run_id,
+                  "eval_id": getattr(log.eval, "eval_id", None)}
+        out.meta.update(header | {"status": log.status})
+        if log.status != "success":
+            out.notes.append(f"{src.name}: the Inspect log's status is {log.status!r}; "
+                             f"samples that did not finish are imported as they are")
+
+        def records() -> Iterator[Trajectory]:
+            with stack:
+                samples = read_eval_log_samples(
+                    str(path), all_samples_required=False, resolve_attachments=True,
+                    exclude_fields={"events", "store", "attachments"},
+                )
+                i = -1
+                try:
+                    for i, sample in enumerate(samples):
+                        out.n_records += 1
+                        try:
+                            yield parse_sample(sample, i, header, ctx)
+                        except RecordError as exc:
+                            if not ctx.skip_invalid:
+                                raise UserInputError(
+                                    f"{src.name}: sample {sample.id} epoch {sample.epoch}: "
+                                    f"{exc}; nothing was imported") from None
+                            out.skipped.append(Skipped(src.name, i, str(exc)))
+                except (UserInputError, GeneratorExit):
+                    raise
+                except Exception as exc:
+                    raise UserInputError(
+                        f"{src.name}: record {i + 1}: Inspect could not read the sample "
+                        f"({type(exc).__name__}: {str(exc)[:300]})"
+                    ) from None
+            if out.n_records == 0:
+                raise UserInputError(f"{src.name}: the Inspect log holds no samples")
+
+        out.records = records()
+        return out
+
+
+register_importer(InspectImporter())

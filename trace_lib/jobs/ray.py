@@ -1,0 +1,89 @@
+"""The Ray backend: the same entry point through the Ray Jobs API, for a cluster.
+
+Design decisions
+- `JobSubmissionClient.submit_job` with the job id as the submission id, so the Ray job
+  and the run directory share one name and a resubmission after a lost answer is
+  recognised ("already exists").
+- The run directory must be on a filesystem the Ray workers share (true on one machine,
+  an NFS mount on a cluster). Only the variables a job needs travel in the runtime env
+  (never keys: a job reads its own from the worker's environment).
+- Orphans are detected from Ray's own job state, since the pid lives on another host.
+- A head that just started answers before its job agent is up, or drops the connection
+  while it starts: submission retries those for `agent_wait_s` (default 90 s).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from trace_lib.errors import UserInputError
+from trace_lib.jobs.backends import entrypoint, job_env
+from trace_lib.jobs.run_dir import SPEC, update_status
+from trace_lib.jobs.spec import RUNS_ENV, JobSpec
+
+RAY_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+FORWARDED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                 "TOKENIZERS_PARALLELISM", RUNS_ENV, "TRACE_MODELS_DIR")
+
+
+class RayBackend:
+    """Ray Jobs API; `address` is the dashboard URL (e.g. http://127.0.0.1:8265)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+
+    def _client(self, spec: JobSpec) -> Any:
+        from ray.job_submission import JobSubmissionClient
+
+        address = spec.backend_options.get("address") or self.address or os.environ.get(
+            "RAY_ADDRESS"
+        )
+        if not address:
+            raise UserInputError(
+                "backend ray: no Ray address; pass backend_options.address or set RAY_ADDRESS "
+                "to the dashboard URL (e.g. http://127.0.0.1:8265)"
+            )
+        return JobSubmissionClient(address)
+
+    def submit(self, spec: JobSpec) -> str:
+        env = {k: v for k, v in job_env().items() if k in FORWARDED_ENV}
+        cmd = " ".join(entrypoint(spec.path / SPEC))
+        client = self._client(spec)
+        deadline = time.monotonic() + float(spec.backend_options.get("agent_wait_s", 90))
+        while True:
+            try:
+                submission_id = client.submit_job(
+                    entrypoint=cmd, submission_id=spec.id, runtime_env={"env_vars": env},
+                    entrypoint_num_cpus=float(spec.backend_options.get("num_cpus", 1)),
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - transient ones are retried below
+                text = str(exc)
+                if "already exists" in text:  # an earlier attempt got through after all
+                    submission_id = spec.id
+                    break
+                transient = "No available agent" in text or "onnection" in text
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+        update_status(spec.path, ray_submission_id=submission_id)
+        return submission_id
+
+    def ray_state(self, spec: JobSpec) -> str:
+        return str(self._client(spec).get_job_status(spec.id)).rsplit(".", 1)[-1]
+
+    def is_gone(self, spec: JobSpec, status: dict[str, Any]) -> bool:
+        return self.ray_state(spec) in RAY_ENDED
+
+    def cancel(self, spec: JobSpec, status: dict[str, Any], grace_s: float) -> None:
+        client = self._client(spec)
+        client.stop_job(spec.id)  # SIGTERM to the entrypoint, SIGKILL after Ray's timeout
+        deadline = time.monotonic() + grace_s + 5
+        while time.monotonic() < deadline:
+            if str(client.get_job_status(spec.id)).rsplit(".", 1)[-1] in RAY_ENDED:
+                return
+            time.sleep(0.2)

@@ -1,0 +1,411 @@
+"""Composition use cases: compose, train the gates, route, evaluate; the rows they leave.
+
+Design decisions
+- Routing has one source dispatch, `route(db, moe, RouteSource, ...)`: a live prompt, an
+  environment rollout, or an ingested trajectory (read through the one trajectory
+  loader); the page's Route and "Re-run forced" buttons and the `route` verb all call it.
+- Gate training goes through the same approval rule as adapter training
+  (`environments.require_trainable`, checked for every environment before a job starts).
+- This is the only composition module that writes the store. Code that runs inside a job
+  (gate training) writes files into its run directory, and the app records them when it
+  sees the job end (one writer). A composed model's id is a hash of its folder's resolved
+  path, so registering the same folder again (after gate training rewrote its gates)
+  updates the row instead of adding a twin. Trace rows point at the `.npz` file; the
+  arrays never go into the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.workbench import environments
+
+Db = str | Path | None
+ROUTE_KINDS = ("prompt", "env", "trajectory")
+
+
+def __getattr__(name: str) -> Any:
+    # `views` (pure routing views for the page) imports torch: loaded on first use, so the
+    # store-only use cases here (listing models and traces) stay light.
+    if name == "views":
+        from trace_lib.compose import views
+
+        return views
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ----------------------------------------------------------------- compose and load
+
+
+def compose(db: Db, base: str, adapters: str, out: str | Path, mode: str = "top1",
+            register: bool = True) -> dict[str, Any]:
+    """Build the gated model with zero gates into `out` and record it (`compose`)."""
+    from trace_lib.compose.adapters import parse_adapter_arg
+    from trace_lib.compose.gated import MoEConfig
+    from trace_lib.compose.gated import compose as _compose
+
+    moe = _compose(base, parse_adapter_arg(adapters), out=out, config=MoEConfig(mode=mode))
+    moe_id = register_moe(db, out) if register else None
+    return {"path": str(Path(out).resolve()), "layers": moe.layers, "hidden": moe.hidden,
+            "experts": moe.slots[1:], "gate_params": moe.gate_param_count(), "id": moe_id,
+            "mode": moe.config.mode}
+
+
+def load_moe(path: str | Path, mode: str | None = None):
+    from trace_lib.compose.gated import load_moe as _load
+
+    return _load(path, mode=mode)
+
+
+def merge(adapters: str, out: str | Path, weights: list[float] | None = None
+          ) -> dict[str, Any]:
+    """Exact linear merge of LoRA adapters (`moe-merge`)."""
+    from trace_lib.compose.adapters import linear_merge, parse_adapter_arg, read_adapters
+
+    read = read_adapters(parse_adapter_arg(adapters))
+    path = linear_merge(read, out, weights)
+    return {"path": str(path.resolve()), "adapters": [a.name for a in read],
+            "weights": weights or [1.0 / len(read)] * len(read)}
+
+
+def merge_per_request(db: Db, moe_path: str | Path, out: str | Path,
+                      envs: dict[str, str] | None = None, seeds: int = 8,
+                      seed_start: int = 0) -> dict[str, Any]:
+    """`moe-merge --per-request`: one merged adapter per capability (the layers the gates
+    choose for that capability's requests, measured on `envs` = {capability: env}) plus
+    the router (the gates' request-level choice) for vLLM's one-adapter-per-request."""
+    from trace_lib.compose.export import env_requests, export_per_request
+
+    moe = load_moe(moe_path)
+    requests = env_requests(envs, list(range(seed_start, seed_start + seeds)), db=db) \
+        if envs else None
+    return export_per_request(moe, out, requests)
+
+
+def load_router(export_dir: str | Path):
+    """The router `merge_per_request` wrote: `.route(messages, tools)` -> capability."""
+    from trace_lib.compose.export import Router
+
+    return Router.load(export_dir)
+
+
+def environment_names() -> list[str]:
+    return environments.environment_names()
+
+
+# ------------------------------------------------------------------------------ route
+
+
+@dataclass
+class RouteSource:
+    kind: str  # prompt | env | trajectory
+    prompt: str = ""
+    system: str | None = None
+    env: str = ""
+    seed: int = 0
+    trajectory: str = ""
+    max_new_tokens: int = 32
+    max_turns: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROUTE_KINDS:
+            raise UserInputError(f"route source {self.kind!r}: expected one of "
+                                 f"{', '.join(ROUTE_KINDS)}")
+
+
+def trajectory_messages(db: Db, trajectory_id: str
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
+                                   dict[str, Any]]:
+    """An ingested trajectory as OpenAI chat messages + its domain's tool schemas + meta."""
+    from trace_lib.trajectories import chat_messages, domain_tool_schemas, load_trajectory
+
+    try:
+        with store.connect(db, read_only=True) as con:
+            st = load_trajectory(con, trajectory_id)
+            tools = domain_tool_schemas(con, st.trajectory.domain) or None
+    except UserInputError as exc:
+        raise UserInputError(f"--trajectory {trajectory_id!r}: no such trajectory in "
+                             f"{store.resolve_db_path(db)}") from exc
+    t = st.trajectory
+    meta = {"trajectory_id": st.id, "domain": t.domain, "reward": t.reward,
+            "task_id": t.task_id, "outcome": st.outcome}
+    return chat_messages(t), tools, meta
+
+
+def trace_source(db: Db, moe: Any, source: RouteSource, force: int | None = None):
+    """Generate (or replay) and trace: the one dispatch over routing sources."""
+    from trace_lib.compose import traces
+
+    if source.kind == "prompt":
+        return traces.route_prompt(moe, source.prompt, system=source.system or None,
+                                   max_new_tokens=source.max_new_tokens, force=force)
+    if source.kind == "env":
+        from trace_lib.compose.local_client import route_env
+
+        return route_env(moe, source.env, source.seed, force=force,
+                         max_tokens=source.max_new_tokens, max_turns=source.max_turns, db=db)
+    messages, tools, meta = trajectory_messages(db, source.trajectory)
+    return traces.replay_trajectory(moe, messages, tools, force=force, meta=meta)
+
+
+def route(db: Db, moe_path: str | Path, source: RouteSource, *, force: int | None = None,
+          mode: str | None = None, moe: Any = None, save: bool = True
+          ) -> tuple[Any, Path | None]:
+    """Route a source through a composed model; save and index the trace unless `save` is
+    False (then nothing touches the database). Returns (trace, saved path or None).
+
+    `moe` lets a caller pass the model it already holds loaded (the page's cache)."""
+    model = moe if moe is not None else load_moe(moe_path, mode=mode)
+    trace = trace_source(db, model, source, force=force)
+    path = save_and_index(db, moe_path, trace, source.kind) if save else None
+    return trace, path
+
+
+def load_trace(path: str | Path):
+    from trace_lib.compose.traces import RoutingTrace
+
+    return RoutingTrace.load(path)
+
+
+def share(trace: Any, by: str = "role", layer: int | None = None) -> list[dict[str, Any]]:
+    """Expert share of a trace's tokens by role or turn (at one layer, or the majority)."""
+    from trace_lib.compose import traces
+
+    return traces.share(trace, by, layer)
+
+
+def outcome_shares(db: Db, moe_path: str | Path, limit: int = 50) -> list[dict[str, Any]]:
+    """Expert share by success vs failure over the saved traces that have an outcome."""
+    from trace_lib.compose import traces
+
+    saved = list_traces(db, moe_id_for(moe_path))
+    with_outcome = [t for t in saved if t["meta"].get("outcome") in ("success", "failure")]
+    if not with_outcome:
+        return []
+    return traces.share_many([load_trace(t["path"]) for t in with_outcome[:limit]],
+                             by="outcome")
+
+
+# -------------------------------------------------------------------------- gates
+
+
+def gate_config(moe: str | Path, envs: list[str] | str, **fields: Any):
+    """The GateTrainConfig of `gates` flags / the page's widgets (validated)."""
+    from trace_lib.compose.gate_training import GateTrainConfig
+
+    return GateTrainConfig.from_dict({"moe": str(Path(moe).resolve()), "envs": envs,
+                                      **{k: v for k, v in fields.items() if v is not None}},
+                                     where="gates")
+
+
+def train_gates(db: Db, cfg: Any, background: bool = False, backend: str = "local",
+                progress: bool = True) -> dict[str, Any]:
+    """Train a composed model's gates (`gates`, the page's Start button): every environment
+    must be approved; in the background it is a recorded job, else it runs here and the
+    composed model's row gets the new metrics."""
+    from trace_lib import jobs
+    from trace_lib.compose import gate_training
+    from trace_lib.workbench import training
+
+    for name in cfg.envs:
+        environments.require_trainable(name, db=db)
+    if background:
+        spec = gate_training.submit_gate_job(cfg, backend=backend, db=db)
+        training.record_job(db, spec)
+        return {"job_id": spec.id, "run_dir": spec.run_dir, "state": "queued"}
+    job_id = jobs.new_job_id(gate_training.JOB_KIND)
+    result = gate_training.train_gates(cfg, jobs.runs_dir() / job_id, progress=progress)
+    result["job_id"] = job_id
+    result["id"] = register_moe(db, result["moe_path"], job_id=job_id,
+                                metrics={"final_reward": result["final_reward"],
+                                         "warm_rewards": result["warm_rewards"]})
+    return result
+
+
+def sync_gate_jobs(db: Db = None) -> list[dict[str, Any]]:
+    """Register the composed model of every succeeded `train_gates` job (idempotent).
+
+    Returns the gate jobs' statuses (newest first) for the page to list."""
+    from trace_lib import jobs
+    from trace_lib.compose.gate_training import JOB_KIND
+    from trace_lib.workbench import training
+
+    training.sync_jobs(db)  # keeps the `jobs` rows' states current, as the Training page does
+    known = {m["path"]: m for m in list_moe_models(db)}
+    out = []
+    for status in jobs.list_jobs():
+        if status.kind != JOB_KIND:
+            continue
+        item = status.to_dict()
+        if status.state == "succeeded":
+            result = jobs.read_result(status.run_dir)
+            moe_path = result.get("moe_path")
+            item["moe_path"] = moe_path
+            if moe_path and str(Path(moe_path).resolve()) not in known and Path(moe_path).exists():
+                register_moe(db, moe_path, job_id=status.id,
+                             metrics={"final_reward": result.get("final_reward"),
+                                      "warm_rewards": result.get("warm_rewards"),
+                                      "eval_before": result.get("eval_before"),
+                                      "eval_after": result.get("eval_after")})
+        out.append(item)
+    return out
+
+
+def gate_movement(run_dir: str | Path, finished: bool = False) -> dict[str, Any]:
+    """Have a gate-training run's gates moved? Norm, distance moved, routing entropy,
+    share per slot and a warning when they have not (the page and `job status`)."""
+    from trace_lib import jobs
+    from trace_lib.compose.movement import gate_movement as _movement
+
+    return _movement(jobs.read_metrics(run_dir), finished=finished)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    from trace_lib import jobs
+
+    return jobs.read_metrics(run_dir)
+
+
+# ----------------------------------------------------------------------- evaluation
+
+
+def moe_eval(db: Db, moe_path: str | Path, envs: list[str], *, seeds: int = 8,
+             seed_start: int = 10_000, max_tokens: int = 96, max_turns: int = 4,
+             include_merge: bool = True, moe: Any = None,
+             on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Base vs each adapter vs linear merge vs composed on held-out seeds (`moe-eval`, the
+    Evaluate tab); writes `<moe>/eval.json` and records it on the model's row."""
+    from trace_lib.compose.evaluate import (
+        EvalConfig,
+        evaluate_composition,
+        summary_rows,
+        write_eval,
+    )
+
+    model = moe if moe is not None else load_moe(moe_path)
+    cfg = EvalConfig(envs=list(envs), seeds=seeds, seed_start=seed_start,
+                     max_tokens=max_tokens, max_turns=max_turns, include_merge=include_merge)
+    rows = evaluate_composition(model, cfg, on_row=on_row, db=db)
+    path = write_eval(moe_path, rows, cfg)
+    summary = summary_rows(rows)
+    register_moe(db, moe_path, metrics={"eval": rows, "eval_summary": summary})
+    return {"path": str(path), "rows": rows, "summary": summary}
+
+
+def eval_policy_count(moe: Any, include_merge: bool = True) -> int:
+    from trace_lib.compose.evaluate import policies
+
+    return len(policies(moe, include_merge))
+
+
+def saved_eval(moe_path: str | Path) -> dict[str, Any] | None:
+    path = Path(moe_path) / "eval.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+# ------------------------------------------------------------------ store recording
+
+
+def moe_id_for(folder: str | Path) -> str:
+    return "moe-" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:10]
+
+
+def register_moe(db: Db, folder: str | Path, job_id: str | None = None,
+                 metrics: dict[str, Any] | None = None) -> str:
+    """Insert or update the `moe_models` row for a composed model folder; returns its id."""
+    from trace_lib.compose.gated import read_moe_meta
+
+    root = Path(folder).resolve()
+    meta = read_moe_meta(root)
+    moe_id = moe_id_for(root)
+    with store.connect(db) as con, store.transaction(con):
+        old = con.execute("SELECT metrics, job_id FROM moe_models WHERE id = ?",
+                          [moe_id]).fetchone()
+        merged = {**(json.loads(old[0]) if old and old[0] else {}), **(metrics or {})}
+        values = [str(root), meta["base_model"], json.dumps(meta["adapters"]), meta["mode"],
+                  int(meta["gate_params"]), job_id or (old[1] if old else None),
+                  json.dumps(merged)]
+        if old:  # keep created_at: the row is the same model with new gates or metrics
+            con.execute("UPDATE moe_models SET path = ?, base_model = ?, adapters = ?, mode = ?,"
+                        " gate_params = ?, job_id = ?, metrics = ? WHERE id = ?",
+                        values + [moe_id])
+        else:
+            con.execute("INSERT INTO moe_models (path, base_model, adapters, mode, gate_params,"
+                        " job_id, metrics, id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        values + [moe_id])
+    return moe_id
+
+
+def list_moe_models(db: Db = None) -> list[dict[str, Any]]:
+    if not store.resolve_db_path(db).exists():
+        return []
+    with store.connect(db) as con:
+        rows = con.execute(
+            "SELECT id, path, base_model, adapters, mode, gate_params, job_id, metrics, "
+            "created_at FROM moe_models ORDER BY created_at DESC").fetchall()
+    cols = ["id", "path", "base_model", "adapters", "mode", "gate_params", "job_id", "metrics",
+            "created_at"]
+    out = []
+    for row in rows:
+        item = dict(zip(cols, row, strict=True))
+        item["adapters"] = json.loads(item["adapters"]) if item["adapters"] else []
+        item["metrics"] = json.loads(item["metrics"]) if item["metrics"] else {}
+        out.append(item)
+    return out
+
+
+def index_trace(db: Db, moe_id: str, trace: Any, path: str | Path, source: str) -> str:
+    with store.connect(db) as con, store.transaction(con):
+        con.execute(
+            "INSERT INTO routing_traces (id, moe_id, path, source, n_tokens, n_layers, meta) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [trace.id, moe_id, str(Path(path).resolve()), source, trace.n_tokens,
+             trace.n_layers, json.dumps(trace.meta, default=str)],
+        )
+    return trace.id
+
+
+def list_traces(db: Db = None, moe_id: str | None = None) -> list[dict[str, Any]]:
+    if not store.resolve_db_path(db).exists():
+        return []
+    sql = ("SELECT id, moe_id, path, source, n_tokens, n_layers, meta, created_at "
+           "FROM routing_traces")
+    params: list[Any] = []
+    if moe_id:
+        sql += " WHERE moe_id = ?"
+        params.append(moe_id)
+    with store.connect(db) as con:
+        rows = con.execute(sql + " ORDER BY created_at DESC", params).fetchall()
+    cols = ["id", "moe_id", "path", "source", "n_tokens", "n_layers", "meta", "created_at"]
+    out = []
+    for row in rows:
+        item = dict(zip(cols, row, strict=True))
+        item["meta"] = json.loads(item["meta"]) if item["meta"] else {}
+        out.append(item)
+    return out
+
+
+def save_and_index(db: Db, folder: str | Path, trace: Any, source: str) -> Path:
+    """Save a trace under `<moe folder>/traces/` and index it (registering the model)."""
+    moe_id = register_moe(db, folder)
+    path = trace.save(Path(folder) / "traces")
+    index_trace(db, moe_id, trace, path, source)
+    return path
+
+
+def list_trajectories(db: Db = None, limit: int = 200) -> list[dict[str, Any]]:
+    """Recent ingested trajectories for a picker (id, domain, task, outcome, length)."""
+    if not store.resolve_db_path(db).exists():
+        return []
+    with store.connect(db, read_only=True) as con:
+        rows = con.execute("SELECT id, domain, task_id, success, n_messages FROM trajectories "
+                           "ORDER BY id LIMIT ?", [limit]).fetchall()
+    return [{"id": r[0], "domain": r[1], "task_id": r[2], "success": r[3], "n_messages": r[4]}
+            for r in rows]

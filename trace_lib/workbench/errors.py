@@ -1,0 +1,19 @@
+"""The errors a front end shows as a message rather than a traceback.
+
+Design decisions
+- A page catches `ActionError` (a tuple for `except`) around an action: bad input
+  (`UserInputError`, message names file, record, field and what was expected) and store
+  trouble (`StoreError`: no database, a held lock). The CLI prints the same two and exits 1.
+- `LLMError` (a provider that failed or is not configured) is re-exported for the actions
+  that call an LLM.
+"""
+
+from __future__ import annotations
+
+from trace_lib.errors import UserInputError
+from trace_lib.llm.protocol import LLMError
+from trace_lib.store import StoreError
+
+ActionError = (UserInputError, StoreError)
+
+__all__ = ["ActionError", "LLMError", "StoreError", "UserInputError"]

@@ -1,0 +1,152 @@
+"""Explore use cases: the Trajectories page's reads (and `explore ...`), one call each.
+
+Design decisions
+- Each function opens one short connection and closes it before returning: reads are
+  read-only (a CLI writer waits milliseconds at most); only `embed` writes (the cache).
+- `overview` returns every frame of the page's charts tab at once, from the same filter
+  the CLI compiles from its flags (`TrajectoryFilter`).
+- Charts and transcript renderers are pure functions over the results (no store): they
+  are re-exported here so a page needs nothing but `trace_lib.workbench`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.explore import charts  # noqa: F401  (pure plotly figures for the page)
+from trace_lib.explore import transcript as transcript_views  # noqa: F401  (pure renderers)
+from trace_lib.explore.clusters import PATH_SEP  # noqa: F401
+from trace_lib.explore.queries import TrajectoryFilter
+
+Db = str | Path | None
+
+
+@dataclass
+class Overview:
+    summary: pd.DataFrame
+    by_domain: pd.DataFrame
+    terminations: pd.DataFrame
+    tool_calls: pd.DataFrame
+    tool_usage: pd.DataFrame
+    error_kinds: pd.DataFrame
+    listing: pd.DataFrame
+
+
+def filter_options(db: Db) -> pd.DataFrame:
+    """The values each filter widget offers, with counts."""
+    from trace_lib.explore import queries
+
+    with store.connect(db, read_only=True) as con:
+        return queries.filter_options(con)
+
+
+def overview(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500) -> Overview:
+    """Summary, charts' frames and the listing for a filter (`explore stats|list`)."""
+    from trace_lib.explore import queries
+
+    with store.connect(db, read_only=True) as con:
+        return Overview(
+            summary=queries.outcome_summary(con, flt),
+            by_domain=queries.success_by_domain_agent(con, flt),
+            terminations=queries.termination_counts(con, flt),
+            tool_calls=queries.tool_call_histogram(con, flt),
+            tool_usage=queries.tool_usage(con, flt),
+            error_kinds=queries.tool_error_kinds(con, flt),
+            listing=queries.list_trajectories(con, flt, limit=limit),
+        )
+
+
+def list_trajectories(db: Db, flt: TrajectoryFilter | None = None, limit: int = 50
+                      ) -> pd.DataFrame:
+    from trace_lib.explore import queries
+
+    with store.connect(db, read_only=True) as con:
+        return queries.list_trajectories(con, flt, limit=limit)
+
+
+def signature_counts(db: Db, flt: TrajectoryFilter | None = None) -> pd.DataFrame:
+    """Failure clusters by signature (termination › tool › error kind › deviation)."""
+    from trace_lib.explore import clusters
+
+    with store.connect(db, read_only=True) as con:
+        return clusters.signature_counts(con, flt)
+
+
+def signature_members(db: Db, flt: TrajectoryFilter | None, path: list[str],
+                      limit: int = 100) -> pd.DataFrame:
+    from trace_lib.explore import clusters
+
+    with store.connect(db, read_only=True) as con:
+        return clusters.signature_members(con, flt, path=path, limit=limit)
+
+
+def missing_embeddings(db: Db, flt: TrajectoryFilter | None, failures_only: bool = True
+                       ) -> int:
+    from trace_lib.explore import embeddings
+
+    with store.connect(db, read_only=True) as con:
+        return embeddings.missing_embeddings(con, flt, failures_only=failures_only)
+
+
+def embed(db: Db, flt: TrajectoryFilter | None = None, failures_only: bool = True,
+          batch_size: int = 64, progress: Callable[[int, int], None] | None = None):
+    """Embed in-scope trajectories (cached by text hash) (`explore embed`, the page)."""
+    from trace_lib.explore import embeddings
+
+    with store.connect(db) as con:
+        return embeddings.ensure_embeddings(con, flt, failures_only=failures_only,
+                                            batch_size=batch_size, progress=progress)
+
+
+def semantic_clusters(db: Db, flt: TrajectoryFilter | None = None, k: int | None = None,
+                      failures_only: bool = True):
+    from trace_lib.explore import embeddings
+
+    with store.connect(db, read_only=True) as con:
+        return embeddings.semantic_clusters(con, flt, k=k, failures_only=failures_only)
+
+
+@dataclass
+class TranscriptView:
+    transcript: Any  # explore.transcript.Transcript
+    expected_vs_actual: list[Any]
+    pair: tuple[str, str] | None
+
+
+def transcript(db: Db, trajectory_id: str) -> TranscriptView:
+    """One trajectory: messages, expected vs actual calls, its contrast pair if any."""
+    from trace_lib.explore import transcript as tr
+
+    with store.connect(db, read_only=True) as con:
+        t = tr.load_transcript(con, trajectory_id)
+        pair = tr.contrast_pair(con, trajectory_id)
+    return TranscriptView(t, tr.expected_vs_actual(t) if t.expected else [], pair)
+
+
+@dataclass
+class Comparison:
+    passed: Any
+    failed: Any
+    alignment: list[Any]
+
+
+def compare(db: Db, trajectory_id: str) -> Comparison:
+    """A passed and a failed trial of the trajectory's task, aligned on tool calls."""
+    from trace_lib.explore import transcript as tr
+
+    with store.connect(db, read_only=True) as con:
+        pair = tr.contrast_pair(con, trajectory_id)
+        if pair is None:
+            raise UserInputError(
+                f"trajectory {trajectory_id!r}: its task has no passed and failed "
+                "trial with a known outcome to compare")
+        passed, failed = (tr.load_transcript(con, i) for i in pair)
+    return Comparison(passed, failed, tr.align_calls(passed.agent_calls(),
+                                                     failed.agent_calls()))
