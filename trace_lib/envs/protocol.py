@@ -100,3 +100,17 @@ def parse_action(action: str | dict[str, Any]) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ValueError(f"action must be a JSON object, got {type(parsed).__name__}")
     return parsed
+
+
+def tool_arguments(act: dict[str, Any]) -> Any:
+    """The `arguments` of a tool action: a dict, or a JSON string of one decoded (OpenAI's
+    wire form). A string that is not JSON is returned as it is, so that the tool's own
+    argument check reports it as the observation instead of the env raising."""
+    arguments = act.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            pass
+    return arguments
+

@@ -37,7 +37,7 @@ from typing import Any
 
 from trace_lib.envs.capabilities.task_env import FRAMING
 from trace_lib.envs.domains import Domain, copy_db, get_domain, invoke, is_error
-from trace_lib.envs.protocol import parse_action
+from trace_lib.envs.protocol import parse_action, tool_arguments
 from trace_lib.errors import UserInputError
 
 # trace_lib.demo builds ceil(300 trajectories / (3 agents x 2 trials)) = 50 tasks; the
@@ -225,12 +225,7 @@ class TargetTaskEnvironment:
             return self._record("", {}, f"Error: {exc}")
         if act.get("name"):
             name = str(act["name"])
-            arguments = act.get("arguments") or {}
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments) if arguments.strip() else {}
-                except json.JSONDecodeError:
-                    pass  # `invoke` reports it as the observation
+            arguments = tool_arguments(act)
             if name not in self._tool_names:
                 return self._record(name, arguments, (
                     f"Error: unknown tool {name!r}; available tools: "

@@ -50,7 +50,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trace_lib.envs.domains import Domain, copy_db, db_hash, get_domain, invoke, is_error
-from trace_lib.envs.protocol import parse_action
+from trace_lib.envs.protocol import parse_action, tool_arguments
 
 FRAMING = """\
 # This conversation
@@ -266,12 +266,7 @@ class TaskEnvironment:
                    act["function"].get("arguments") or {}}
         if "name" in act and act["name"]:
             name = str(act["name"])
-            arguments = act.get("arguments") or {}
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments) if arguments.strip() else {}
-                except json.JSONDecodeError:
-                    pass  # `invoke` reports it as the observation
+            arguments = tool_arguments(act)
             obs = invoke(self.toolkit, name, arguments)
             write = name in self._domain.write_tools() and not is_error(obs)
             self.calls.append({"name": name, "arguments": arguments, "observation": obs,
