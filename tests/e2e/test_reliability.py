@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -154,15 +155,17 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
 
 
 # -------------------------------------------------------------- 2. import killed
-# Kill timings: fractions of the import's own duration (measured first, from its first
-# progress output to its exit), each on a fresh copy of the same store. The import streams
-# every file into ONE transaction, so these cover the whole write. What holds at every
-# timing is the content: each table's rows (count and content hash) are unchanged. What
-# does NOT hold is byte-for-byte: DuckDB may already have written blocks of the
-# uncommitted transaction into the file (it grows; the blocks are unreferenced and reused
-# by later writes) and a small .wal may stay until the next read-write open, which
-# replays it (nothing committed) and removes it.
-KILL_AT_FRACTION = (0.0, 0.05, 0.12, 0.2, 0.28, 0.36, 0.44, 0.52, 0.6, 0.68, 0.76, 0.85)
+# Kill points: the import's own progress (the percent of bytes read on its tqdm bar, and the
+# "committing" step), each on a fresh copy of the same store. Progress, not wall-clock
+# fractions of a timed run: a run's speed varies with the machine's load, and a timing past
+# the end of a fast run kills nothing. The import streams every file into ONE transaction,
+# so these cover the whole write. What holds at every point is the content: each table's
+# rows (count and content hash) are unchanged. What does NOT hold is byte-for-byte: DuckDB
+# may already have written blocks of the uncommitted transaction into the file (it grows;
+# the blocks are unreferenced and reused by later writes) and a small .wal may stay until
+# the next read-write open, which replays it (nothing committed) and removes it.
+KILL_AT_PERCENT = (0, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90)
+KILL_AT_COMMIT = "committing"
 
 
 def _file_state(db: Path) -> dict:
@@ -170,22 +173,44 @@ def _file_state(db: Path) -> dict:
     return {"size": db.stat().st_size, "wal": wal.stat().st_size if wal.exists() else None}
 
 
-def _start_import(db: Path, files: list[str]) -> tuple[subprocess.Popen, threading.Event]:
-    """The CLI import in a subprocess; the event is set at its first progress output."""
+class _ImportWatch:
+    """What the import's progress bar last said: the percent read, and whether it commits."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.started = threading.Event()
+        self.percent = -1
+        self.committing = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        # tqdm redraws with \r, so read raw chunks rather than lines
+        while chunk := self.proc.stderr.read1(4096):
+            if b"importing" in chunk:
+                self.started.set()
+            if KILL_AT_COMMIT.encode() in chunk:
+                self.committing.set()
+            for m in re.finditer(rb"(\d+)%\|", chunk):
+                self.percent = max(self.percent, int(m.group(1)))
+
+    def wait_for(self, point: int | str, timeout: float = 240) -> None:
+        """Until the bar reaches `point` (a percent, or KILL_AT_COMMIT) or the import ends."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if point == KILL_AT_COMMIT and self.committing.is_set():
+                return
+            if point != KILL_AT_COMMIT and self.percent >= point:
+                return
+            time.sleep(0.005)
+
+
+def _start_import(db: Path, files: list[str]) -> _ImportWatch:
+    """The CLI import in a subprocess, its progress bar watched."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "trace_lib", "ingest", "--db", str(db), *files],
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    started = threading.Event()
-
-    def watch() -> None:
-        # tqdm redraws with \r, so read raw chunks rather than lines
-        while chunk := proc.stderr.read1(4096):
-            if b"importing" in chunk:
-                started.set()
-
-    threading.Thread(target=watch, daemon=True).start()
-    return proc, started
+    return _ImportWatch(proc)
 
 
 def test_import_killed_half_way_leaves_store_unchanged(db_path: Path, tmp_path: Path,
@@ -200,28 +225,30 @@ def test_import_killed_half_way_leaves_store_unchanged(db_path: Path, tmp_path: 
     before = table_fingerprint(db_path)
     base = _file_state(db_path)
     assert base["wal"] is None
-    # How long the import runs here, now (the kill timings are fractions of it).
+    # What a finished import leaves (and how long it runs here, now, for the record).
     timed = tmp_path / "timed.duckdb"
     shutil.copy(db_path, timed)
-    proc, started = _start_import(timed, files)
-    assert started.wait(240)
+    watch = _start_import(timed, files)
+    assert watch.started.wait(240)
     t0 = time.monotonic()
-    assert proc.wait(timeout=600) == 0
+    assert watch.proc.wait(timeout=600) == 0
     duration = time.monotonic() - t0
-    complete = table_fingerprint(timed)  # what a finished import leaves
+    complete = table_fingerprint(timed)
     assert complete != before
     kills = []
-    for fraction in KILL_AT_FRACTION:
-        copy = tmp_path / f"kill-{fraction}.duckdb"
+    for point in (*KILL_AT_PERCENT, KILL_AT_COMMIT):
+        copy = tmp_path / f"kill-{point}.duckdb"
         shutil.copy(db_path, copy)
-        proc, started = _start_import(copy, files)
-        assert started.wait(240)
-        time.sleep(fraction * duration)  # the kill timing under test, not a wait for state
-        alive = proc.poll() is None
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        watch = _start_import(copy, files)
+        assert watch.started.wait(240)
+        t_start = time.monotonic()
+        watch.wait_for(point)
+        alive = watch.proc.poll() is None
+        watch.proc.send_signal(signal.SIGKILL)
+        watch.proc.wait(timeout=30)
         state = _file_state(copy)
-        record = {"at_fraction": fraction, "after_s": round(fraction * duration, 2),
+        record = {"at": point, "read_percent": watch.percent,
+                  "after_s": round(time.monotonic() - t_start, 2),
                   "was_running": alive, "size_after": state["size"],
                   "wal_after": state["wal"]}
         if alive:  # all or nothing, even under SIGKILL: none of the import, or all of it
