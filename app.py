@@ -1,8 +1,16 @@
-"""TRACE Workbench: the pipeline at a glance, and the way into each stage's page.
+"""TRACE Workbench: the entry point (navigation) and the Home page.
 
-Thin page: the counts come from `trace_lib.workbench.data.pipeline_counts` (the same
-numbers `python -m trace_lib explore overview` prints). A missing database or empty
-later-stage tables show as an empty state, never as an error.
+Design decisions
+- Navigation is `st.navigation`, so the first sidebar entry is "Home" (with the plain
+  `pages/` folder Streamlit names it after this file: "app"). Every file in `pages/` is
+  listed, in file-name order, so a page added there appears without an edit here.
+- Home is a function of this file, not a page file: it is the default page, at the root URL.
+- Thin page: the counts are `trace_lib.workbench.data.pipeline_counts` (the same numbers
+  `python -m trace_lib explore overview` prints, environments counted as the Environments
+  page lists them) and "what next" is `data.next_step` over the same counts. A missing
+  database or empty later-stage tables show as an empty state, never as an error.
+- Deleting a dataset is `data.delete_dataset` (what `datasets delete NAME --yes` runs),
+  behind a confirmation that names what will go.
 """
 
 from __future__ import annotations
@@ -12,26 +20,18 @@ from pathlib import Path
 import streamlit as st
 
 from trace_lib.workbench import data
-from trace_lib.workbench.errors import StoreError
-
-st.set_page_config(page_title="TRACE Workbench", page_icon="🧭", layout="wide")
-st.title("TRACE Workbench")
-st.caption(
-    "Turn an agent's recurring failures into capability-targeted training: "
-    "1 diagnose capabilities from labeled trajectories · 2 build capability-isolating "
-    "environments · 3 train one LoRA adapter per capability with GRPO · 4 compose adapters "
-    "with token-level top-1 gates."
-)
+from trace_lib.workbench.errors import ActionError, StoreError
 
 HERE = Path(__file__).resolve().parent
-# (stage, page file, link label); a page another stage has not shipped yet is not linked.
+# (stage, page file, link label). Labels are short so the link text is never cut in a
+# stage's column; the column title says the stage.
 PAGES = (
-    ("trajectories", "pages/1_Trajectories.py", "Trajectories: filter, cluster, read"),
-    ("diagnose", "pages/2_Labels.py", "Labels: label capabilities, edit"),
-    ("diagnose", "pages/3_Rankings.py", "Rankings: kept capabilities"),
-    ("environments", "pages/4_Environments.py", "Environments: build and validate"),
-    ("train", "pages/5_Training.py", "Training: GRPO jobs and adapters"),
-    ("compose", "pages/6_Routing.py", "Routing: composed models and gates"),
+    ("trajectories", "pages/1_Trajectories.py", "Trajectories →"),
+    ("diagnose", "pages/2_Labels.py", "Labels →"),
+    ("diagnose", "pages/3_Rankings.py", "Rankings →"),
+    ("environments", "pages/4_Environments.py", "Environments →"),
+    ("train", "pages/5_Training.py", "Training →"),
+    ("compose", "pages/6_Routing.py", "Routing →"),
 )
 STAGES = ("trajectories", "diagnose", "environments", "train", "compose")
 EMPTY_HELP = (
@@ -40,26 +40,98 @@ EMPTY_HELP = (
     "`python -m trace_lib ingest PATH...`, or upload files on the Trajectories page."
 )
 
-DB = data.db_path()
-counts = None
-try:
-    counts = data.pipeline_counts(DB)
-except StoreError as exc:
-    st.error(str(exc))
 
-st.caption(f"Store: `{DB}`")
-if counts is None or int(counts.loc[counts.item == "trajectories", "n"].iloc[0]) == 0:
-    st.info(EMPTY_HELP)
+def _datasets(db: Path) -> None:
+    st.subheader("Datasets")
+    try:
+        rows = data.list_datasets(db)
+    except StoreError as exc:
+        st.error(str(exc))
+        return
+    if done := st.session_state.pop("deleted_dataset", None):
+        st.success(done)
+    if not rows:
+        st.caption("No datasets imported yet.")
+        return
+    by_id = {r["id"]: r for r in rows}
+    for r in rows:  # one row per dataset, with its own Delete button
+        with st.container(key=f"dataset_{r['id']}"):
+            c1, c2, c3 = st.columns([4, 4, 1], vertical_alignment="center")
+            c1.markdown(f"**{r['name']}** · {r['format']} · `{r['id']}`")
+            c2.caption(f"{r['trajectories']} trajectories, {r['failures']} failures · "
+                       f"imported {r['imported_at']:%Y-%m-%d %H:%M}")
+            if c3.button("Delete…", key=f"delete_ask_{r['id']}"):
+                st.session_state["delete_pending"] = r["id"]
+    pending = st.session_state.get("delete_pending")
+    if pending in by_id:
+        row = by_id[pending]
+        with st.container(border=True, key="delete_confirm"):
+            st.warning(f"Delete dataset **{row['name']}** with its {row['trajectories']} "
+                       "trajectories, their messages, tool calls, expected actions, "
+                       "embeddings and labels? This cannot be undone (label edits are kept "
+                       "in an audit file).")
+            c1, c2, _ = st.columns([1, 1, 4])
+            if c1.button("Yes, delete", type="primary", key="delete_yes"):
+                st.session_state.pop("delete_pending", None)
+                try:
+                    done = data.delete_dataset(pending, db=db)
+                except ActionError as exc:
+                    st.error(str(exc))
+                else:
+                    n = done["removed"].get("trajectories", 0)
+                    kept = (f" Label edits kept in `{done['audit_file']}`."
+                            if done["audit_file"] else "")
+                    st.session_state["deleted_dataset"] = (
+                        f"Deleted dataset {done['name']} and its {n} trajectories.{kept}")
+                    st.rerun()
+            if c2.button("Cancel", key="delete_no"):
+                st.session_state.pop("delete_pending", None)
+                st.rerun()
 
-cols = st.columns(len(STAGES))
-for col, stage in zip(cols, STAGES, strict=True):
-    with col.container(border=True):
-        st.markdown(f"**{stage.capitalize()}**")
-        if counts is not None:
-            for _, row in counts[counts.stage == stage].iterrows():
-                st.metric(row["item"], int(row["n"]))
-        else:
-            st.caption("no data yet")
-        for page_stage, path, label in PAGES:
-            if page_stage == stage and (HERE / path).exists():
-                st.page_link(path, label=label)
+
+def home() -> None:
+    st.title("TRACE Workbench")
+    st.caption(
+        "Turn an agent's recurring failures into capability-targeted training: "
+        "1 diagnose capabilities from labeled trajectories · 2 build capability-isolating "
+        "environments · 3 train one LoRA adapter per capability with GRPO · 4 compose "
+        "adapters with token-level top-1 gates."
+    )
+    db = data.db_path()
+    counts = None
+    try:
+        counts = data.pipeline_counts(db)
+    except StoreError as exc:
+        st.error(str(exc))
+
+    st.caption(f"Store: `{db}`")
+    if counts is None or int(counts.loc[counts.item == "trajectories", "n"].iloc[0]) == 0:
+        st.info(EMPTY_HELP)
+    sentence, page = data.next_step(counts)
+    with st.container(border=True, key="next_step"):
+        st.markdown(f"**Next:** {sentence}")
+        if (HERE / page).exists():
+            st.page_link(page, label=f"Open {Path(page).stem.split('_', 1)[1]}")
+
+    cols = st.columns(len(STAGES))
+    for col, stage in zip(cols, STAGES, strict=True):
+        with col.container(border=True):
+            st.markdown(f"**{stage.capitalize()}**")
+            for page_stage, path, label in PAGES:
+                if page_stage == stage and (HERE / path).exists():
+                    st.page_link(path, label=label)
+            if counts is not None:
+                for _, row in counts[counts.stage == stage].iterrows():
+                    st.metric(row["item"], int(row["n"]))
+            else:
+                st.caption("no data yet")
+    if counts is not None:
+        _datasets(db)
+
+
+st.set_page_config(page_title="TRACE Workbench", page_icon="🧭", layout="wide")
+nav = st.navigation(
+    [st.Page(home, title="Home", icon=":material/home:", default=True)]
+    + [st.Page(f"pages/{p.name}") for p in sorted((HERE / "pages").glob("*.py"))]
+)
+nav.run()

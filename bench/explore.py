@@ -1,6 +1,7 @@
 """Explore stage benchmark: failure signatures in SQL vs pandas, embedding cache vs re-encode.
 
     python bench/explore.py [--scale 144] [--embed-n 200]
+    python bench/explore.py --paths [--scale 144] [--text reservation]
 
 1. Failure signatures (`clusters.signature_counts`) on the real tau-bench + tau2 files
    imported by `ingest_paths` and replicated `--scale` times inside DuckDB (x144 gives
@@ -12,6 +13,9 @@
 2. Embeddings: `ensure_embeddings` on `--embed-n` failures twice; the second call finds
    every text hash cached. Peer: re-encoding the same texts with the same MiniLM encoder
    (what a tool without a cache does on every page load).
+3. `--paths` (issue 15): the Trajectories page's queries on the old path (text scan as a
+   subquery in each query, everything computed from raw tables) vs the new one (full-text
+   index once, columns derived at import), same store, answers compared.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from trace_lib.explore.queries import TrajectoryFilter  # noqa: E402
 SHARED = REPO.parent / "shared" / "data"
 
 
-def build(db: Path, scale: int) -> int:
+def build(db: Path, scale: int, messages: bool = False) -> int:
     from trace_lib.ingest import ingest_paths
 
     files = [SHARED / "tau-bench/historical_trajectories/gpt-4o-airline.json",
@@ -54,6 +58,10 @@ def build(db: Path, scale: int) -> int:
             con.execute(
                 "INSERT INTO tool_calls SELECT trajectory_id || '_' || k, message_idx, call_idx, "
                 "call_id, name, arguments, requestor, error FROM tool_calls, r")
+            if messages:
+                con.execute(
+                    "INSERT INTO messages SELECT trajectory_id || '_' || k, idx, role, content, "
+                    "tool_call_id, name, turn_idx FROM messages, r")
             con.execute("CHECKPOINT")
         return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
 
@@ -106,13 +114,101 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def paths(scale: int, repeats: int, text: str) -> None:
+    """Old vs new query paths of the Trajectories page on one store (issue 15).
+
+    Peer ("computed"): the same functions with `SET VARIABLE trace_computed_paths = true`,
+    i.e. the code as it was: text as `contains(lower(content), ?)` in a subquery of each
+    of the overview's seven queries, error kinds by regex per error, signatures (and their
+    members) recomputed from the raw tables, the embedding text rebuilt and hashed in
+    Python. New: the id set from the full-text index once, the columns derived at import.
+    """
+    from trace_lib.explore import derived, queries, search
+    from trace_lib.workbench.explore import _overview
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "paths.duckdb"
+        n = build(db, scale, messages=True)
+        with store.connect(db) as con:
+            t0 = time.perf_counter()
+            report = derived.rebuild(con, db)
+            backfill = time.perf_counter() - t0
+        n_msg = 0
+        with store.connect(db, read_only=True) as con:
+            con.execute("SET enable_progress_bar = false")
+            n_msg = con.execute("SELECT count(*) FROM messages").fetchall()[0][0]
+            sigs = clusters.signature_counts(con)
+            top = list(sigs.iloc[0][list(clusters.LEVELS)])
+            words = TrajectoryFilter(text=text)
+            exact = TrajectoryFilter(text=text, text_mode="substring")
+
+            def fresh(fn):
+                def run():
+                    search.clear_cache()  # the id set's cost counted on every call
+                    return fn()
+                return run
+
+            cases = [
+                ("overview + listing, text search (7 queries)",
+                 lambda: _overview(con, exact, 500), fresh(lambda: _overview(con, words, 500))),
+                ("same, exact substring mode (scan once)", None,
+                 fresh(lambda: _overview(con, exact, 500))),
+                ("filter_options (error-kind counts)", lambda: queries.filter_options(con),
+                 lambda: queries.filter_options(con)),
+                ("signature_counts", lambda: clusters.signature_counts(con),
+                 lambda: clusters.signature_counts(con)),
+                ("signature_members (largest signature)",
+                 lambda: clusters.signature_members(con, path=top),
+                 lambda: clusters.signature_members(con, path=top)),
+                ("missing_embeddings (failures)", lambda: embeddings.missing_embeddings(con),
+                 lambda: embeddings.missing_embeddings(con)),
+            ]
+            print(f"query paths, {n:,} trajectories, {n_msg:,} messages; text {text!r}; "
+                  f"backfill of derived columns + index build {backfill:.1f} s ({report})")
+            print("| what | computed (old path) | derived / index (new) | ratio | answers |")
+            print("|---|---|---|---|---|")
+            for name, old_fn, new_fn in cases:
+                new_s, new_out = timed(new_fn, repeats)
+                if old_fn is None:
+                    print(f"| {name} | | {new_s * 1000:.0f} ms | |")
+                    continue
+                con.execute(f"SET VARIABLE {derived.PEER_VARIABLE} = true")
+                try:
+                    old_s, old_out = timed(old_fn, repeats)
+                finally:
+                    con.execute(f"RESET VARIABLE {derived.PEER_VARIABLE}")
+                same = _same(old_out, new_out)
+                print(f"| {name} | {old_s * 1000:.0f} ms | {new_s * 1000:.0f} ms "
+                      f"| x{old_s / new_s:.1f} | {same} |", flush=True)
+
+
+def _same(a, b) -> str:
+    import pandas as pd
+
+    if isinstance(a, int):
+        return "same answer" if a == b else f"answers differ: {a} vs {b}"
+    if isinstance(a, pd.DataFrame):
+        cols = [c for c in a.columns if c != "examples"]
+        eq = a[cols].reset_index(drop=True).equals(b[cols].reset_index(drop=True))
+        return "same answer" if eq else "answers differ"
+    # overview: words mode answers another question than the substring scan; the counts
+    return (f"trajectories matched: scan {int(a.summary.n_trajectories.iloc[0])}, "
+            f"index {int(b.summary.n_trajectories.iloc[0])}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scale", type=int, default=144)
     ap.add_argument("--embed-n", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--paths", action="store_true",
+                    help="only the old vs new query paths of the Trajectories page")
+    ap.add_argument("--text", default="reservation", help="the text searched in --paths")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.paths:
+        paths(args.scale, args.repeats, args.text)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.duckdb"
         n = build(db, args.scale)

@@ -2,7 +2,7 @@
 beside DuckDB's own `read_json` on the same file and a row-by-row executemany import.
 
 Run:  nice -n 10 python bench/ingest.py [--n 100000,300000,1000000] [--baseline-n 5000]
-      [--queries]
+      [--queries] [--core]
 
 What it measures, on the same machine and the same synthetic JSONL file per size
 (N trajectories, ~3.5 messages each, 1-2 tool calls, ~10% tool errors, 4 domains):
@@ -19,6 +19,9 @@ What it measures, on the same machine and the same synthetic JSONL file per size
      trajectories and extrapolated linearly (too slow to run on 100k; said so).
   4. With `--queries`: latency of every public query of trace_lib/explore/queries.py at
      the first N (target < 200 ms each).
+  5. With `--core`: the same import with the explore stage's `derived.on_import` hook
+     (derived columns and search documents of the new rows, computed at commit) switched
+     off, to show the importer's own share of the time and memory.
 Goals (issue 10): CPU <= 10 s per 100k trajectories; peak memory <= 1.5 GiB at 300k and 1M.
 """
 
@@ -203,7 +206,13 @@ def child(kind: str, data: Path, db: Path) -> int:
         pass  # schema creation is not part of the import
     base = _usage()
     t0 = time.perf_counter()
-    if kind == "ingest":
+    if kind in ("ingest", "core"):
+        if kind == "core":
+            import contextlib
+
+            from trace_lib.ingest import pipeline
+
+            pipeline.derived.on_import = lambda con, path: contextlib.nullcontext()
         report = ingest_paths([data], db=db)
         n = report.trajectories
     else:
@@ -236,6 +245,8 @@ def main() -> int:
                     help="comma-separated sizes (default 100000,300000,1000000)")
     ap.add_argument("--baseline-n", type=int, default=5_000)
     ap.add_argument("--queries", action="store_true", help="also time explore queries")
+    ap.add_argument("--core", action="store_true",
+                    help="also measure the import without the derived-columns hook")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "DATA", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -253,7 +264,12 @@ def main() -> int:
             print(f"\n== {n:,} trajectories, {data.stat().st_size / 1e6:.0f} MB JSONL")
             ours = measure("ingest", data, tmpdir / f"ours_{n}.duckdb")
             ref = measure("read_json", data, tmpdir / f"ref_{n}.duckdb")
-            for name, r in (("trace_lib ingest_paths", ours), ("DuckDB read_json (peer)", ref)):
+            runs = [("trace_lib ingest_paths", ours), ("DuckDB read_json (peer)", ref)]
+            if args.core:
+                core = measure("core", data, tmpdir / f"core_{n}.duckdb")
+                (tmpdir / f"core_{n}.duckdb").unlink(missing_ok=True)
+                runs.insert(1, ("  without derived hook", core))
+            for name, r in runs:
                 print(f"  {name:26s} {r['wall']:7.1f} s wall {r['cpu']:7.1f} s CPU  "
                       f"peak RSS {r['peak_mib']:6.0f} MiB  ({r['n']:,} rows)")
             print(f"  ratio ingest_paths / read_json: {ours['wall'] / ref['wall']:.1f}x wall, "

@@ -26,8 +26,11 @@ OUTCOME_CHOICES = {"all": (), "failures": ("failure",), "successes": ("success",
 
 # ------------------------------------------------------------------------- upload
 def _upload() -> None:
+    # No `type=` filter: a refused file gets a visible sentence (data.upload_refusal), not
+    # the widget's small print.
     files = st.file_uploader("Import trajectory files", accept_multiple_files=True,
-                             type=["json", "jsonl", "traj", "eval", "gz"], key="upload_files")
+                             key="upload_files",
+                             help="Accepted: " + ", ".join(data.UPLOAD_SUFFIXES))
     skip = st.checkbox("Skip invalid records (report them instead of failing)",
                        key="upload_skip")
     # Same overrides as `ingest --domain / --agent-model`: empty keeps what the file says.
@@ -36,18 +39,27 @@ def _upload() -> None:
                                 key="upload_agent_model").strip() or None
     if st.button("Import", disabled=not files, key="upload_go"):
         bar = st.progress(0.0, text="importing")
+        done = failed = 0
         for i, f in enumerate(files or []):
+            refusal = data.upload_refusal(f.name)
             try:
+                if refusal:
+                    raise UserInputError(refusal)
                 report = data.import_files([data.Upload(f.name, f.getvalue())], db=DB,
                                            skip_invalid=skip, domain=domain,
                                            agent_model=agent_model)
             except ActionError as exc:
+                failed += 1
                 # the same text the CLI prints; escaped because st.error renders markdown
                 st.error(transcript.markdown_literal(exc))
             else:
-                st.success(f"imported {report.trajectories} trajectories")
+                done += 1
+                st.success(f"{f.name}: imported {report.trajectories} trajectories")
                 st.code(report.summary(), language=None)
-            bar.progress((i + 1) / len(files), text=f"imported {i + 1}/{len(files)}")
+            # Counts what happened, not how many files were looked at: a failed file is
+            # never "imported".
+            bar.progress((i + 1) / len(files),
+                         text=f"{i + 1}/{len(files)} files: {done} imported, {failed} failed")
 
 
 with st.sidebar.expander("Upload", expanded=not DB.exists()):
@@ -61,8 +73,20 @@ if not DB.exists():
     )
     st.stop()
 
+# Any write to the store or its search index changes it: the key of every cached result.
+VERSION = explore.store_version(DB)
+# scikit-learn and the sentence encoder load once per server process, in the background,
+# from the first visit on; the semantic tab shows how far it got.
+warm = explore.encoder_warmup()
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def _options(db: str, version: tuple):
+    return explore.filter_options(db)
+
+
 try:
-    options = explore.filter_options(DB)
+    options = _options(str(DB), VERSION)
 except StoreError as exc:
     st.error(str(exc))
     st.stop()
@@ -104,11 +128,46 @@ flt = TrajectoryFilter(
                          horizontal=True, key="f_tool_error")],
     error_kinds=_multi("Tool error kind", "error_kind"),
     text=st.sidebar.text_input("Text contains", key="f_text"),
+    text_mode="substring" if st.sidebar.checkbox(
+        "Exact substring", key="f_text_exact",
+        help='Off: every word must start a word of some message ("quoted words": a '
+             "phrase), answered by the full-text index. On: a case-insensitive substring "
+             "of a message, for identifiers and fragments (scans every message: slower).",
+    ) else "words",
 )
 
-ov = explore.overview(DB, flt, limit=500)
-summary, by_domain, terms = ov.summary.iloc[0], ov.by_domain, ov.terminations
-hist, errs, listing = ov.tool_calls, ov.error_kinds, ov.listing
+
+@st.cache_data(show_spinner="querying", max_entries=16)
+def _page(db: str, version: tuple, f: TrajectoryFilter):
+    # One result per (store version, filter): reruns that only open a transcript or move a
+    # tab's widget read it from here. Text hits are computed once inside it.
+    return explore.trajectories_page(db, f, limit=500)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _figures(db: str, version: tuple, f: TrajectoryFilter) -> dict:
+    # Built once per result (cache_resource hands back the same objects, no copy).
+    data = _page(db, version, f)
+    ov = data.overview
+    figs = {"rate": charts.success_rate_chart(ov.by_domain),
+            "terminations": charts.termination_chart(ov.terminations),
+            "tool_calls": charts.tool_calls_chart(ov.tool_calls),
+            "tool_errors": charts.tool_errors_chart(ov.error_kinds)}
+    if not data.signatures.empty:
+        figs["treemap"] = charts.signature_treemap(data.signatures)
+    return figs
+
+
+page = _page(str(DB), VERSION, flt)
+figs = _figures(str(DB), VERSION, flt)
+if not page.status.ok:
+    st.caption(transcript.markdown_literal(
+        "The full-text index or the derived columns are behind this store (it was written "
+        "without the importer, or before they existed): answers are right but slower. Run "
+        "`python -m trace_lib explore reindex` to rebuild them."))
+
+ov = page.overview
+summary, listing = ov.summary.iloc[0], ov.listing
 
 c1, c2, c3, c4, c5 = st.columns(5)
 c1.metric("Trajectories", int(summary.n_trajectories))
@@ -118,26 +177,19 @@ c3.metric("Failures", int(summary.n_failure))
 c4.metric("Tasks", int(summary.n_tasks))
 c5.metric("Tool errors", int(summary.n_tool_errors))
 
-def _db_version() -> float:
-    # DuckDB writes land in the .wal first; either file changing means new data.
-    wal = DB.with_name(DB.name + ".wal")
-    return DB.stat().st_mtime + (wal.stat().st_mtime if wal.exists() else 0.0)
-
-
-@st.cache_data(show_spinner="computing failure signatures", max_entries=16)
-def _signatures(db: str, version: float, f: TrajectoryFilter):
-    # Signatures join expected actions with every call: ~1 s at 100k trajectories, so
-    # they are cached per (store version, filter) rather than recomputed on each rerun.
-    return explore.signature_counts(db, f)
-
-
 @st.cache_data(show_spinner=False, max_entries=16)
-def _missing(db: str, version: float, f: TrajectoryFilter, failures_only: bool) -> int:
-    # Hashes every in-scope failure's text; cached like the signatures.
+def _missing(db: str, version: tuple, f: TrajectoryFilter, failures_only: bool) -> int:
+    # One join on the text hash derived at import; cached like the page's result.
     return explore.missing_embeddings(db, f, failures_only=failures_only)
 
 
-sigs = _signatures(str(DB), _db_version(), flt)
+@st.cache_data(show_spinner=False, max_entries=32)
+def _members(db: str, version: tuple, f: TrajectoryFilter, path: tuple[str, ...]):
+    # Filters the signature columns derived at import: no signature recomputation.
+    return explore.signature_members(db, f, path=list(path))
+
+
+sigs = page.signatures
 open_key = "open_trajectory"
 
 
@@ -154,11 +206,11 @@ tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic 
 
 with tab_charts:
     a, b = st.columns(2)
-    a.plotly_chart(charts.success_rate_chart(by_domain), width="stretch")
-    b.plotly_chart(charts.termination_chart(terms), width="stretch")
+    a.plotly_chart(figs["rate"], width="stretch")
+    b.plotly_chart(figs["terminations"], width="stretch")
     a, b = st.columns(2)
-    a.plotly_chart(charts.tool_calls_chart(hist), width="stretch")
-    b.plotly_chart(charts.tool_errors_chart(errs), width="stretch")
+    a.plotly_chart(figs["tool_calls"], width="stretch")
+    b.plotly_chart(figs["tool_errors"], width="stretch")
 
 with tab_sig:
     st.caption(
@@ -168,10 +220,10 @@ with tab_sig:
     if sigs.empty:
         st.info("No failures in this filter.")
     else:
-        st.plotly_chart(charts.signature_treemap(sigs), width="stretch")
+        st.plotly_chart(figs["treemap"], width="stretch")
         labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
         pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
-        members = explore.signature_members(DB, flt, path=pick.split(explore.PATH_SEP))
+        members = _members(str(DB), VERSION, flt, tuple(pick.split(explore.PATH_SEP)))
         st.caption("Select a row to open its transcript below.")
         ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
                           on_select="rerun", selection_mode="single-row")
@@ -180,10 +232,14 @@ with tab_sig:
 
 with tab_sem:
     failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
-    n_missing = _missing(str(DB), _db_version(), flt, failures_only)
+    if not warm.ready():
+        st.progress(warm.fraction, text=f"Preparing the encoder in the background: {warm.text}")
+    n_missing = _missing(str(DB), VERSION, flt, failures_only)
     if n_missing:
         st.write(f"{n_missing} trajectories in this filter have no up-to-date embedding.")
         if st.button(f"Embed {n_missing} trajectories", key="sem_embed"):
+            with st.spinner(warm.text):
+                warm.wait()
             bar = st.progress(0.0, text="embedding")
 
             def _tick(done: int, total: int) -> None:
@@ -198,7 +254,10 @@ with tab_sem:
     def _semantic(db: str, mtime: float, f: TrajectoryFilter, k: int, fo: bool):
         return explore.semantic_clusters(db, f, k=k or None, failures_only=fo)
 
-    smap = _semantic(str(DB), _db_version(), flt, k, failures_only)
+    if not warm.ready("sklearn"):
+        with st.spinner(warm.text):
+            warm.wait("sklearn")
+    smap = _semantic(str(DB), VERSION, flt, k, failures_only)
     if smap.points.empty:
         st.info("Nothing embedded in this filter yet.")
     else:
@@ -245,14 +304,40 @@ if not ids:
     st.stop()
 tid = st.selectbox("Trajectory", ids, key="trajectory_pick")
 st.query_params["trajectory"] = tid
+
+
+def _go(target: str) -> None:
+    # A button callback runs before the rerun: the target opens like any other pick.
+    st.session_state[open_key] = target
+
+
+# Keyboard navigation as in Inspect's viewer: J / K next / previous, N next failure (in
+# the list's order, wrapping round); the keys do nothing while a text field has focus.
+listed, outcomes = listing.id.tolist(), listing.outcome.tolist()
+pos = listed.index(tid) if tid in listed else -1
+fails = [i for k, i in enumerate(listed) if outcomes[k] == "failure" and i != tid]
+later = [i for k, i in enumerate(listed) if k > pos and outcomes[k] == "failure"]
+next_fail = (later or fails or [None])[0]
+nav = st.columns([1, 1, 1, 4], vertical_alignment="center")
+nav[0].button("← Previous", key="nav_prev", shortcut="K", disabled=pos <= 0, on_click=_go,
+              args=(listed[pos - 1] if pos > 0 else tid,), help="previous in the list (K)")
+nav[1].button("Next →", key="nav_next", shortcut="J", disabled=pos + 1 >= len(listed),
+              on_click=_go, args=(listed[pos + 1] if pos + 1 < len(listed) else tid,),
+              help="next in the list (J)")
+nav[2].button("Next failure", key="nav_fail", shortcut="N", disabled=next_fail is None,
+              on_click=_go, args=(next_fail or tid,), help="next failed trajectory (N)")
+nav[3].caption(f"{pos + 1 if pos >= 0 else '—'} of {len(listed)} in the list · keys J / K "
+               "next / previous, N next failure")
 try:
     view = explore.transcript(DB, tid)
 except UserInputError as exc:
     st.error(transcript.markdown_literal(exc))
     st.stop()
 
-tr, pair = view.transcript, view.pair
+tr = view.transcript
 meta = tr.trajectory
+query = flt.text or None  # the search: its hits are marked in the transcript
+mode = flt.text_mode
 st.caption(transcript.markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
     f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
@@ -260,21 +345,55 @@ st.caption(transcript.markdown_literal(
 ))
 left, right = st.columns([3, 2])
 with left:
-    st.html(transcript.render_transcript_html(tr))
+    st.html(transcript.render_transcript_html(tr, query=query, query_mode=mode))
+    if query and transcript.count_hits(tr, query, mode):
+        st.html(transcript.jump_to_first_hit_script(tid, query, mode),
+                unsafe_allow_javascript=True)
 with right:
     st.markdown("**Expected vs actual actions**")
     if tr.expected:
-        st.html(transcript.render_alignment_html(view.expected_vs_actual, "expected", "agent"))
+        st.html(transcript.render_alignment_html(view.expected_vs_actual, "expected", "agent",
+                                                 against_expected=True))
     else:
         st.caption("The benchmark ships no expected actions for this task.")
 
-if pair is not None:
-    with st.expander("Passed vs failed trial of the same task, aligned on tool calls",
-                     expanded=False):
-        cmp = explore.compare(DB, tid)
-        passed, failed = cmp.passed, cmp.failed
-        st.html(transcript.render_alignment_html(cmp.alignment, f"passed {passed.id}",
-                                                 f"failed {failed.id}"))
-        pl, fr = st.columns(2)
-        pl.html(transcript.render_transcript_html(passed))
-        fr.html(transcript.render_transcript_html(failed))
+# Any two trials: the others of this task are offered (a passed one first when this one
+# failed, and the reverse), any trajectory id can be typed; a task run once says so.
+trials = explore.trials(DB, tid)
+others = trials[trials.id != tid]
+n_other = len(others)
+title = (f"Compare with another trial ({n_other} other trial{'s' if n_other != 1 else ''} "
+         "of this task)" if n_other else
+         "Compare with another trajectory (this task has only this one trial)")
+with st.expander(title, expanded=False):
+    if not n_other:
+        st.info(transcript.markdown_literal(
+            (f"Task {meta.get('task_id')} has only this one trial in {meta.get('dataset')}"
+             if meta.get("task_id") is not None else "This trajectory has no task id")
+            + ", so there is no other trial of it to compare with. Type any trajectory id "
+            "below to compare with a run of another task or dataset."))
+    desc = {r.id: f"trial {r.trial} · {r.outcome} · {r.id}" for r in trials.itertuples()}
+    mine = trials.set_index("id").outcome.get(tid, "unknown")
+    contrast = others[others.outcome != mine].id.tolist() if mine != "unknown" else []
+    ordered = contrast + [i for i in others.id if i not in contrast]
+    other = st.selectbox("Compare with", ordered, format_func=desc.get,
+                         key=f"cmp_other::{tid}") if ordered else None
+    typed = st.text_input("…or any trajectory id", key=f"cmp_other_id::{tid}").strip()
+    other = typed or other
+    if other:
+        outcome_of = trials.set_index("id").outcome.to_dict()
+        # A passed trial is the reference (left) when the two outcomes differ.
+        first, second = ((other, tid) if outcome_of.get(other) == "passed"
+                         and mine == "failed" else (tid, other))
+        try:
+            cmp = explore.compare(DB, first, second)
+        except UserInputError as exc:
+            st.error(transcript.markdown_literal(exc))
+        else:
+            short = {r.id: (f"{r.outcome} trial {r.trial}" if r.outcome != "unknown"
+                            else f"trial {r.trial}") for r in trials.itertuples()}
+            names = (short.get(first, first), short.get(second, second))
+            heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
+            st.html(transcript.render_alignment_html(cmp.alignment, *heads, names=names))
+            st.html(transcript.render_side_by_side_html(cmp.left, cmp.right, *heads,
+                                                        query=query, query_mode=mode))

@@ -4,6 +4,13 @@ Thin page: every read and action is a use case of `trace_lib.workbench.diagnose`
 `label`, `labels` and `capabilities` verbs call the same functions). An edit in the grid is
 saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
 on its next run. Trajectory text is untrusted: it is shown with st.text/st.code only.
+
+Every read goes through `_read`: one cached query result per (use case, store version,
+arguments), where the version (`wb.version`) changes with every label run, edit, undo or
+capability change. A rerun on an unchanged store (a tab click, a widget in another tab)
+therefore does no query work, and a hidden tab costs a cache lookup. The CSV export is
+built only when its download is clicked (a callable `data`). The scope picker (datasets,
+agent models, domains) narrows the grid, the queue, the labeler and the export alike.
 """
 
 from __future__ import annotations
@@ -32,6 +39,16 @@ ss = st.session_state
 ss.setdefault("grid_version", 0)
 
 
+@st.cache_data(max_entries=256, show_spinner=False)
+def _cached(use_case: str, db: str, version: tuple, *args, **kwargs):
+    return getattr(wb, use_case)(db, *args, **kwargs)
+
+
+def _read(use_case: str, *args, **kwargs):
+    """A use case's result, cached per store version (see the module docstring)."""
+    return _cached(use_case, str(DB), wb.version(DB), *args, **kwargs)
+
+
 def _show_error(msg: str) -> None:
     # Messages can quote file or trajectory content: shown as code, never as markdown.
     st.error("That did not work:", icon="🚫")
@@ -47,7 +64,14 @@ def _guard(fn, *args, **kwargs):
 
 
 # ------------------------------------------------------------------------ sidebar
+opts = _read("scope_options")
 with st.sidebar:
+    st.header("Scope")
+    scope = wb.Scope(
+        datasets=st.multiselect("Datasets", opts["datasets"], key="scope_datasets",
+                                help="none chosen: every dataset"),
+        agent_models=st.multiselect("Agent models", opts["agent_models"], key="scope_agents"),
+        domains=st.multiselect("Domains", opts["domains"], key="scope_domains"))
     editor = st.text_input("Your name (recorded with every edit)",
                            value=os.environ.get("USER", "analyst"), key="editor")
     st.header("Run a labeler")
@@ -62,9 +86,11 @@ with st.sidebar:
     if labeler == "openai":
         base_url = st.text_input("Base URL (blank: TRACE_OPENAI_BASE_URL)",
                                  key="base_url") or None
-    if st.button("Label all trajectories", key="run_labeler"):
+    what = "all trajectories" if scope.is_empty() else "the trajectories in scope"
+    if st.button(f"Label {what}", key="run_labeler"):
         bar = st.progress(0.0, text="labeling")
         out = _guard(wb.label, DB, labeler, runs=int(n_runs), model=model, base_url=base_url,
+                     scope=scope,
                      progress=lambda d, t: bar.progress(d / t, text=f"labeled {d}/{t}"))
         if out:
             st.success("; ".join(f"{s.run_id}: {s.n_labels} labels, {s.n_failed} failed"
@@ -76,7 +102,7 @@ tab_grid, tab_queue, tab_history, tab_caps, tab_io = st.tabs(
 
 # --------------------------------------------------------------------------- grid
 with tab_grid:
-    all_caps = [c.name for c in wb.list_capabilities(DB) if c.status != "rejected"]
+    all_caps = [c.name for c in _read("list_capabilities") if c.status != "rejected"]
     f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
     shown = f1.multiselect("Capabilities", all_caps, default=[c for c in wb.CORE
                                                               if c in all_caps] or all_caps,
@@ -86,8 +112,9 @@ with tab_grid:
     search = f4.text_input("Search id / task", key="f_search")
     flt = wb.LabelFilter(capabilities=shown or None,
                          success={"all": None, "failed": False, "passed": True}[outcome],
-                         value=None if value == "any" else value, search=search or None)
-    grid = _guard(wb.label_grid, DB, flt)
+                         value=None if value == "any" else value, search=search or None,
+                         scope=scope)
+    grid = _guard(_read, "label_grid", flt)
     if grid is None or grid.empty:
         st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
     else:
@@ -145,11 +172,18 @@ with tab_grid:
 
 # ------------------------------------------------------------------------- queue
 with tab_queue:
-    st.caption("Pairs where the labeling runs disagree most and no person has decided yet.")
-    queue = _guard(wb.review_queue, DB, 100)
+    st.caption("Pairs where label runs, labelers or people disagree, and pairs whose flip "
+               "would change whether a capability is kept (sensitivity, from the Rankings' "
+               "keep rule at its defaults). Pairs a person decided leave the queue unless "
+               "people disagree about them.")
+    q_order = st.radio("Order by", wb.ORDERS, horizontal=True, key="q_order")
+    queue = _guard(_read, "review_queue_ranked", None, wb.StabilityConfig(), limit=100,
+                   order=q_order, scope=scope)
     if queue is None or queue.empty:
-        st.info("No disagreements between runs (label with several runs to get a queue).")
+        st.info("Nothing to review: no disagreement, and no single flip moves the ranking.")
     else:
+        st.caption(f"{len(queue)} pairs to review · "
+                   f"{queue.attrs['stability']['sentence']}")
         st.dataframe(queue, hide_index=True, key="queue_table")
         q1, q2, q3 = st.columns(3)
         pick = q1.selectbox("Pair", [f"{r.trajectory_id} · {r.capability}"
@@ -162,9 +196,34 @@ with tab_queue:
                 ss.grid_version += 1
                 st.rerun()
 
+    st.subheader("Agreement")
+    agree = _guard(_read, "agreement", scope=scope)
+    if agree is not None:
+        st.caption("Cohen's κ: each labeler (majority over its runs) against people's "
+                   "decisions (latest edit), labelers and people against each other, on the "
+                   "pairs both rated; people edit where they doubt a labeler, so it is a "
+                   "biased sample (n beside it). n/a: undefined (one category only, or "
+                   "nothing rated by both).")
+        cohen = [c for c in agree.cohen if c.n] or agree.cohen
+        for row in [cohen[i:i + 4] for i in range(0, len(cohen), 4)]:
+            for col, c in zip(st.columns(4), row, strict=False):
+                col.metric(f"Cohen's κ · {c.rater_a} vs {c.rater_b}",
+                           "n/a" if c.kappa is None else f"{c.kappa:.2f}",
+                           help=f"{c.kind}; n={c.n}"
+                           + ("" if c.observed is None else f"; agreement {c.observed:.0%}")
+                           + (f"; {c.why}" if c.why else ""))
+        st.caption(f"Fleiss' κ across the {len(agree.runs)} finished label run(s), per "
+                   "capability (raw labels; edits apply to every run alike).")
+        st.dataframe(pd.DataFrame([{
+            "capability": r.capability,
+            "Fleiss κ": None if r.kappa is None else round(r.kappa, 3),
+            "observed agreement": None if r.observed is None else round(r.observed, 3),
+            "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why,
+        } for r in agree.fleiss]), hide_index=True, key="fleiss_table")
+
 # ----------------------------------------------------------------------- history
 with tab_history:
-    hist = _guard(wb.edit_history, DB, limit=500)
+    hist = _guard(_read, "edit_history", limit=500)
     if hist is None or hist.empty:
         st.info("No edits yet.")
     else:
@@ -179,7 +238,7 @@ with tab_history:
 
 # ------------------------------------------------------------------ capabilities
 with tab_caps:
-    caps = wb.list_capabilities(DB)
+    caps = _read("list_capabilities")
     st.dataframe(pd.DataFrame([c.model_dump() for c in caps]), hide_index=True,
                  key="caps_table")
     c1, c2, c3 = st.columns(3)
@@ -219,12 +278,11 @@ with tab_io:
     import tempfile
     from pathlib import Path
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "labels.csv"
-        n = _guard(wb.export_labels, DB, path)
-        if n is not None:
-            st.download_button(f"Export {n} effective labels (CSV)", path.read_bytes(),
-                               file_name="labels.csv", mime="text/csv", key="export_csv")
+    # Built when the download is clicked (not on every render): the same rows as
+    # `labels export FILE.csv` with the scope flags, qualified by dataset, task and trial.
+    st.download_button(f"Export effective labels (CSV) · {scope.describe()}",
+                       data=lambda: wb.labels_csv(DB, scope), file_name="labels.csv",
+                       mime="text/csv", key="export_csv")
     up = st.file_uploader("Import labels CSV (trajectory_id,capability,value)", type=["csv"],
                           key="import_csv")
     run_name = st.text_input("As label run", value="imported", key="import_run")
@@ -236,4 +294,4 @@ with tab_io:
         if n:
             st.success(f"imported {n} labels as run {run_name}")
             ss.grid_version += 1
-    st.dataframe(_guard(wb.label_runs, DB), hide_index=True, key="runs_table")
+    st.dataframe(_guard(_read, "label_runs"), hide_index=True, key="runs_table")

@@ -1,9 +1,15 @@
 """Rankings: which capabilities the agent lacks, how stably, and what the kept set explains.
 
 Thin page: `trace_lib.workbench.diagnose.rankings` computes (the use case `rank` calls
-too), its `charts` draw; the sliders only choose rho, delta, K and the runs, and every
-change re-selects live from the current (edited) labels. The export button offers the
-same document as `python -m trace_lib rank --export selected_capabilities.json`.
+too), its `charts` draw; the sliders only choose rho, delta, K and the runs, the scope
+picker the datasets / agent models / domains, and every change re-selects live from the
+current (edited) labels. The export button offers the same document as
+`python -m trace_lib rank --export selected_capabilities.json` (with the same scope flags).
+
+Everything shown comes from ONE cached result (`_result`), keyed by the store version
+(`wb.version`: it changes with every label run, edit, undo or capability change) and the
+page's inputs: the table, the figures (built once per result) and the export text. A
+rerun on an unchanged store with the same inputs recomputes nothing.
 """
 
 from __future__ import annotations
@@ -36,62 +42,103 @@ if not run_ids:
             "`python -m trace_lib label --labeler heuristic`.")
     st.stop()
 
+opts = wb.scope_options(DB)
 with st.sidebar:
+    st.header("Scope")
+    scope = wb.Scope(
+        datasets=st.multiselect("Datasets", opts["datasets"], key="scope_datasets",
+                                help="none chosen: every dataset"),
+        agent_models=st.multiselect("Agent models", opts["agent_models"], key="scope_agents"),
+        domains=st.multiselect("Domains", opts["domains"], key="scope_domains"))
     st.header("Selection")
     rho = st.slider("rho (min coverage)", 0.0, 1.0, 0.10, 0.01, key="rho")
     delta = st.slider("delta (min contrast)", -1.0, 1.0, 0.20, 0.01, key="delta")
     k = st.slider("K (runs that must pass, of 10)", 1, max(10, len(run_ids)), 8, key="k")
     runs = st.multiselect("Label runs", run_ids, default=run_ids, key="runs")
-
-try:
-    view = wb.rankings(DB, wb.RankConfig(rho=rho, delta=delta, k=k, runs=runs or None))
-except ActionError as exc:
-    st.error("Could not rank:", icon="🚫")
-    st.code(str(exc), language=None)  # may quote run names: shown as text, not markdown
-    st.stop()
-
-ranking, kept, curve, clusters, doc = (view.ranking, view.kept, view.cover, view.clusters,
-                                       view.document)
-if ranking.note:
-    st.info(ranking.note)
-st.metric("Kept capabilities", f"{len(kept)} of {len(ranking.rows)}",
-          help=", ".join(kept) or "none")
+    st.header("Stability")
+    stab_method = st.selectbox(
+        "K-of-N over", ["auto", "runs", "bootstrap"], key="stability",
+        help="runs: independent label runs. bootstrap: B resamples of the trajectories "
+             "(with replacement, within failed and within passed). auto: bootstrap when the "
+             "runs cannot differ (one run, or a deterministic labeler's identical runs).")
+    stab_b = st.number_input("Bootstrap resamples (B)", 10, 2000, 200, 10, key="stability_b")
 
 
 def _fmt(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-table = pd.DataFrame([{
-    "capability": r.capability, "kept": r.selected, "status": r.status,
-    "mean Cov": _fmt(r.mean_cov), "std Cov": _fmt(r.std_cov),
-    "mean Delta": _fmt(r.mean_delta), "std Delta": _fmt(r.std_delta),
-    "runs passed": f"{r.n_runs_passed}/{r.n_runs_total}",
-    "runs defined": r.n_runs_defined,
-    "ER- 95% CI": None if r.er_minus_ci is None else f"{r.er_minus_ci[0]:.2f}–{r.er_minus_ci[1]:.2f}",
-    "ER+ 95% CI": None if r.er_plus_ci is None else f"{r.er_plus_ci[0]:.2f}–{r.er_plus_ci[1]:.2f}",
-    "Fisher p": None if r.fisher_p is None else float(f"{r.fisher_p:.3g}"),
-    "LF/PF/NF": f"{r.pooled['lf']}/{r.pooled['pf']}/{r.pooled['nf']}",
-    "LP/PP/NP": f"{r.pooled['lp']}/{r.pooled['pp']}/{r.pooled['np']}",
-} for r in ranking.rows])
-st.dataframe(table, hide_index=True, width="stretch", key="rank_table")
+@st.cache_data(max_entries=64, show_spinner="Ranking…")
+def _result(db: str, version: tuple, cfg: tuple, stability: tuple, scope: tuple) -> dict:
+    """The page's one query result: ranking view, table, figures and export text."""
+    rho_, delta_, k_, runs_ = cfg
+    config = wb.RankConfig(rho=rho_, delta=delta_, k=k_, runs=list(runs_) if runs_ else None)
+    view = wb.rankings(db, config,
+                       stability=wb.StabilityConfig(method=stability[0], b=stability[1]),
+                       scope=wb.Scope(*scope))
+    r = view.ranking
+    table = pd.DataFrame([{
+        "capability": c.capability, "kept": c.selected, "status": c.status,
+        "mean Cov": _fmt(c.mean_cov), "std Cov": _fmt(c.std_cov),
+        "mean Delta": _fmt(c.mean_delta), "std Delta": _fmt(c.std_delta),
+        "runs passed": f"{c.n_runs_passed}/{c.n_runs_total}",
+        "runs defined": c.n_runs_defined,
+        "ER- 95% CI": None if c.er_minus_ci is None else
+        f"{c.er_minus_ci[0]:.2f}–{c.er_minus_ci[1]:.2f}",
+        "ER+ 95% CI": None if c.er_plus_ci is None else
+        f"{c.er_plus_ci[0]:.2f}–{c.er_plus_ci[1]:.2f}",
+        # Text, not a float: 3.2e-07 stays readable, an underflow says "< 1e-300".
+        "Fisher p": wb.format_p(c.fisher_p) or None,
+        "LF/PF/NF": f"{c.pooled['lf']}/{c.pooled['pf']}/{c.pooled['nf']}",
+        "LP/PP/NP": f"{c.pooled['lp']}/{c.pooled['pp']}/{c.pooled['np']}",
+    } for c in r.rows])
+    figs = {"scatter": charts.coverage_contrast(r), "kofn": charts.k_of_n_bars(r),
+            "strip": charts.delta_per_run(r),
+            "cover": charts.cover_curve(view.cover) if view.cover else None,
+            "clusters": charts.cluster_bars(view.clusters) if view.clusters else None}
+    return {"view": view, "table": table, "figs": figs,
+            "export": json.dumps(view.document, indent=2) + "\n"}
 
-st.download_button("Export selected_capabilities.json", json.dumps(doc, indent=2),
+
+try:
+    res = _result(str(DB), wb.version(DB), (rho, delta, k, tuple(runs) or None),
+                  (stab_method, int(stab_b)),
+                  (scope.datasets, scope.agent_models, scope.domains))
+except ActionError as exc:
+    st.error("Could not rank:", icon="🚫")
+    st.code(str(exc), language=None)  # may quote run names: shown as text, not markdown
+    st.stop()
+
+view, figs = res["view"], res["figs"]
+ranking, kept, curve, clusters, doc = (view.ranking, view.kept, view.cover, view.clusters,
+                                       view.document)
+st.caption(f"Scope: {scope.describe()}", help="choose datasets, agent models or domains in "
+           "the sidebar; the CLI takes the same as --dataset / --agent-model / --domain")
+if ranking.note:
+    st.info(ranking.note)
+if view.stability is not None and view.stability.method == "runs":
+    st.caption(view.stability.sentence().capitalize() + ".")
+st.metric("Kept capabilities", f"{len(kept)} of {len(ranking.rows)}",
+          help=", ".join(kept) or "none")
+with st.container(key="rank_table_box"):  # a stable handle for browser tests
+    st.dataframe(res["table"], hide_index=True, width="stretch", key="rank_table")
+
+st.download_button("Export selected_capabilities.json", res["export"],
                    file_name="selected_capabilities.json", mime="application/json",
                    disabled=not doc, key="export")
 
 left, right = st.columns(2)
 with left:
     st.subheader("Coverage vs contrast")
-    st.plotly_chart(charts.coverage_contrast(ranking), key="scatter")
+    st.plotly_chart(figs["scatter"], key="scatter")
     st.subheader("K-of-N")
-    st.plotly_chart(charts.k_of_n_bars(ranking), key="kofn")
+    st.plotly_chart(figs["kofn"], key="kofn")
 with right:
     st.subheader("Stability: Delta per run")
-    st.plotly_chart(charts.delta_per_run(ranking), key="strip")
+    st.plotly_chart(figs["strip"], key="strip")
     st.subheader("Greedy cover of failures by the kept set")
     if curve:
-        st.plotly_chart(charts.cover_curve(curve), key="cover")
+        st.plotly_chart(figs["cover"], key="cover")
         last = curve[-1]
         st.caption(f"The kept set explains {last['covered']} of {last['n_failed']} failed "
                    "trajectories (lacking in at least one kept capability).")
@@ -100,5 +147,5 @@ with right:
 
 st.subheader("Failure clusters by lacking signature")
 if clusters:
-    st.plotly_chart(charts.cluster_bars(clusters), key="clusters")
+    st.plotly_chart(figs["clusters"], key="clusters")
     st.dataframe(pd.DataFrame(clusters), hide_index=True, key="cluster_table")

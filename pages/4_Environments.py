@@ -224,8 +224,11 @@ with tab_play:
             st.code(t["observation"], language=None)
         if live.done:
             summary = live.summary()
+            # The outcome is a word in its colour, not a delta arrow: a failed episode
+            # must not show a green "↑".
             st.metric("Reward", f"{summary['reward']:.3f}",
-                      delta="passed" if summary["passed"] else "not passed")
+                      delta="passed" if summary["passed"] else "failed",
+                      delta_color="green" if summary["passed"] else "red", delta_arrow="off")
             for reason in summary["reasons"]:
                 st.text(f"• {reason}")
 

@@ -5,8 +5,15 @@ the config with `build_config` and launching is `launch` (both what `train --bac
 calls; only approved environments, or an explicit smoke run on an unreviewed built-in),
 the job list is `sync_jobs` (`job list`), the live panel is `live_status` over the run
 directory (what the notebook draws), cancel is `cancel` (`job cancel`).
-The live panel is a fragment that re-reads only the run directory every two seconds (no
-database access, so it never holds the store's lock); a full rerun records finished jobs.
+The jobs table, the "Watch job" selector and the live panel are one fragment over one
+snapshot (`job_views`, run directories only: no database access, so it never holds the
+store's lock), re-read every two seconds while a job is active, so they always show the
+same step count; a full rerun records finished jobs. Launch moves the selector to the new
+job. A job that learned nothing reads "succeeded — no learning signal" with a warning
+(`learning_signal`), and the eval-before phase has its own progress (`phase`).
+The environment, model and build options sit above the form so that changing them
+re-checks at once whether the environment's prompt fits the model's context
+(`context_check`), before Launch.
 """
 
 from __future__ import annotations
@@ -31,6 +38,14 @@ if not DB.exists():
 
 DEFAULTS = training.defaults()
 
+
+@st.cache_data(show_spinner="Counting the prompt's tokens…", max_entries=64)
+def _context_check(db: str, env: str, model: str, tools: str, policy: str, difficulty: int,
+                   max_tokens: int):
+    return training.context_check(db, env, model, {"tools": tools, "policy": policy,
+                                                   "difficulty": difficulty}, max_tokens)
+
+
 # ------------------------------------------------------------------------- launch
 with st.expander("Launch a training job", expanded=True):
     include_builtins = st.checkbox(
@@ -43,14 +58,33 @@ with st.expander("Launch a training job", expanded=True):
     if not envs:
         st.info("No approved environment yet: approve one on the Environments page "
                 "(or tick the box above for a smoke run on a built-in).")
+    c1, c2, c3 = st.columns(3)
+    env = c1.selectbox("Environment", [e["name"] for e in envs], key="env")
+    model_names = training.model_names() + ["other (folder or hub name)"]
+    model = c2.selectbox("Model", model_names, key="model")
+    model_other = c2.text_input("Model folder / hub name (for 'other')", key="model_other")
+    c1, c2, c3 = st.columns(3)
+    tools = c1.selectbox("Tools (built-ins)", ["capability", "all"], key="tools")
+    policy_text = c2.selectbox("Policy (built-ins)", ["excerpt", "full"], key="policy")
+    difficulty = c3.selectbox("Difficulty (built-ins)", [1, 2, 3],
+                              index=DEFAULTS.difficulty - 1, key="difficulty")
+    chosen = model_other.strip() if model.startswith("other") else model
+    fit = None
+    if env and chosen:
+        try:
+            fit = _context_check(str(DB), env, chosen, tools, policy_text, int(difficulty),
+                                 int(st.session_state.get("max_tokens", DEFAULTS.max_tokens)))
+        except (*ActionError, OSError, ValueError) as exc:
+            st.caption(f"Could not compare the prompt with the model's context: {exc}")
+    if fit and fit["warning"]:
+        st.warning(fit["warning"], icon="⚠️")
+    elif fit:
+        st.caption(f"The prompt is {fit['prompt_tokens']} tokens; the model's context is "
+                   f"{fit['context']}.")
     with st.form("launch"):
         c1, c2, c3 = st.columns(3)
-        env = c1.selectbox("Environment", [e["name"] for e in envs], key="env")
-        model_names = training.model_names() + ["other (folder or hub name)"]
-        model = c2.selectbox("Model", model_names, key="model")
-        model_other = c2.text_input("Model folder / hub name (for 'other')", key="model_other")
-        backend = c3.radio("Backend", ["local", "ray"], horizontal=True, key="backend")
-        ray_address = c3.text_input("Ray dashboard URL (ray backend)",
+        backend = c1.radio("Backend", ["local", "ray"], horizontal=True, key="backend")
+        ray_address = c2.text_input("Ray dashboard URL (ray backend)",
                                     placeholder="http://127.0.0.1:8265", key="ray_address")
         c1, c2, c3, c4 = st.columns(4)
         steps = c1.number_input("Steps", 1, 100_000, DEFAULTS.steps, key="steps")
@@ -88,14 +122,8 @@ with st.expander("Launch a training job", expanded=True):
                                     key="sft_steps")
         stop_quiet = c4.checkbox("Stop on no signal", DEFAULTS.stop_on_no_signal,
                                  key="stop_on_no_signal")
-        c1, c2, c3, _ = st.columns(4)
-        tools = c1.selectbox("Tools (built-ins)", ["capability", "all"], key="tools")
-        policy_text = c2.selectbox("Policy (built-ins)", ["excerpt", "full"], key="policy")
-        difficulty = c3.selectbox("Difficulty (built-ins)", [1, 2, 3],
-                                  index=DEFAULTS.difficulty - 1, key="difficulty")
         launched = st.form_submit_button("Launch", type="primary", disabled=not envs)
     if launched:
-        chosen = model_other.strip() if model.startswith("other") else model
         options = {"address": ray_address.strip()} if ray_address.strip() else {}
         try:
             config = training.build_config(
@@ -114,69 +142,90 @@ with st.expander("Launch a training job", expanded=True):
             st.error(str(exc))
         else:
             st.session_state["job_id"] = spec.id
+            st.session_state["watch"] = spec.id  # the selector below moves to the new job
             st.success(f"Launched job `{spec.id}` on the {backend} backend.")
 
 # --------------------------------------------------------------------------- jobs
 st.subheader("Jobs")
 try:
-    statuses = training.sync_jobs(DB)
+    training.sync_jobs(DB)  # records finished jobs and their adapters (full runs only)
 except StoreError as exc:
     st.error(str(exc))
-    statuses = []
-if not statuses:
+# Which jobs were active at this full run: the fragment polls while any is, and asks for a
+# full rerun (which records it) when one of them has ended. The selector sits outside the
+# fragment (a dropdown that redraws every two seconds would close under the pointer); the
+# table and the live panel inside it read one snapshot, so their step counts agree.
+VIEWS = training.job_views()
+ACTIVE_AT_START = {v["status"].id for v in VIEWS if training.is_active(v["status"].state)}
+
+
+@st.fragment(run_every="2s" if ACTIVE_AT_START else None)
+def jobs_panel(job_id: str) -> None:
+    views = training.job_views()  # one snapshot: the table and the panel agree
+    if any(v["status"].id in ACTIVE_AT_START and not training.is_active(v["status"].state)
+           for v in views):
+        st.rerun(scope="app")  # a job just ended: record it and its adapter
+    st.dataframe(pd.DataFrame([{
+        "job": v["status"].id, "state": v["state"], "backend": v["status"].backend,
+        "env": v["status"].config.get("env"), "model": v["status"].config.get("model"),
+        "steps": v["steps"], "created": v["status"].created_at,
+        "finished": v["status"].finished_at,
+    } for v in views]), hide_index=True, width="stretch", key="jobs_table")
+    by_id = {v["status"].id: v for v in views}
+    if job_id in by_id:
+        live(by_id[job_id])
+
+
+def live(snapshot: dict) -> None:
+    view = training.live_status(snapshot["status"])  # the run directory only: never the store
+    status, rows, signal, phase = view["status"], view["metrics"], view["signal"], view["phase"]
+    job_id = status.id
+    total = int(status.config.get("steps") or 1)
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("State", signal["state"])
+    c2.metric("Step", snapshot["steps"])
+    c3.metric("Reward", f"{rows[-1]['reward_mean']:.3f}" if rows else "-")
+    c4.metric("Pass rate", f"{rows[-1]['pass_rate']:.2f}" if rows else "-")
+    quiet = rows[-1].get("no_signal_consecutive", 0) if rows else 0
+    if signal["steps"]:
+        st.caption(f"No-signal steps: {signal['no_signal_steps']} of {signal['steps']}")
+    if signal["warning"]:
+        st.warning(signal["warning"], icon="⚠️")
+    elif quiet >= DEFAULTS.no_signal_warn_after:
+        st.warning(f"No learning signal for {quiet} consecutive steps: every group's "
+                   "rollouts got the same reward, so nothing is being learned. Try SFT "
+                   "warm-start steps, hints, a lower difficulty or a larger group.")
+    if phase["name"] in ("starting", "eval before", "eval after"):
+        st.progress(min(phase["done"] / max(phase["total"], 1), 1.0), text=phase["text"])
+    else:
+        st.progress(min(status.steps_done / total, 1.0),
+                    text=f"{status.steps_done}/{total} steps")
+    if rows:
+        st.plotly_chart(training.metrics_figure(rows), key=f"chart_{job_id}")
+    if training.is_active(status.state):
+        if st.button("Cancel", key=f"cancel_{job_id}"):
+            done = training.cancel(DB, job_id, grace_s=10, record=False)
+            st.warning(f"Job {job_id}: {done.state}")
+            st.rerun(scope="app")
+    if status.state == "failed":
+        st.error(status.error or "failed")
+        st.code(status.log_tail or "", language="text")
+    samples = view["samples"]
+    if samples:
+        with st.expander(f"Latest sample rollout (step {samples[-1]['step']}, "
+                         f"reward {samples[-1]['reward']:.2f})"):
+            st.json(samples[-1])  # st.json escapes: trajectory text is untrusted
+    with st.expander("Log"):
+        st.code(view["log"], language="text")
+
+
+if not VIEWS:
     st.caption("No training jobs yet.")
 else:
-    st.dataframe(pd.DataFrame([{
-        "job": s.id, "state": s.state, "backend": s.backend, "env": s.config.get("env"),
-        "model": s.config.get("model"), "steps": f"{s.steps_done}/{s.config.get('steps')}",
-        "created": s.created_at, "finished": s.finished_at,
-    } for s in statuses]), hide_index=True, width="stretch")
-    ids = [s.id for s in statuses]
-    current = st.session_state.get("job_id")
-    job_id = st.selectbox("Watch job", ids, index=ids.index(current) if current in ids else 0,
-                          key="watch")
-    active = training.is_active(next(s for s in statuses if s.id == job_id).state)
-
-    @st.fragment(run_every="2s" if active else None)
-    def live(job_id: str) -> None:
-        view = training.live_status(job_id)  # the run directory only: never the store
-        status, rows = view["status"], view["metrics"]
-        total = int(status.config.get("steps") or 1)
-        c1, c2, c3, c4 = st.columns(4)
-        c1.metric("State", status.state)
-        c2.metric("Step", f"{status.steps_done}/{total}")
-        c3.metric("Reward", f"{rows[-1]['reward_mean']:.3f}" if rows else "-")
-        c4.metric("Pass rate", f"{rows[-1]['pass_rate']:.2f}" if rows else "-")
-        quiet = rows[-1].get("no_signal_consecutive", 0) if rows else 0
-        if rows:
-            st.caption(f"No-signal steps: {sum(bool(r.get('no_signal')) for r in rows)} "
-                       f"of {len(rows)}")
-        if quiet >= DEFAULTS.no_signal_warn_after:
-            st.warning(f"No learning signal for {quiet} consecutive steps: every group's "
-                       "rollouts got the same reward, so nothing is being learned. Try SFT "
-                       "warm-start steps, hints, a lower difficulty or a larger group.")
-        st.progress(min(status.steps_done / total, 1.0), text=f"{status.steps_done}/{total} steps")
-        if rows:
-            st.plotly_chart(training.metrics_figure(rows), key=f"chart_{job_id}")
-        if training.is_active(status.state):
-            if st.button("Cancel", key=f"cancel_{job_id}"):
-                done = training.cancel(DB, job_id, grace_s=10, record=False)
-                st.warning(f"Job {job_id}: {done.state}")
-                st.rerun()
-        elif active:
-            st.rerun()  # it just ended: a full rerun records it and its adapter
-        if status.state == "failed":
-            st.error(status.error or "failed")
-            st.code(status.log_tail or "", language="text")
-        samples = view["samples"]
-        if samples:
-            with st.expander(f"Latest sample rollout (step {samples[-1]['step']}, "
-                             f"reward {samples[-1]['reward']:.2f})"):
-                st.json(samples[-1])  # st.json escapes: trajectory text is untrusted
-        with st.expander("Log"):
-            st.code(view["log"], language="text")
-
-    live(job_id)
+    ids = [v["status"].id for v in VIEWS]
+    if st.session_state.get("watch") not in ids:
+        st.session_state["watch"] = ids[0]
+    jobs_panel(st.selectbox("Watch job", ids, key="watch"))
 
 # ----------------------------------------------------------------------- adapters
 st.subheader("Adapters")

@@ -4,6 +4,10 @@ Thin page: every action is a use case of `trace_lib.workbench.composition` (comp
 route through its one source dispatch, train gates, evaluate; it also keeps the rows) and
 `views` draws; the widgets only choose. Every action here is also a CLI verb (`compose`,
 `route`, `gates`, `moe-eval`) and a cell of notebooks/04_compose_and_route.ipynb.
+The composed model in use is the sidebar's pick unless a folder is typed; Compose selects
+the model it made (a rerun, no reload) and writes under the runs directory. Forcing one
+expert is a separate, labelled counterfactual below routing. The gate-training panel is a
+fragment that follows an active job from its run directory every two seconds.
 """
 
 from __future__ import annotations
@@ -37,12 +41,22 @@ def _moe(path: str, mode: str | None):
 
 
 models = composition.list_moe_models(DB)
+labels = {f"{Path(m['path']).name} · {m['mode']} · {len(m['adapters'])} experts ({m['id']})":
+          m["path"] for m in models}
+# Compose just made a model: select it (widget state may only be set before the widget).
+if made_path := st.session_state.pop("composed_path", None):
+    st.session_state["moe_pick"] = next(
+        (lab for lab, p in labels.items() if Path(p).resolve() == Path(made_path).resolve()),
+        st.session_state.get("moe_pick"))
+    st.session_state["moe_folder"] = ""
+    st.session_state["compose_out"] = str(composition.default_compose_dir())
+st.session_state.setdefault("compose_out", str(composition.default_compose_dir()))
 with st.sidebar:
     st.header("Composed model")
-    labels = {f"{Path(m['path']).name} · {m['mode']} · {len(m['adapters'])} experts ({m['id']})":
-              m["path"] for m in models}
     picked = st.selectbox("Model", list(labels) or ["(none yet)"], key="moe_pick")
-    moe_path = st.text_input("…or a folder", value=labels.get(picked, ""), key="moe_path")
+    folder = st.text_input("…or a folder", key="moe_folder",
+                           placeholder="a composed model's folder (overrides the pick)")
+    moe_path = folder.strip() or labels.get(picked, "")
     mode = st.selectbox("Routing mode", ["(as saved)", "top1", "soft", "trajectory"],
                         key="mode")
     mode_arg = None if mode == "(as saved)" else mode
@@ -69,7 +83,7 @@ with tab_compose:
                          value=(adapters[0]["base_model"] if adapters else "tiny"),
                          key="compose_base")
     cmode = st.selectbox("Mode", ["top1", "soft", "trajectory"], key="compose_mode")
-    out = st.text_input("Output folder", value=str(Path("data") / "moe" / "composed"),
+    out = st.text_input("Output folder (under the runs directory by default)",
                         key="compose_out")
     if st.button("Compose", key="compose_go", type="primary"):
         specs = ",".join([options[c] for c in chosen] +
@@ -77,10 +91,16 @@ with tab_compose:
         try:
             with st.spinner("composing…"):
                 made = composition.compose(DB, base, specs, out, mode=cmode)
-            st.success(f"composed {len(made['experts'])} experts, {made['gate_params']:,} gate "
-                       f"parameters → {out} ({made['id']})")
         except UserInputError as exc:
             st.error(str(exc))
+        else:
+            st.session_state["composed_path"] = made["path"]  # the Route tab uses it
+            st.session_state["composed_msg"] = (
+                f"composed {len(made['experts'])} experts, {made['gate_params']:,} gate "
+                f"parameters → {made['path']} ({made['id']})")
+            st.rerun()
+    if msg := st.session_state.pop("composed_msg", None):
+        st.success(msg)
 
 if not moe_path:
     with tab_route:
@@ -141,8 +161,7 @@ with tab_route:
         else:
             st.info("No saved traces for this model yet.")
 
-    c1, c2 = st.columns([1, 1])
-    if source and c1.button("Route", key="route_go", type="primary"):
+    if source and st.button("Route", key="route_go", type="primary"):
         try:
             with st.spinner("generating and routing…"):
                 trace, _ = composition.route(DB, moe_path, source, moe=moe)
@@ -151,14 +170,6 @@ with tab_route:
             st.session_state.pop("forced", None)
         except UserInputError as exc:
             st.error(str(exc))
-    force = c2.selectbox("Force expert", list(range(len(moe.slots))),
-                         format_func=lambda s: f"{s}: {moe.slots[s]}", key="force")
-    if "routed_source" in st.session_state and c2.button("Re-run forced", key="force_go"):
-        with st.spinner(f"re-running with every token on slot {force}…"):
-            st.session_state["forced"], _ = composition.route(
-                DB, moe_path, st.session_state["routed_source"], force=int(force), moe=moe,
-                save=False)
-
     trace = st.session_state.get("trace")
     if trace is not None:
         layer_opts = ["majority over layers"] + [f"layer {i}" for i in range(trace.n_layers)]
@@ -175,6 +186,22 @@ with tab_route:
             right.html(views.token_html(forced, layer))
         else:
             st.html(views.token_html(trace, layer))
+        # A counterfactual, not routing: kept apart so that nobody reads it as the gates'
+        # choice.
+        with st.container(border=True, key="force_box"):
+            st.markdown("**Counterfactual: force one expert**")
+            st.caption("Not the gates' routing: re-runs the same input with every token "
+                       "sent to one expert, shown beside the routed run.")
+            f1, f2 = st.columns([2, 1], vertical_alignment="bottom")
+            force = f1.selectbox("Force expert", list(range(len(moe.slots))),
+                                 format_func=lambda s: f"{s}: {moe.slots[s]}", key="force")
+            if "routed_source" in st.session_state and f2.button("Re-run forced",
+                                                                   key="force_go"):
+                with st.spinner(f"re-running with every token on slot {force}…"):
+                    st.session_state["forced"], _ = composition.route(
+                        DB, moe_path, st.session_state["routed_source"], force=int(force),
+                        moe=moe, save=False)
+                st.rerun()
         st.plotly_chart(views.heatmap_figure(trace), key="heatmap")
         a, b = st.columns(2)
         a.plotly_chart(views.share_figure(composition.share(trace, "role", layer), "role",
@@ -215,14 +242,28 @@ with tab_gates:
             st.success(f"started job {started['job_id']} → {started['run_dir']}")
         except UserInputError as exc:
             st.error(str(exc))
-    jobs_list = composition.sync_gate_jobs(DB) if data.db_exists(DB) else []
-    if jobs_list:
-        st.button("Refresh", key="gates_refresh")
-        st.dataframe(pd.DataFrame([{k: j.get(k) for k in ("id", "state", "steps_done",
-                                                          "moe_path", "error")}
-                                   for j in jobs_list]), hide_index=True)
-        job = st.selectbox("Job", [j["id"] for j in jobs_list], key="gate_job")
-        rows = composition.read_metrics(next(j["run_dir"] for j in jobs_list if j["id"] == job))
+    if data.db_exists(DB):
+        composition.sync_gate_jobs(DB)  # full runs record finished jobs and their models
+    gate_views = training.job_views(kind=training.GATES_KIND)
+    gate_active = {v["status"].id for v in gate_views if training.is_active(v["status"].state)}
+
+    @st.fragment(run_every="2s" if gate_active else None)
+    def gate_panel(job: str) -> None:
+        # Run directories only (never the store): safe to poll while a job writes. The
+        # job selector is outside: a dropdown redrawn every two seconds would close.
+        views_ = training.job_views(kind=training.GATES_KIND)
+        if any(v["status"].id in gate_active and not training.is_active(v["status"].state)
+               for v in views_):
+            st.rerun(scope="app")  # a job just ended: record its composed model
+        st.dataframe(pd.DataFrame([{
+            "id": v["status"].id, "state": v["state"], "steps_done": v["status"].steps_done,
+            "moe_path": v["status"].config.get("moe"), "error": v["status"].error,
+        } for v in views_]), hide_index=True, key="gate_jobs_table")
+        by_id = {v["status"].id: v["status"] for v in views_}
+        if job not in by_id:
+            return
+        status = by_id[job]
+        rows = composition.read_metrics(status.run_dir)
         grpo = [r for r in rows if r.get("phase") == "grpo"]
         warm = [r for r in rows if r.get("phase") == "warm"]
         if warm:
@@ -231,22 +272,19 @@ with tab_gates:
             frame = pd.DataFrame(grpo).set_index("step")
             st.line_chart(frame[["reward_mean", "routing_entropy"]])
             st.area_chart(frame[[c for c in frame.columns if c.startswith("share_")]])
-        state = next(j["state"] for j in jobs_list if j["id"] == job)
         # Gate movement: norm, distance from the start, routing entropy; warn when the gates
         # have not moved (no group with reward variance, or a dead estimator).
-        from trace_lib.workbench import composition as _composition
-
-        movement = _composition.gate_movement(
-            next(j["run_dir"] for j in jobs_list if j["id"] == job),
-            finished=state in ("succeeded", "failed", "cancelled"))
-        m1, m2, m3, m4 = st.columns(4)
-        m1.metric("Gate norm", "-" if movement["gate_norm"] is None
+        movement = composition.gate_movement(
+            status.run_dir, finished=status.state in ("succeeded", "failed", "cancelled"))
+        m1, m2, m3, m4, m5 = st.columns(5)
+        m1.metric("State", training.learning_signal(status, rows)["state"])
+        m2.metric("Gate norm", "-" if movement["gate_norm"] is None
                   else f"{movement['gate_norm']:.4g}")
-        m2.metric("Gates moved by", "-" if movement["gate_delta"] is None
+        m3.metric("Gates moved by", "-" if movement["gate_delta"] is None
                   else f"{movement['gate_delta']:.4g}")
-        m3.metric("Routing entropy", "-" if movement["routing_entropy"] is None
+        m4.metric("Routing entropy", "-" if movement["routing_entropy"] is None
                   else f"{movement['routing_entropy']:.3f}")
-        m4.metric("GRPO steps with signal",
+        m5.metric("GRPO steps with signal",
                   f"{movement['informative_steps']}/{movement['steps']}")
         if movement["shares"]:
             st.caption("Share per slot (last step): " + ", ".join(
@@ -257,9 +295,14 @@ with tab_gates:
             st.line_chart(pd.DataFrame([{"row": i, "gate_norm": r["gate_norm"]}
                                         for i, r in enumerate(rows) if "gate_norm" in r])
                           .set_index("row"))
-        if state in ("queued", "running"):
-            st.progress(min(1.0, len(grpo) / max(int(steps), 1)),
-                        text=f"{state}: {len(warm)} warm steps, {len(grpo)} GRPO steps")
+        if training.is_active(status.state):
+            total = int(status.config.get("steps") or 1)
+            st.progress(min(1.0, len(grpo) / max(total, 1)),
+                        text=f"{status.state}: {len(warm)} warm steps, {len(grpo)}/{total} "
+                             "GRPO steps")
+
+    if gate_views:
+        gate_panel(st.selectbox("Job", [v["status"].id for v in gate_views], key="gate_job"))
 
 # ----------------------------------------------------------------------------- eval
 with tab_eval:

@@ -18,7 +18,7 @@ capability_delta_chart = evaluation.compare_views.capability_delta_chart
 provenance_line = evaluation.compare_views.provenance_line
 render_pair_html = evaluation.compare_views.render_pair_html
 markdown_literal = evaluation.transcript_views.markdown_literal
-render_transcript_html = evaluation.transcript_views.render_transcript_html
+render_side_by_side_html = evaluation.transcript_views.render_side_by_side_html
 
 st.set_page_config(page_title="Compare · TRACE", page_icon="⚖️", layout="wide")
 st.title("Compare")
@@ -173,9 +173,8 @@ with compare_tab:
     st.subheader("Tool calls, aligned")
     st.html(render_pair_html(pair, f"A: {pair.a.id}", f"B: {pair.b.id}"))
     with st.expander("Both transcripts", expanded=False):
-        ca, cb = st.columns(2)
-        ca.html(render_transcript_html(pair.a))
-        cb.html(render_transcript_html(pair.b))
+        # The Trajectories page's side-by-side: a shared system prompt once, folded.
+        st.html(render_side_by_side_html(pair.a, pair.b, f"A: {pair.a.id}", f"B: {pair.b.id}"))
 
     st.subheader("Capabilities")
     st.plotly_chart(capability_delta_chart(result), width="stretch", key="cmp_caps")

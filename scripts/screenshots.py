@@ -5,8 +5,10 @@ Design decisions
   user's data/trace.duckdb, so the pictures are reproducible and nothing private leaks in.
 - A real `streamlit run` on a free 127.0.0.1 port and Debian's headless Chromium through
   the `playwright` package (never `playwright install`), like the e2e tests.
-- One PNG per page, `docs/screenshots/<page>.png`, taken after the page's script has
-  finished running (no running indicator) so no half-drawn page is committed.
+- One PNG per page, `docs/screenshots/<page>.png` (and per part of a page in `PARTS`,
+  e.g. `transcript.png`: the Trajectories page scrolled to its transcript viewer), taken
+  after the page's script has finished running (no running indicator) so no half-drawn
+  page is committed. `--only NAME` retakes one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 PAGES = (("home", ""), ("trajectories", "Trajectories"), ("labels", "Labels"),
          ("rankings", "Rankings"), ("environments", "Environments"),
          ("training", "Training"), ("routing", "Routing"))
+# Shots of a part of a page: name -> (page path, CSS selector scrolled into view first).
+PARTS = {"transcript": ("Trajectories", ".trace-transcript")}
 
 
 def _free_port() -> int:
@@ -77,7 +81,7 @@ def _settle(page) -> None:
     page.wait_for_timeout(1500)  # plotly draws after the script ends
 
 
-def take(out: Path, n: int, runs: int) -> list[Path]:
+def take(out: Path, n: int, runs: int, only: set[str] | None = None) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
@@ -91,9 +95,20 @@ def take(out: Path, n: int, runs: int) -> list[Path]:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                              args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": 1500, "height": 1000})
-                for name, path in PAGES:
+                shots = [(name, path, None) for name, path in PAGES] + [
+                    (name, path, head) for name, (path, head) in PARTS.items()]
+                for name, path, head in shots:
+                    if only and name not in only:
+                        continue
                     page.goto(f"{url}/{path}")
                     _settle(page)
+                    if head:
+                        part = page.locator(head).first
+                        part.wait_for(timeout=120_000)
+                        part.evaluate("el => el.scrollIntoView({block: 'start'})")
+                        page.wait_for_function(
+                            "s => document.querySelector(s).getBoundingClientRect().top < 200",
+                            arg=head, timeout=30_000)
                     target = out / f"{name}.png"
                     page.screenshot(path=str(target), full_page=False)
                     saved.append(target)
@@ -110,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "screenshots")
     p.add_argument("--n", type=int, default=120, help="demo trajectories")
     p.add_argument("--runs", type=int, default=3, help="offline labeling runs")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   choices=[n for n, _ in PAGES] + list(PARTS),
+                   help="take only this shot (repeatable), e.g. --only transcript")
     args = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
         raise SystemExit(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
-    take(args.out, args.n, args.runs)
+    take(args.out, args.n, args.runs, set(args.only or ()))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 ARTIFACTS = REPO_ROOT / "artifacts"
+
+# Helper modules at the top of tests/ (envs_fixture, plugin_dist) import by name from any
+# test folder (pytest runs with --import-mode=importlib, which adds nothing to sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -26,7 +26,9 @@ Design decisions
 - `task_pair` loads one task's two transcripts (a trial that agrees with each side's
   majority verdict) and aligns their tool calls with explore's alignment (LCS on name +
   canonical arguments), each call marked against the expected actions; the HTML renderer
-  escapes every piece of trajectory text through one helper.
+  escapes every piece of trajectory text through one helper, and its rows say "missed by
+  B" / "extra in B" like the transcript viewer. The page shows the two transcripts with
+  the viewer's side-by-side renderer (a shared system prompt once, folded).
 """
 
 from __future__ import annotations
@@ -297,13 +299,14 @@ def _e(value: Any) -> str:
 
 _ROW_STYLE = {"same": "", "args differ": "background:#fffbeb",
               "only left": "background:#fef2f2", "only right": "background:#eff6ff"}
-_STATUS_WORDS = {"same": "both made it", "args differ": "same tool, other arguments",
-                 "only left": "only A", "only right": "only B"}
 
 
 def render_pair_html(pair: TaskPair, label_a: str = "A", label_b: str = "B") -> str:
     """A's and B's tool calls aligned row by row, each marked against the expected actions,
-    with the expected actions in a column beside them."""
+    with the expected actions in a column beside them. Row statuses are the transcript
+    viewer's plain words ("missed by B", "extra in B")."""
+    from trace_lib.explore.transcript import status_words
+
     expected_keys = {c.key for c in pair.expected}
 
     def cell(c: Any) -> str:
@@ -324,7 +327,7 @@ def render_pair_html(pair: TaskPair, label_a: str = "A", label_b: str = "B") -> 
     body = "".join(
         f'<tr class="row-{_e(r.status.replace(" ", "-"))}" style="{_ROW_STYLE.get(r.status, "")};'
         f'border-top:1px solid #e5e7eb"><td style="vertical-align:top;white-space:nowrap">'
-        f"{_e(_STATUS_WORDS.get(r.status, r.status))}</td>{cell(r.left)}{cell(r.right)}</tr>"
+        f"{_e(status_words(r.status, 'A', 'B'))}</td>{cell(r.left)}{cell(r.right)}</tr>"
         for r in pair.rows)
     if not pair.rows:
         body = '<tr><td colspan="3">neither side made a tool call</td></tr>'

@@ -357,8 +357,74 @@ LEFT JOIN latest_label_edits e
 WHERE l.value IS NOT NULL OR e.value IS NOT NULL;
 """
 
+# Diagnose (issue 15): materialised labels. `label_pairs` holds, per (trajectory, capability),
+# the votes of finished runs, their majority, the latest live edit and the effective value;
+# `label_run_counts` and `label_pooled_counts` are the ranking's counts per scope key
+# (dataset, agent model, domain, outcome). `label_materialised` records what they were
+# built from (finished runs and their row counts, the edit watermark) so that any write,
+# including one made with plain SQL, is noticed on the next read. They are kept by
+# `trace_lib.diagnose.materialise`; the views above stay as the definition.
+_MATERIALISED_LABELS = """
+CREATE TABLE IF NOT EXISTS label_pairs (
+    trajectory_id VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    n_rows INTEGER NOT NULL,
+    nl INTEGER NOT NULL,
+    np INTEGER NOT NULL,
+    nn INTEGER NOT NULL,
+    majority VARCHAR,
+    edit_value VARCHAR,
+    edit_id BIGINT,
+    editor VARCHAR,
+    edited_at TIMESTAMP,
+    value VARCHAR
+);
+CREATE TABLE IF NOT EXISTS label_run_counts (
+    run_id VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    dataset_id VARCHAR,
+    agent_model VARCHAR,
+    domain VARCHAR,
+    success BOOLEAN NOT NULL,
+    value VARCHAR NOT NULL,
+    n BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS label_pooled_counts (
+    capability VARCHAR NOT NULL,
+    dataset_id VARCHAR,
+    agent_model VARCHAR,
+    domain VARCHAR,
+    success BOOLEAN NOT NULL,
+    value VARCHAR NOT NULL,
+    n BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS label_materialised (
+    runs JSON NOT NULL,
+    n_labels BIGINT NOT NULL,
+    n_trajectories BIGINT NOT NULL,
+    edit_max BIGINT NOT NULL,
+    edit_count BIGINT NOT NULL
+);
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
-MIGRATIONS: list[str] = [_V1, _V2, _V3, _INGEST_OUTCOME_REQUESTOR, _LABEL_RUN_STATUS]
+# Explore (issue 15): per-trajectory columns derived at import (`trace_lib.explore.derived`):
+# distinct tool-error kinds, the failure-signature levels and the embedding text's hash.
+# Created empty: rows of older stores are backfilled by their next import or by
+# `explore reindex`; until every trajectory has its row, readers compute from raw tables.
+_EXPLORE_DERIVED = """
+CREATE TABLE IF NOT EXISTS trajectory_derived (
+    trajectory_id VARCHAR NOT NULL,
+    error_kinds VARCHAR[] NOT NULL,
+    error_tool VARCHAR NOT NULL,
+    error_kind VARCHAR NOT NULL,
+    deviation VARCHAR NOT NULL,
+    text_sha256 VARCHAR NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [_V1, _V2, _V3, _INGEST_OUTCOME_REQUESTOR, _LABEL_RUN_STATUS,
+                         _MATERIALISED_LABELS, _EXPLORE_DERIVED]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

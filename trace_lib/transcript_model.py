@@ -20,6 +20,11 @@ Design decisions
   a user-side miss is never read as the agent lacking a capability, nor hidden.
 - A call's identity for comparisons is `key`: its name plus the canonical JSON of its
   arguments (sorted keys, compact), so key order never makes two equal calls differ.
+- A call is paired with the tool message that answers it (`pair_results`): by call id
+  when the file has ids, else by position inside the run of tool messages that directly
+  follows the calling message (the k-th unanswered call of a name takes the next tool
+  message of that name or of no name). A result is never guessed across a later turn, so
+  a call that got no answer stays unpaired and its stray tool message shows on its own.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Call:
     call_idx: int = 0
     call_id: str | None = None
     result: str | None = None  # the tool message that answers it, when the loader matched one
+    result_idx: int | None = None  # that tool message's idx (the viewer pairs the two)
 
     @property
     def key(self) -> str:
@@ -123,3 +129,38 @@ class Transcript:
 
     def user_calls(self) -> list[Call]:
         return [c for c in self.calls if c.requestor == "user"]
+
+
+def pair_results(messages: list[dict[str, Any]], calls: list[Call]) -> dict[int, int]:
+    """Position in `calls` -> idx of the tool message answering that call (see above)."""
+    tools = [m for m in messages if m.get("role") == "tool"]
+    by_id: dict[str, int] = {}
+    for m in tools:
+        if m.get("tool_call_id"):
+            by_id.setdefault(str(m["tool_call_id"]), m["idx"])
+    used: set[int] = set()
+    out: dict[int, int] = {}
+    for i, c in enumerate(calls):
+        hit = by_id.get(str(c.call_id)) if c.call_id else None
+        if hit is not None and hit not in used:
+            out[i] = hit
+            used.add(hit)
+    claimed = {str(c.call_id) for c in calls if c.call_id}
+    order = [m["idx"] for m in messages]
+    pos = {idx: k for k, idx in enumerate(order)}
+    role_at = {m["idx"]: m for m in messages}
+    for i, c in enumerate(calls):
+        if i in out or c.message_idx is None or c.message_idx not in role_at:
+            continue
+        # the contiguous tool messages right after the calling message
+        for idx in order[pos[c.message_idx] + 1:]:
+            m = role_at[idx]
+            if m.get("role") != "tool":
+                break
+            if idx in used or (m.get("tool_call_id") and str(m["tool_call_id"]) in claimed):
+                continue
+            if m.get("name") in (None, "", c.name):
+                out[i] = idx
+                used.add(idx)
+                break
+    return out

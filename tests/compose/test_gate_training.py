@@ -178,15 +178,13 @@ def test_warm_start_default_lr_never_overshoots(tiny_dir, adapter_dirs) -> None:
 def test_generated_environment_code_reaches_gate_training(moe_dir, tmp_path) -> None:
     """A job gets a generated environment as code (never through the database) and runs
     it in the sandbox; a name it cannot build without the store is refused up front."""
-    from trace_lib.compose.gate_training import env_makers_for
-    from trace_lib.envs.registry import EnvSpec
+    from envs_fixture import generated_spec
 
-    code = (HERE / "file_env.py").read_text()
+    from trace_lib.compose.gate_training import env_makers_for
+
     cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy/say_seed/gen1"], warm_seeds=1,
                           warm_steps=1, steps=0, max_turns=1, max_tokens=3,
-                          env_specs={"toy/say_seed/gen1": EnvSpec(
-                              name="toy/say_seed/gen1", capability="say_seed", domain="toy",
-                              version=1, source="generated", code=code).to_json()},
+                          env_specs={"toy/say_seed/gen1": generated_spec().to_json()},
                           torch_threads=1)
     result = train_gates(cfg, tmp_path / "run")
     assert list(result["warm_rewards"]) == ["toy/say_seed/gen1"]

@@ -3,21 +3,19 @@ environments run in the sandbox, and errors are never swallowed."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from envs_fixture import file_env_code, generated_spec, write_file_env
 
 from trace_lib.compose.gated import compose
 from trace_lib.errors import UserInputError
 
-HERE = Path(__file__).resolve().parent
 
-
-def test_composition_evaluates_a_generated_environment_file(tiny_dir, adapter_dirs) -> None:
+def test_composition_evaluates_a_generated_environment_file(tiny_dir, adapter_dirs,
+                                                            tmp_path) -> None:
     from trace_lib.compose.evaluate import EvalConfig, evaluate_composition
     from trace_lib.compose.local_client import env_factory, route_env
 
-    path = str(HERE / "file_env.py")
+    path = str(write_file_env(tmp_path))
     env = env_factory(path)()
     try:
         assert type(env).__name__ == "SandboxedEnvironment"  # never imported in-process
@@ -47,11 +45,9 @@ def test_environment_errors_are_raised_not_swallowed(tmp_path) -> None:
 def test_a_stored_generated_environment_resolves_through_the_store(db_path) -> None:
     from trace_lib.compose.local_client import env_code, env_factory
     from trace_lib.envs.catalog import save_environment
-    from trace_lib.envs.registry import EnvSpec
 
-    code = (HERE / "file_env.py").read_text()
-    spec = EnvSpec(name="toy/say_seed/gen1", capability="say_seed", domain="toy", version=1,
-                   source="generated", code=code)
+    spec = generated_spec("toy/say_seed/gen1")
+    code = file_env_code("toy/say_seed/gen1")
     save_environment(spec, "approved", db=db_path)
     assert env_code("toy/say_seed/gen1", db=db_path) == code
     env = env_factory("toy/say_seed/gen1", db=db_path)()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -42,8 +43,9 @@ def test_cli_label_rank_edit_export(demo_db: Path, tmp_path: Path,
     grid_csv = tmp_path / "labels.csv"
     assert main(["labels", "export", str(grid_csv), *db]) == 0
     capsys.readouterr()
-    lacking = [line.split(",")[0] for line in grid_csv.read_text().splitlines()[1:]
-               if line.endswith(f"{top['capability']},lacking")]
+    with open(grid_csv, newline="") as fh:
+        lacking = [r["trajectory_id"] for r in csv.DictReader(fh)
+                   if (r["capability"], r["value"]) == (top["capability"], "lacking")]
     edit = _json(capsys, ["labels", "edit", lacking[0], top["capability"], "present",
                           "--editor", "ann", "--json", *db])
     moved = {r["capability"]: r for r in _json(capsys, ["rank", "--json", *db])}

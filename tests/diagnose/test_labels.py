@@ -18,7 +18,8 @@ def test_export_import_round_trip_with_source_ids(db_path: Path, tmp_path: Path)
     make_store(db_path, OUT, {"r1": {"tool_calling_precision": ["lacking", "present", "na"]}})
     csv_path = tmp_path / "labels.csv"
     assert lb.export_labels(db_path, csv_path) == 3
-    assert csv_path.read_text().splitlines()[0] == "trajectory_id,capability,value"
+    assert csv_path.read_text().splitlines()[0] == \
+        "trajectory_id,capability,value,dataset,task_id,trial"  # qualified: dataset, task, trial
     ext = tmp_path / "ext.csv"
     ext.write_text("trajectory_id,capability,value\nsrc-a,upselling,lacking\nb,upselling,NA\n")
     assert lb.import_labels(db_path, ext, "human-1") == 2

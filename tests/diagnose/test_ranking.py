@@ -125,7 +125,14 @@ def test_json_export_cover_and_clusters(db_path: Path, tmp_path: Path) -> None:
         "structured_data_reasoning", "precondition_verification"}
     assert set(on_disk[0]) == {"skill", "description", "mean_cov", "std_cov", "mean_delta",
                                "std_delta", "n_runs_passed", "n_runs_total",
-                               "example_failed_cases", "status"}
+                               "example_failed_cases", "example_failed_trajectories",
+                               "status"}
+    # Examples are qualified: dataset name + task + trial, and the trajectory id.
+    sdr = next(d for d in on_disk if d["skill"] == "structured_data_reasoning")
+    assert sdr["example_failed_cases"] == ["syn/task task0/trial ?", "syn/task task1/trial ?"]
+    assert [e["trajectory_id"] for e in sdr["example_failed_trajectories"]] == ["f1", "f2"]
+    assert sdr["example_failed_trajectories"][0] == {
+        "dataset": "syn", "task_id": "task0", "trial": None, "trajectory_id": "f1"}
     with store.connect(db_path) as con:
         curve = greedy_cover(con, [d["skill"] for d in on_disk])
         clusters = failure_clusters(con)

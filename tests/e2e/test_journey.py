@@ -65,7 +65,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     screenshot(page, shots, "00_home")
 
     # ---- 1. Trajectories: import a real tau2 results file through the upload widget.
-    page.get_by_role("link", name="Trajectories: filter, cluster, read").click()
+    page.get_by_role("link", name="Trajectories →", exact=True).click()
     page.wait_for_url("**/Trajectories")
     wait_for_app(page)
     sidebar = page.get_by_test_id("stSidebar")
@@ -210,7 +210,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     page.get_by_test_id("stMultiSelect").filter(has_text="Trained adapters").click()
     page.get_by_role("option").filter(has_text=adapters[0]["id"]).first.click()
     page.keyboard.press("Escape")
-    fill_number(page, "Output folder", tmp_path / "moe")
+    fill_number(page, "Output folder (under the runs directory by default)", tmp_path / "moe")
     page.get_by_role("button", name="Compose").click()
     wait_for_app(page)
     expect(page.get_by_text("gate parameters")).to_be_visible(timeout=120_000)

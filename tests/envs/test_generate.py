@@ -8,13 +8,12 @@ import textwrap
 
 import pytest
 
-from trace_lib.envs import catalog, is_approved, list_environments
+from trace_lib.envs import catalog, is_approved, list_environments, open_environment
 from trace_lib.envs.generate import (
     GenerationConfig,
     GenerationRequest,
     generate_environment,
 )
-from trace_lib.envs.registry import open_environment
 from trace_lib.envs.sandbox import SandboxLimits
 from trace_lib.envs.validate import ValidationConfig
 
@@ -126,9 +125,7 @@ def test_a_module_that_stays_broken_is_rejected(scripted_llm, db_path):
 
 
 def catalog_spec(name, db):
-    from trace_lib.envs.registry import resolve
-
-    return resolve(name, db=db)
+    return catalog.resolve(name, db=db)
 
 
 def test_hostile_generated_code_is_contained_and_rejected(scripted_llm, db_path):

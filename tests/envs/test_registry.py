@@ -1,4 +1,4 @@
-"""One name -> environment path: resolve (app side), a serialised spec (what a job gets), and
+"""One name -> environment path: catalog.resolve (app side), a serialised spec (what a job gets), and
 `build_env` (built-ins in-process, generated code only in the sandbox). Real DuckDB files,
 a real sandbox."""
 
@@ -9,51 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from envs_fixture import generated_spec
 
-from trace_lib.envs import registry
+from trace_lib.envs import catalog, registry
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
 from trace_lib.errors import UserInputError
 
-GENERATED = '''
-class Env:
-    name = "toy/echo/gen3"
-    capability = "echo"
-    domain = "toy"
-    version = 3
-    system_prompt = "Repeat the number."
-    tool_schemas = []
-    hint = None
-
-    def reset(self, seed):
-        self.seed, self.answer = seed, None
-
-    @property
-    def messages(self):
-        return [{"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": f"say {self.seed}"}]
-
-    def step(self, action):
-        self.answer = action.get("content") or ""
-        return "ok"
-
-    @property
-    def done(self):
-        return self.answer is not None
-
-    def summary(self):
-        ok = self.answer == str(self.seed)
-        return {"reward": float(ok), "passed": ok, "steps": 1, "reasons": []}
-
-
-def make_env():
-    return Env()
-'''
-
 
 def _gen_spec() -> EnvSpec:
-    return EnvSpec(name="toy/echo/gen3", capability="echo", domain="toy", version=3,
-                   source="generated", code=GENERATED)
+    return generated_spec("toy/echo/gen3", version=3, reward="exact")
 
 
 def test_spec_round_trips_through_json_with_its_code():
@@ -61,7 +26,7 @@ def test_spec_round_trips_through_json_with_its_code():
     data = json.loads(json.dumps(spec.to_json()))
     assert data["code_sha256"] == spec.code_sha256
     assert EnvSpec.from_json(data) == spec
-    builtin = registry.resolve("airline/precondition_verification")
+    builtin = registry.require_static("airline/precondition_verification")
     assert "code" not in builtin.to_json()
     assert EnvSpec.from_json(builtin.to_json()).name == "airline/precondition_verification"
 
@@ -92,17 +57,17 @@ def test_generated_code_runs_only_in_the_sandbox_and_builtins_in_process():
         assert env.messages[-1]["content"] == "say 4"
     finally:
         env.close()
-    builtin = registry.build_env(registry.resolve("retail/precondition_verification"))
+    builtin = registry.build_env(registry.require_static("retail/precondition_verification"))
     builtin.reset(1)
     assert builtin.capability == "precondition_verification" and builtin.tool_schemas
-    own = registry.env_factory(registry.resolve("trace_lib.train.smoke_envs:TargetLetterEnv"))()
+    own = registry.env_factory(registry.require_static("trace_lib.train.smoke_envs:TargetLetterEnv"))()
     assert own.capability == "toy_target_letter"
 
 
 def test_the_app_resolves_stored_names_and_a_job_builds_from_the_spec_alone(db_path):
     save_environment(_gen_spec(), status="approved", db=db_path)
-    spec = registry.resolve("toy/echo/gen3", db=db_path)  # the app side reads the store
-    assert spec.source == "generated" and spec.code == GENERATED
+    spec = catalog.resolve("toy/echo/gen3", db=db_path)  # the app side reads the store
+    assert spec.source == "generated" and spec.code == _gen_spec().code
     job_spec = registry.spec_for_job("toy/echo/gen3", spec.to_json())
     assert job_spec == spec
     with registry.open_environment(job_spec) as env:
@@ -129,8 +94,10 @@ def test_spec_for_job_never_imports_the_store():
 
 def test_unknown_names_are_explained(db_path):
     with pytest.raises(UserInputError, match="'nope/none': not a built-in"):
-        registry.resolve("nope/none", db=db_path)
+        catalog.resolve("nope/none", db=db_path)
+    with pytest.raises(UserInputError, match="'toy/echo/gen3': not a built-in"):
+        registry.require_static("toy/echo/gen3")  # the job side: no store, no stored names
     with pytest.raises(UserInputError, match="no such environment module file"):
-        registry.resolve("missing_env_module.py")
+        catalog.resolve("missing_env_module.py")
     with pytest.raises(UserInputError, match="module 'json' has no 'Nope'"):
-        registry.resolve("json:Nope")
+        catalog.resolve("json:Nope")

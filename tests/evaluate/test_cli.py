@@ -31,6 +31,21 @@ def test_foreground_json(db_path, tmp_path):
     assert out["ci95"][0] == 0.0
 
 
+def test_retail_target_tasks_evaluate_into_a_dataset(db_path, tmp_path):
+    proc = _cli("evaluate", "--domain", "retail", "--tasks", "3", "--trials", "1", "--model",
+                "tiny", "--tools", "capability", "--max-model-len", "16384", "--max-tokens",
+                "8", "--max-turns", "1", "--json", db=db_path, runs=tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["trajectories"] == 3 and out["successes"] + out["failures"] == 3
+    assert out["dataset"].startswith("tiny__retail__")
+    with store.connect(db_path, read_only=True) as con:
+        rows = con.execute("SELECT t.task_id, t.domain FROM trajectories t JOIN datasets d "
+                           "ON t.dataset_id = d.id WHERE d.name = ? ORDER BY t.task_id",
+                           [out["dataset"]]).fetchall()
+    assert rows == [(f"retail_0_00{k}", "retail") for k in range(3)]
+
+
 def test_background_job_is_recorded_and_imported(db_path, tmp_path):
     runs = tmp_path / "runs"
     proc = _cli("evaluate", *TINY, "--background", "--wait", "--json", db=db_path, runs=runs)
@@ -51,7 +66,7 @@ def test_background_job_is_recorded_and_imported(db_path, tmp_path):
 
 def test_bad_input_exits_1_with_a_sentence(db_path, tmp_path):
     runs = tmp_path / "runs"
-    for args, message in ((["--domain", "retail"], "no target task set"),
+    for args, message in ((["--domain", "telecom"], "unknown domain"),
                           (["--adapter", str(tmp_path)], "not a PEFT adapter folder"),
                           (["--server-url", "http://127.0.0.1:9/v1"], "needs --served-model")):
         proc = _cli("evaluate", *args, db=db_path, runs=runs)

@@ -100,7 +100,7 @@ def test_trials_give_one_trajectory_per_task_and_trial(tmp_path):
     ({"tools": "some"}, "--tools"),
     ({"trials": 0}, "trials must be a positive"),
     ({"adapter": "/nonexistent/adapter"}, "no such folder"),
-    ({"domain": "retail"}, "no target task set"),
+    ({"domain": "telecom"}, "unknown domain"),
     ({"bogus": 1}, "unknown fields"),
     ({"request_timeout_s": 0}, "request_timeout_s must be positive"),
 ])

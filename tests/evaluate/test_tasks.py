@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -81,7 +82,7 @@ def test_a_tool_not_offered_is_an_error_observation():
     obs = env.step({"name": "search_direct_flight",
                     "arguments": {"origin": "JFK", "destination": "LAX", "date": "2024-05-20"}})
     assert obs.startswith("Error: unknown tool")
-    assert env.calls[-1]["error"] is True
+    assert env.calls[-1]["observation"] == obs and env.calls[-1]["write"] is False
 
 
 def test_malformed_actions_never_crash():
@@ -94,7 +95,10 @@ def test_malformed_actions_never_crash():
     assert env.summary()["reward"] == 0.0
 
 
-def test_unknown_and_taskless_domains_and_bad_counts_are_clear_errors():
+def test_unknown_and_taskless_domains_and_bad_counts_are_clear_errors(monkeypatch):
+    from trace_lib.evaluate import tasks
+
+    monkeypatch.delitem(tasks.TASK_SETS, "retail")
     with pytest.raises(UserInputError, match="no target task set"):
         load_task_set("retail")
     with pytest.raises(UserInputError, match="unknown domain"):
@@ -103,3 +107,74 @@ def test_unknown_and_taskless_domains_and_bad_counts_are_clear_errors():
         load_task_set("airline", 51)
     with pytest.raises(UserInputError, match="positive number"):
         load_task_set("airline", 0)
+
+
+# ------------------------------------------------------------------------------ retail
+
+
+def test_retail_has_a_target_task_set_the_reference_solves():
+    ts = load_task_set("retail")
+    assert len(ts.tasks) == 50 and ts.tasks[0].task_id == "retail_0_000"
+    assert [t.task_id for t in load_task_set("retail", 3).tasks] == [
+        "retail_0_000", "retail_0_001", "retail_0_002"]
+    # every retail capability's builder contributes, in turn
+    assert {t.operations[0] for t in ts.tasks[:4]} == {
+        "multi_step_task_completion", "precondition_verification",
+        "structured_data_reasoning", "tool_calling_precision"}
+    passed, idle = 0, 0
+    for task in ts.tasks:
+        env = ts.environment(task)
+        env.reset(0)
+        while not env.done:
+            env.step(env.reference_action())
+        passed += env.summary()["passed"]
+        idle_env = ts.environment(task)
+        idle_env.reset(0)
+        idle_env.step({"content": "Done."})
+        idle += idle_env.summary()["passed"]
+    assert passed == 50
+    # doing nothing passes only tasks that need neither a write nor an answer
+    assert idle == sum(1 for t in ts.tasks if not t.write_required and not t.raw.answer_items)
+    assert idle < 10
+
+
+def test_a_question_needs_its_answer_in_the_reply():
+    ts = load_task_set("retail", 3)
+    task = ts.tasks[2]  # structured_data_reasoning: a question, no write
+    assert not task.write_required and task.raw.answer_items
+    env = ts.environment(task)
+    env.reset(0)
+    for action in task.expected_actions:
+        env.step(action)
+    env.step({"content": "I looked it up."})
+    out = env.summary()
+    assert not out["passed"] and any(r.startswith("reply lacks") for r in out["reasons"])
+
+
+# --------------------------------------------------------------- one loop, any action shape
+
+
+def test_the_target_environment_is_the_capability_environments_loop():
+    from trace_lib.envs.capabilities.task_env import TaskEnvironment
+    from trace_lib.envs.protocol import ValidatedEnvironment
+
+    env = load_task_set("airline", 1).environment(load_task_set("airline", 1).tasks[0])
+    assert isinstance(env, TaskEnvironment) and isinstance(env, ValidatedEnvironment)
+
+
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_openai_function_shaped_tool_calls_are_played(domain):
+    """What an OpenAI-compatible endpoint returns: {"type": "function", "function":
+    {"name", "arguments": "<json string>"}} with an id, as a dict or as JSON text."""
+    ts = load_task_set(domain, 5)
+    task = next(t for t in ts.tasks if t.write_required)
+    env = ts.environment(task)
+    env.reset(0)
+    for k, action in enumerate(task.expected_actions):
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": action["name"],
+                             "arguments": json.dumps(action["arguments"])}}
+        obs = env.step(json.dumps(call) if k % 2 else call)
+        assert not obs.startswith("Error:"), obs
+    env.step({"content": task.reference_answer or "Done."})
+    assert env.summary()["passed"]

@@ -3,12 +3,27 @@ real tau-bench / tau2 files imported through `trace_lib.ingest`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from trace_lib import store
+
+# Browser fixtures (`streamlit_server`, `browser`, `browser_page`, `wait_for_app`): the one
+# harness in tests/e2e/conftest.py, loaded from its file (test folders are not packages).
+_NAME = "_e2e_harness"
+if _NAME not in sys.modules:
+    _spec = importlib.util.spec_from_file_location(
+        _NAME, Path(__file__).resolve().parents[1] / "e2e" / "conftest.py")
+    sys.modules[_NAME] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules[_NAME])
+streamlit_server = sys.modules[_NAME].streamlit_server
+browser = sys.modules[_NAME].browser
+browser_page = sys.modules[_NAME].browser_page
+wait_for_app = sys.modules[_NAME].wait_for_app
 
 
 def _traj(tid, task, trial, success, termination, calls, *, domain="airline",

@@ -54,3 +54,25 @@ def test_explore_embed_then_semantic(known_db, capsys):
     assert run_json(capsys, "embed", *db)["computed"] == 0
     sem = run_json(capsys, "semantic", *db, "--k", "2")
     assert sem["k"] == 2 and len(sem["points"]) == 4
+
+
+def test_explore_reindex_and_text_modes(known_db, capsys):
+    # the fixture store is written with plain SQL: nothing derived or indexed yet
+    db = ["--db", str(known_db)]
+    before = {r["id"] for r in run_json(capsys, "list", *db, "--text", "cancel ord")}
+    assert before == {"t_f4"}
+    out = run_json(capsys, "reindex", *db)
+    assert out == {"derived": 6, "indexed": 6}
+    from trace_lib import store
+    from trace_lib.explore import search
+
+    with store.connect(known_db, read_only=True) as con:
+        assert search.index_state(con).fresh
+        assert search.hits(con, "cancel ord").source == "index"
+    assert {r["id"] for r in run_json(capsys, "list", *db, "--text", "cancel ord")} == before
+    # "ZFA04Y" sits inside a tool error, "FA04" inside a token: substring mode finds it
+    assert {r["id"] for r in run_json(capsys, "list", *db, "--text", "FA04")} == set()
+    assert {r["id"] for r in run_json(capsys, "list", *db, "--text", "FA04",
+                                      "--text-mode", "substring")} == {"t_f4"}
+    sigs = run_json(capsys, "signatures", *db)
+    assert sum(s["n"] for s in sigs) == 4

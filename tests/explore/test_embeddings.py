@@ -75,3 +75,12 @@ def test_real_failures_cluster(real_db, tmp_path):
     assert len(smap.points) == rep.n_in_scope
     assert (smap.points.outcome == "failure").all()
     assert smap.clusters.top_terms.str.len().gt(0).all()
+
+
+def test_warm_up_runs_once_in_the_background():
+    w = emb.warm_up()
+    assert w is emb.warm_up()  # one per process
+    assert w.wait("sklearn", timeout=600) and w.ready("sklearn")
+    assert w.wait("encoder", timeout=600) and w.error is None
+    assert w.fraction == 1.0 and w.text == "encoder ready"
+    assert emb._load_minilm() is emb._load_minilm()  # the loaded model is the one reused

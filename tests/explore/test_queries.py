@@ -38,10 +38,25 @@ def test_filter_fields_select_the_right_trajectories(con):
 
 
 def test_text_filter_is_case_insensitive_and_literal(con):
-    assert ids(con, F(text="WINDOW.__xss")) == {"t_f4"}
+    sub = "substring"
+    assert ids(con, F(text="WINDOW.__xss", text_mode=sub)) == {"t_f4"}
     # % and _ are not wildcards: "help_me" does not match "help me"
-    assert ids(con, F(text="help_me")) == set()
+    assert ids(con, F(text="help_me", text_mode=sub)) == set()
+    assert ids(con, F(text="%", text_mode=sub)) == set()
+
+
+def test_text_filter_words_mode(con):
+    # words (the default): every word starts a token; "_" separates tokens as "." does
+    assert ids(con, F(text="WINDOW.__xss")) == {"t_f4"}
+    assert ids(con, F(text="help_me")) == {"t_ok1", "t_f1", "t_f2", "t_f3", "t_u1"}
+    assert ids(con, F(text="hel")) == {"t_ok1", "t_f1", "t_f2", "t_f3", "t_u1"}
+    assert ids(con, F(text="elp")) == set()  # not a token start: use substring mode
+    assert ids(con, F(text="elp", text_mode="substring")) == {"t_ok1", "t_f1", "t_f2", "t_f3", "t_u1"}
+    assert ids(con, F(text='"me please"')) == {"t_ok1", "t_f1", "t_f2", "t_f3", "t_u1"}
+    assert ids(con, F(text='"please me"')) == set()
     assert ids(con, F(text="%")) == set()
+    with pytest.raises(ValueError, match="text_mode"):
+        F(text="x", text_mode="regex")
 
 
 def test_filter_values_are_bound_not_spliced(con):

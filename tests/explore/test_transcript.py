@@ -50,7 +50,9 @@ def test_load_render_and_escape(known_db):
     assert t.agent_calls()[0].error.startswith("Error: Reservation")
     html = tr.render_transcript_html(t)
     assert "<script" not in html and "&lt;script&gt;window.__xss=1&lt;/script&gt;" in html
-    assert "error: Error: Reservation ZFA04Y not found" in html
+    # the error is the answering tool message, shown once inside the call's box
+    assert html.count("Error: Reservation ZFA04Y not found") == 1
+    assert re.search(r'class="tool-pair".*tool-error.*Error: Reservation ZFA04Y', html, re.S)
 
 
 def test_contrast_pair_and_expected_vs_actual(known_db):

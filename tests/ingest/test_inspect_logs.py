@@ -130,8 +130,48 @@ def test_inspect_log_imports_one_trajectory_per_sample_and_epoch(
     meta = json.loads(rows(db_path, "SELECT meta FROM trajectories WHERE outcome = 'error' "
                                     "LIMIT 1")[0][0])
     assert "calculator crashed" in meta["harness_error"] and meta["task"] == "adder"
-    schema = rows(db_path, "SELECT schema FROM tool_schemas WHERE domain = 'adder'")
-    assert json.loads(schema[0][0])["function"]["name"] == "add"
+    # The tool schema is the one the log says the model was offered (its ModelEvents), not
+    # one inferred from the calls: the docstring's description and parameter texts survive.
+    schema = rows(db_path, "SELECT schema, source FROM tool_schemas WHERE domain = 'adder'")
+    assert len(schema) == 1 and schema[0][1] == "given"
+    assert json.loads(schema[0][0]) == {"type": "function", "function": {
+        "name": "add", "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {
+            "x": {"type": "integer", "description": "the first"},
+            "y": {"type": "integer", "description": "the second"}},
+            "required": ["x", "y"], "additionalProperties": False}}}
+    assert not report.notes
+
+
+def test_inspect_tool_schemas_follow_the_domain_override(
+    inspect_logs: dict[str, Path], db_path: Path
+) -> None:
+    ingest_paths([inspect_logs["eval"]], db=db_path, domain="calculator")
+    assert rows(db_path, "SELECT domain, name, source FROM tool_schemas") == [
+        ("calculator", "add", "given")]
+
+
+@pytest.mark.parametrize("fmt", ["eval", "json"])
+def test_inspect_log_without_model_events_infers_schemas_and_says_so(
+    inspect_logs: dict[str, Path], db_path: Path, tmp_path: Path, fmt: str
+) -> None:
+    # A log whose events were dropped (as some pipelines do to save space), written back by
+    # Inspect's own writer: no tool definitions left, so they are inferred from the calls.
+    from inspect_ai.log import read_eval_log, write_eval_log
+
+    log = read_eval_log(str(inspect_logs[fmt]))
+    for sample in log.samples or []:
+        sample.events = []
+        sample.events_data = None
+    stripped = tmp_path / f"stripped.{fmt}"
+    write_eval_log(log, str(stripped), format=fmt)
+    report = ingest_paths([stripped], db=db_path)
+    assert report.trajectories == 6
+    assert any("no tool definitions" in n and "inferred from the calls" in n
+               for n in report.notes), report.notes
+    schema = rows(db_path, "SELECT schema, source FROM tool_schemas WHERE domain = 'adder'")
+    assert schema[0][1] == "inferred"
+    assert set(json.loads(schema[0][0])["function"]["parameters"]["properties"]) == {"x", "y"}
 
 
 def test_inspect_log_upload_and_gzip_and_reimport(

@@ -8,46 +8,10 @@ import re
 import subprocess
 import sys
 
+from envs_fixture import generated_spec
+
 from trace_lib import jobs
-from trace_lib.envs.registry import EnvSpec
 
-# A generated environment module, as the environments stage stores them (make_env()).
-GENERATED = '''
-class Env:
-    name = "toy/count_digits/gen1"
-    capability = "count_digits"
-    domain = "toy"
-    version = 1
-
-    def reset(self, seed):
-        self.seed, self.answer = seed, None
-
-    system_prompt = "Answer with digits."
-    tool_schemas = []
-    hint = None
-
-    @property
-    def messages(self):
-        return [{"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": f"digits for {self.seed}"}]
-
-    def step(self, action):
-        self.answer = action.get("content") or ""
-        return "ok"
-
-    @property
-    def done(self):
-        return self.answer is not None
-
-    def summary(self):
-        text = self.answer or ""
-        reward = sum(c.isdigit() for c in text) / max(len(text), 1)
-        return {"reward": reward, "passed": reward > 0.5, "steps": 1, "reasons": []}
-
-
-def make_env():
-    return Env()
-'''
 FORBIDDEN = ("trace_lib.cli", "trace_lib.store", "duckdb", "streamlit", "trace_lib.workbench")
 
 
@@ -64,8 +28,7 @@ def test_a_real_job_imports_no_cli_store_or_duckdb_and_builds_its_env_from_the_s
     monkeypatch.setenv("TRACE_DB", str(tmp_path / "job_must_not_open.duckdb"))
     monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")  # the job logs every import it makes
     name = "toy/count_digits/gen1"  # a name no database here knows: only the spec can build it
-    env_spec = EnvSpec(name=name, capability="count_digits", domain="toy", version=1,
-                       source="generated", code=GENERATED).to_json()
+    env_spec = generated_spec(name).to_json()
     config = {"env": name, "env_spec": env_spec, "model": "tiny", "steps": 1, "group": 2,
               "groups_per_step": 1, "max_turns": 1, "max_tokens": 2, "checkpoint_every": 0,
               "lora": {"rank": 2, "alpha": 4, "targets": ["q_proj"]}}

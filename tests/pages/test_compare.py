@@ -6,6 +6,7 @@ task); the launched evaluation is a real background job rolling the tiny model o
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def test_two_runs_side_by_side(env, two_runs):
     assert at.selectbox(key="cmp_task").value == tasks.task_id[0]
     html = " ".join(h.proto.body for h in at.get("html"))
     assert "trace-compare" in html and "expected actions" in html
+    # plain words, and the two transcripts side by side with one shared system prompt
+    assert "only A" not in html and "only B" not in html
+    assert re.search(r"missed by B|extra in B|both made it", html)
+    [side] = [h.proto.body for h in at.get("html") if "trace-side-by-side" in h.proto.body]
+    pair = evaluation.task_pair(env, a["dataset_id"], b["dataset_id"], tasks.task_id[0])
+    prompts = {evaluation.transcript_views.system_prompt(t) for t in (pair.a, pair.b)}
+    assert side.count('class="trace-transcript"') == 2
+    assert side.count("system-prompt") == (1 if len(prompts) == 1 else 2)
+    assert len(prompts) == 1 and "the same in both" in side  # both runs: one policy
     assert "policy-b" not in html or "<i>x</i>" not in html
     assert any("exact McNemar" in m.value for m in at.markdown)
 

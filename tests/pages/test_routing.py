@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from envs_fixture import write_file_env
 from streamlit.testing.v1 import AppTest
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "6_Routing.py")
@@ -84,7 +85,8 @@ def test_live_prompt_is_routed_escaped_and_indexed(store_with_moe) -> None:
     db, moe_dir = store_with_moe
     at = AppTest.from_file(PAGE, default_timeout=120).run()
     assert not at.exception
-    assert at.text_input(key="moe_path").value == str(moe_dir.resolve())
+    assert at.selectbox(key="moe_pick").value.startswith(f"{moe_dir.name} · ")
+    assert at.text_input(key="moe_folder").value == ""  # the pick is used, no override
     at.text_area(key="prompt").set_value("<script>alert(1)</script> cancel ABC123")
     at.number_input(key="max_new").set_value(4)
     at.button(key="route_go").click().run()
@@ -113,6 +115,9 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
     meta = json.loads((moe_dir / "moe.json").read_text())
     paths = "\n".join(f"{a['name']}={moe_dir / a['path']}" for a in meta["adapters"])
     at = AppTest.from_file(PAGE, default_timeout=120).run()
+    # The default output folder is under the runs directory, not a relative data/moe.
+    assert at.text_input(key="compose_out").value == str(tmp_path / "runs" / "composed"
+                                                         / "moe-1")
     at.text_area(key="compose_extra").set_value(paths)
     at.text_input(key="compose_base").set_value("tiny")
     at.text_input(key="compose_out").set_value(str(tmp_path / "new_moe"))
@@ -123,6 +128,9 @@ def test_compose_tab_writes_and_registers(store_with_moe, tmp_path: Path) -> Non
     from trace_lib.workbench.composition import list_moe_models
 
     assert len(list_moe_models(db)) == 2
+    # The Route tab uses the model just composed, without a reload.
+    assert at.selectbox(key="moe_pick").value.startswith("new_moe · ")
+    assert not any("No composed model yet" in i.value for i in at.info)
 
 
 
@@ -239,41 +247,6 @@ def test_browser_routes_a_live_prompt_and_shows_escaped_tokens(store_with_moe,
             proc.kill()
 
 
-CONSTANT_ENV = '''
-class Env:
-    name = "toy/constant"
-    capability = "constant"
-    domain = "toy"
-    version = 1
-
-    def reset(self, seed):
-        self.answer = None
-
-    system_prompt = "Say anything."
-    tool_schemas = []
-    hint = None
-
-    @property
-    def messages(self):
-        return [{"role": "user", "content": "say anything"}]
-
-    def step(self, action):
-        self.answer = action.get("content")
-        return "ok"
-
-    @property
-    def done(self):
-        return self.answer is not None
-
-    def summary(self):
-        return {"reward": 0.0, "passed": False, "steps": 1, "reasons": []}
-
-
-def make_env():
-    return Env()
-'''
-
-
 def test_gate_job_that_did_not_move_is_flagged(store_with_moe, tmp_path: Path) -> None:
     """A gate job whose groups all had the same reward cannot move the gates: the Train
     gates tab shows the movement metrics and says so (as `job status` does)."""
@@ -281,8 +254,7 @@ def test_gate_job_that_did_not_move_is_flagged(store_with_moe, tmp_path: Path) -
     from trace_lib.compose.gate_training import GateTrainConfig, submit_gate_job
 
     _db, moe_dir = store_with_moe
-    env_file = tmp_path / "constant_env.py"
-    env_file.write_text(CONSTANT_ENV)
+    env_file = write_file_env(tmp_path, "toy/constant", reward="zero")
     cfg = GateTrainConfig(moe=str(moe_dir), envs=[str(env_file)], warm_seeds=0,
                           warm_steps=0, steps=1, group=2, groups_per_step=1, max_turns=1,
                           max_tokens=2, balance_coef=0.0, torch_threads=1)
@@ -294,3 +266,82 @@ def test_gate_job_that_did_not_move_is_flagged(store_with_moe, tmp_path: Path) -
     labels = {m.label: m.value for m in at.metric}
     assert labels.get("GRPO steps with signal") == "0/1"
     assert any("have not moved" in w.value and "no signal" in w.value for w in at.warning)
+    assert labels.get("State") == "succeeded — no learning signal"
+
+
+@pytest.mark.e2e
+def test_browser_tokens_flow_inline_and_forcing_is_apart(store_with_moe, streamlit_server,
+                                                         browser_page, wait_for_app,
+                                                         tmp_path: Path) -> None:
+    """A saved trace with 32 newline tokens in a row: they flow inline (one line break for
+    the run, not one line each), and "force expert" sits in its own labelled box, apart
+    from the Route controls."""
+    import numpy as np
+    from playwright.sync_api import expect
+
+    from trace_lib.compose.traces import RoutingTrace
+    from trace_lib.workbench import composition
+
+    db, moe_dir = store_with_moe
+    tokens = ["Hello", " there"] + ["\n"] * 32 + ["bye"]
+    n, layers = len(tokens), 2
+    slots = ["base", "a", "b"]
+    probs = np.full((n, layers, len(slots)), 1 / len(slots), dtype=np.float32)
+    trace = RoutingTrace(token_ids=list(range(n)), tokens=tokens, roles=["assistant"] * n,
+                         turns=[1] * n, chosen=np.zeros((n, layers), dtype=np.int64),
+                         probs=probs, slots=slots, prompt_len=0, meta={"source": "prompt"})
+    composition.save_and_index(db, moe_dir, trace, "prompt")
+    page = browser_page
+    page.goto(streamlit_server(db, "pages/6_Routing.py").url)
+    expect(page.get_by_role("heading", name="Routing")).to_be_visible(timeout=120_000)
+    wait_for_app(page)
+    page.get_by_text("Saved trace", exact=True).click()
+    wait_for_app(page)
+    page.locator(".st-key-open_saved").get_by_role("button", name="Open").click()
+    box = page.locator(".trace-tokens")
+    expect(box).to_contain_text("bye", timeout=120_000)
+    assert box.inner_text().count("⏎") == 32
+    line = page.evaluate("() => parseFloat(getComputedStyle("
+                         "document.querySelector('.trace-tokens')).lineHeight)")
+    assert box.bounding_box()["height"] < 4 * line  # two lines, not 33
+    force = page.locator(".st-key-force_box")
+    expect(force).to_contain_text("Counterfactual: force one expert")
+    expect(force.get_by_text("Force expert")).to_be_visible()
+    expect(force.get_by_role("button", name="Route")).to_have_count(0)
+
+
+@pytest.mark.e2e
+def test_browser_gate_training_follows_the_job_without_refresh(
+        store_with_moe, streamlit_server, browser_page, wait_for_app, tmp_path: Path) -> None:
+    """A running gate job's panel follows its run directory (no Refresh button): a new GRPO
+    row appears on the page by itself."""
+    from playwright.sync_api import expect
+
+    from trace_lib import jobs
+    from trace_lib.jobs.run_dir import write_json_atomic
+
+    db, moe_dir = store_with_moe
+    spec = jobs.JobSpec(kind="train_gates", config={"moe": str(moe_dir), "envs": ["x"],
+                                                     "steps": 3})
+    spec.path.mkdir(parents=True)
+    write_json_atomic(spec.path / "spec.json", spec.to_dict())
+    jobs.update_status(spec.path, state="running", backend="local", kind="train_gates")
+
+    def grpo_row(step: int) -> str:
+        return json.dumps({"phase": "grpo", "step": step, "reward_mean": 0.5,
+                           "routing_entropy": 0.7, "gate_norm": 0.1 * step,
+                           "gate_delta": 0.1 * step, "groups_kept": 1, "share_base": 0.5,
+                           "share_a": 0.5}) + "\n"
+
+    (spec.path / "metrics.jsonl").write_text(grpo_row(1))
+    page = browser_page
+    page.goto(streamlit_server(db, "pages/6_Routing.py").url)
+    expect(page.get_by_role("heading", name="Routing")).to_be_visible(timeout=120_000)
+    wait_for_app(page)
+    page.get_by_role("tab", name="Train gates").click()
+    signal = page.get_by_test_id("stMetric").filter(has_text="GRPO steps with signal")
+    expect(signal).to_contain_text("1/1", timeout=120_000)
+    expect(page.get_by_role("button", name="Refresh")).to_have_count(0)
+    with (spec.path / "metrics.jsonl").open("a") as fh:
+        fh.write(grpo_row(2))
+    expect(signal).to_contain_text("2/2", timeout=60_000)

@@ -70,7 +70,11 @@ def test_launch_watch_and_adapter(store_with_env):
     assert st.state == "succeeded", jobs.read_log(st.run_dir)
     at.run()
     assert not at.exception
-    assert at.metric[0].value == "succeeded" and at.metric[1].value == "2/2"
+    # Whether two tiny steps found a group with reward variance depends on the samples:
+    # either state is honest, and the no-signal one is never a plain "succeeded".
+    signal = training.learning_signal(st, jobs.read_metrics(st.run_dir))
+    assert at.metric[0].value == signal["state"] in ("succeeded", training.NO_SIGNAL_STATE)
+    assert at.metric[1].value == "2/2"
     assert len(at.get("plotly_chart")) == 1
     assert any(e.label.startswith("Latest sample rollout") for e in at.expander)
     adapters = at.dataframe[1].value

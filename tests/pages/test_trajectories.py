@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -155,20 +156,78 @@ def test_semantic_clusters_embed_then_map(page_db, tmp_path, monkeypatch):
     assert any(c.value.startswith("k = ") for c in at.caption)
 
 
-def test_passed_and_failed_trials_side_by_side(page_db, monkeypatch):
-    from trace_lib.explore import transcript as tr
-
+def test_any_two_trials_side_by_side(page_db, monkeypatch):
     with store.connect(page_db, read_only=True) as con:
-        failed_id = con.execute(
-            "SELECT any_value(id) FILTER (WHERE NOT success) FROM trajectories "
-            "GROUP BY dataset_id, task_id HAVING bool_or(success) AND bool_or(NOT success) "
-            "ORDER BY 1 LIMIT 1").fetchone()[0]
-        passed_id, _ = tr.contrast_pair(con, failed_id)
+        failed_id, n_trials = con.execute(
+            "SELECT any_value(id) FILTER (WHERE NOT success), count(*) FROM trajectories "
+            "GROUP BY dataset_id, task_id HAVING bool_or(success) AND count(*) FILTER "
+            "(WHERE NOT success) >= 2 ORDER BY 1 LIMIT 1").fetchone()
+        trials = transcript.task_trials(con, failed_id)
+        xss = con.execute("SELECT id FROM trajectories WHERE task_id = 'xss'").fetchone()[0]
+    outcome = dict(zip(trials.id, trials.outcome, strict=True))
     at = run(page_db, monkeypatch)
     at.selectbox(key="trajectory_pick").set_value(failed_id).run()
     assert not at.exception
-    assert any(e.label.startswith("Passed vs failed trial") for e in at.expander)
+    [exp] = [e for e in at.expander if e.label.startswith("Compare with another trial")]
+    assert f"({n_trials - 1} other trials of this task)" in exp.label
+    pick = at.selectbox(key=f"cmp_other::{failed_id}")
+    assert len(pick.options) == n_trials - 1
+    assert outcome[pick.value] == "passed"  # a contrasting trial is offered first
+
+    def shown():
+        bodies = [h.proto.body for h in at.get("html")]
+        return ([b for b in bodies if "trace-alignment" in b and "expected</th>" not in b],
+                [b for b in bodies if "trace-side-by-side" in b])
+
+    [table], [side] = shown()
+    assert f"({pick.value})" in table and f"({failed_id})" in table
+    assert "only left" not in table and "only right" not in table
+    assert side.count('class="trace-transcript"') == 2 and side.count("system-prompt") <= 1
+    # any other trial: another failed one
+    other_failed = next(i for i in trials.id if outcome[i] == "failed" and i != failed_id)
+    pick.set_value(other_failed).run()
+    assert not at.exception
+    [table], [side] = shown()
+    assert f"({other_failed})" in table and f"({failed_id})" in table
+    # a task run once says so, and still takes any trajectory id
+    at.selectbox(key="trajectory_pick").set_value(xss).run()
+    [exp] = [e for e in at.expander if e.label.startswith("Compare with another")]
+    assert "only this one trial" in exp.label
+    assert any("only this one trial" in i.value for i in at.info)
+    assert shown() == ([], [])
+    at.text_input(key=f"cmp_other_id::{xss}").set_value(failed_id).run()
+    assert not at.exception
+    [table], [side] = shown()
+    assert failed_id in table and "<script" not in side and "<img" not in side
+
+
+def test_keys_move_to_the_next_trajectory_and_failure(page_db, monkeypatch):
+    at = run(page_db, monkeypatch)
+    ids, outcomes = listing(at).id.tolist(), listing(at).outcome.tolist()
+    first = at.selectbox(key="trajectory_pick").value
+    assert first == ids[0]
+    assert at.button(key="nav_prev").disabled
+    at.button(key="nav_next").click().run()
+    assert at.selectbox(key="trajectory_pick").value == ids[1]
+    at.button(key="nav_prev").click().run()
+    assert at.selectbox(key="trajectory_pick").value == ids[0]
+    at.button(key="nav_fail").click().run()
+    assert at.selectbox(key="trajectory_pick").value == next(
+        i for k, i in enumerate(ids) if k > 0 and outcomes[k] == "failure")
+
+
+def test_system_prompt_folded_and_search_hits_marked(page_db, monkeypatch):
+    with store.connect(page_db, read_only=True) as con:
+        tid, policy = con.execute("SELECT trajectory_id, content FROM messages "
+                                  "WHERE role = 'system' ORDER BY 1 LIMIT 1").fetchone()
+    at = run(page_db, monkeypatch)
+    at.selectbox(key="trajectory_pick").set_value(tid).run()
+    body = next(h.proto.body for h in at.get("html") if "trace-transcript" in h.proto.body)
+    assert re.search(r'<details class="msg role-system system-prompt" style', body)
+    assert body.index("system-prompt") < body.index("role-user") and len(policy) > 1000
+    at.sidebar.text_input(key="f_text").set_value("reservation").run()
+    assert not at.exception
     bodies = [h.proto.body for h in at.get("html")]
-    table = [b for b in bodies if f"passed {passed_id}" in b and f"failed {failed_id}" in b]
-    assert len(table) == 1 and "trace-alignment" in table[0]
-    assert sum("trace-transcript" in b for b in bodies) == 3  # the open one + the pair
+    body = next(b for b in bodies if "trace-transcript" in b)
+    assert '<mark class="trace-hit" id="trace-hit-0"' in body
+    assert any("scrollIntoView" in b for b in bodies)  # the jump to the first hit

@@ -218,18 +218,37 @@ def test_cli_serve_runs_a_server_process(tool_model, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "trace_lib", "serve", "--model", str(tool_model), "--port",
-         str(port), "--served-model-name", "cli-tiny", "--threads", "1"],
+         str(port), "--served-model-name", "cli-tiny", "--threads", "1", "--max-n", "2",
+         "--max-body-bytes", "20000", "--kv-cache-mb", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}/v1"
     try:
-        with OpenAIPolicyClient(f"http://127.0.0.1:{port}/v1") as c:
+        with OpenAIPolicyClient(base) as c:
             c.wait_until_ready(timeout=120, process=proc)
             assert c.models() == ["cli-tiny"]
             comp = c.chat(ASK, tools=TOOLS, temperature=0, max_tokens=64)[0]
             assert comp.tool_calls[0]["function"]["name"] == "get_user"
+        # the limits given on the command line are the server's
+        resp = httpx.post(base + "/chat/completions",
+                          json={"messages": ASK, "n": 3, "max_tokens": 1})
+        assert resp.status_code == 400 and "n: expected an integer in [1, 2]" in \
+            resp.json()["error"]["message"]
+        resp = httpx.post(base + "/chat/completions",
+                          json={"messages": ASK, "junk": "x" * 20_000, "max_tokens": 1})
+        assert resp.status_code == 413 and "larger than 20000 bytes" in \
+            resp.json()["error"]["message"]
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
-    assert f"serving cli-tiny on http://127.0.0.1:{port}/v1" in out.decode()
+    assert (f"serving cli-tiny on http://127.0.0.1:{port}/v1 (n <= 2, bodies <= 20000 bytes, "
+            "KV cache 0 MB)") in out.decode()
+
+
+def test_cli_serve_refuses_bad_limits():
+    for flag, value in (("--max-n", "0"), ("--kv-cache-mb", "-1"), ("--max-body-bytes", "x")):
+        proc = subprocess.run([sys.executable, "-m", "trace_lib", "serve", flag, value],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"argument {flag}: expected an integer" in proc.stderr
 
 
 def test_seeded_requests_batch_together_and_sample_as_if_alone(server, tool_model):

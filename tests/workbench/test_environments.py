@@ -106,3 +106,56 @@ def test_play_and_sample_are_the_same_instance(db_path):
     played = environments.play(BUILTIN, seed=4, reference=True, db=db_path)
     assert played["transcript"][0]["content"] == sample["messages"][-1]["content"]
     assert played["summary"]["passed"]
+
+
+# ------------------------------------------------------------------ plugin environments
+PLUGIN_ENV_MODULE = '''
+from trace_lib.train.smoke_envs import TargetLetterEnv
+
+
+def make_env():
+    return TargetLetterEnv()
+'''
+
+
+@pytest.fixture
+def plugin_env(tmp_path, monkeypatch):
+    """A real distribution (dist-info + module) on sys.path that registers "plugin/letters"
+    under the `trace_workbench.environments` entry-point group, found by importlib.metadata."""
+    from plugin_dist import install_dist
+
+    from trace_lib.envs.registry import ENVIRONMENTS
+
+    site = tmp_path / "site"
+    install_dist(site, "trace-env-plugin-demo",
+                 {"trace_workbench.environments": {"plugin/letters":
+                                                   "trace_env_plugin_demo:make_env"}},
+                 modules={"trace_env_plugin_demo": PLUGIN_ENV_MODULE})
+    monkeypatch.syspath_prepend(str(site))
+    ENVIRONMENTS.reload_entry_points()
+    yield "plugin/letters"
+    monkeypatch.undo()
+    ENVIRONMENTS.reload_entry_points()
+
+
+def test_plugin_environments_appear_in_the_pickers_and_train(plugin_env, db_path):
+    offered = environments.trainable_environments(db_path)
+    row = next(r for r in offered if r["name"] == plugin_env)
+    assert row["source"] == "python" and row["status"] == environments.OWN_CODE_STATUS
+    assert plugin_env in environments.environment_names()  # the Routing page's pickers
+    cfg = environments.job_environment({"env": plugin_env}, db=db_path)
+    assert cfg["env_spec"]["factory"] == "trace_env_plugin_demo:make_env"
+    with environments.open_environment(plugin_env, db=db_path) as env:
+        env.reset(1)
+        assert env.capability == "toy_target_letter"
+
+
+def test_the_training_page_offers_a_plugin_environment(plugin_env, db_path, monkeypatch):
+    monkeypatch.setenv("TRACE_DB", str(db_path))
+    with store.connect(db_path):  # an empty store: the page needs one to exist
+        pass
+    page = str(Path(__file__).resolve().parents[2] / "pages" / "5_Training.py")
+    at = AppTest.from_file(page, default_timeout=120).run()
+    assert not at.exception
+    picker = next(s for s in at.selectbox if s.label == "Environment")
+    assert plugin_env in picker.options

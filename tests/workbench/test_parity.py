@@ -223,7 +223,7 @@ def test_route(env_db, tmp_path, monkeypatch):
     monkeypatch.setattr(composition, "load_moe", lambda path, mode=None: held)
     rec = Recorder(monkeypatch, composition, "route")
     at = page("6_Routing.py")
-    at.text_input(key="moe_path").set_value(str(tmp_path / "moe")).run()
+    at.text_input(key="moe_folder").set_value(str(tmp_path / "moe")).run()
     at.text_area(key="prompt").set_value("hello")
     at.button(key="route_go").click().run()
     args, kwargs = rec.take()

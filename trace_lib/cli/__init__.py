@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from trace_lib.cli import (
     compose,
+    datasets,
     demo,
     diagnose,
     envs,
@@ -42,7 +43,7 @@ from trace_lib.store import StoreError
 __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
 
 # The verb modules, in the order `--help` lists them. A new verb module goes here.
-VERB_MODULES = (ingest, demo, explore, diagnose, envs, train, jobs, serve, compose, evaluate)
+VERB_MODULES = (ingest, datasets, demo, explore, diagnose, envs, train, jobs, serve, compose, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

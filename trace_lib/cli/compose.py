@@ -9,6 +9,9 @@ Design decisions
   probabilities; the trace is also saved under `<moe>/traces/` and indexed, unless
   `--no-save` (then nothing touches the database).
 - Heavy imports (torch, transformers) happen inside handlers so `--help` stays fast.
+- Flags several verbs share (`--moe`, `--envs`, `--mode`, `--max-tokens`, `--max-turns`,
+  `--json`) are defined once in `SHARED` and added by `_verb`, so their help and defaults
+  cannot drift between verbs.
 """
 
 from __future__ import annotations
@@ -167,47 +170,62 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+MODES = ["top1", "soft", "trajectory"]
+
+# The flags several verbs share, defined once: name -> (flag, argparse options). A verb
+# names the ones it takes (with per-verb overrides) in `_verb`.
+SHARED: dict[str, tuple[str, dict]] = {
+    "moe": ("--moe", {"required": True, "help": "composed model folder"}),
+    "envs": ("--envs", {"required": True, "help": "comma-separated capability environments"}),
+    "mode": ("--mode", {"default": None, "choices": MODES,
+                        "help": "override the folder's routing mode"}),
+    "max_tokens": ("--max-tokens", {"type": int, "default": 96}),
+    "max_turns": ("--max-turns", {"type": int, "default": 4}),
+    "json": ("--json", {"action": "store_true"}),
+}
+
+
+def _verb(sub: argparse._SubParsersAction, common: argparse.ArgumentParser, name: str,
+          text: str, func, *shared: str, **overrides: dict) -> argparse.ArgumentParser:
+    """A verb's parser with the shared flags it names (`overrides`: name -> options that
+    differ for this verb) and its handler."""
+    p = sub.add_parser(name, parents=[common], help=text)
+    for key in shared:
+        flag, options = SHARED[key]
+        p.add_argument(flag, **{**options, **overrides.get(key, {})})
+    p.set_defaults(func=func)
+    return p
+
+
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add this stage's verbs to the CLI."""
-    p = sub.add_parser("compose", parents=[common],
-                       help="compose a base + K LoRA adapters into a token-gated mixture")
+    p = _verb(sub, common, "compose",
+              "compose a base + K LoRA adapters into a token-gated mixture", _compose,
+              "mode", "json", mode={"default": "top1", "help": None})
     p.add_argument("--model", required=True, help="base model: registry name or HF folder")
     p.add_argument("--adapters", required=True,
                    help="comma-separated PEFT adapter folders, optionally cap=PATH")
-    p.add_argument("--mode", default="top1", choices=["top1", "soft", "trajectory"])
     p.add_argument("--out", required=True, help="folder to write the composed model into")
     p.add_argument("--no-register", action="store_true", help="do not record it in the store")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_compose)
 
-    p = sub.add_parser("route", parents=[common],
-                       help="per-token, per-layer routing of a composed model")
-    p.add_argument("--moe", required=True, help="composed model folder")
+    p = _verb(sub, common, "route", "per-token, per-layer routing of a composed model",
+              _route, "moe", "mode", "max_turns", "json")
     p.add_argument("--prompt", default=None, help="a user message to answer")
     p.add_argument("--system", default=None, help="optional system message with --prompt")
     p.add_argument("--env", default=None, help="capability environment name (with --seed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trajectory", default=None, help="an ingested trajectory id to replay")
-    p.add_argument("--mode", default=None, choices=["top1", "soft", "trajectory"],
-                   help="override the folder's routing mode")
     p.add_argument("--force", type=int, default=None, help="route every token to slot K")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--no-save", action="store_true", help="do not save or index the trace")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_route)
 
-    p = sub.add_parser("gates", parents=[common],
-                       help="train a composed model's gates (KL warm start, then GRPO)")
-    p.add_argument("--moe", required=True, help="composed model folder")
-    p.add_argument("--envs", required=True, help="comma-separated capability environments")
+    p = _verb(sub, common, "gates", "train a composed model's gates (KL warm start, then GRPO)",
+              _gates, "moe", "envs", "max_tokens", "max_turns", "json")
     p.add_argument("--warm-seeds", type=int, default=4)
     p.add_argument("--warm-steps", type=int, default=100)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--group", type=int, default=4)
     p.add_argument("--groups-per-step", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warm-lr", type=float, default=None,
                    help="warm-start Adam rate (default 1e-2, backtracking: never overshoots)")
@@ -218,35 +236,26 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--background", action="store_true", help="run as a background job")
     p.add_argument("--backend", default="local", choices=["local", "ray"])
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_gates)
 
-    p = sub.add_parser("moe-eval", parents=[common],
-                       help="base vs each adapter vs linear merge vs composed, held-out seeds")
-    p.add_argument("--moe", required=True, help="composed model folder")
-    p.add_argument("--envs", required=True, help="comma-separated capability environments")
+    p = _verb(sub, common, "moe-eval",
+              "base vs each adapter vs linear merge vs composed, held-out seeds", _evaluate,
+              "moe", "envs", "max_tokens", "max_turns", "json")
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--seed-start", type=int, default=10_000)
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--no-merge", action="store_true", help="skip the linear-merge baseline")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_evaluate)
 
-    p = sub.add_parser("moe-serve", parents=[common],
-                       help="serve a composed model with the policy server's OpenAI API")
-    p.add_argument("--moe", required=True, help="composed model folder")
+    p = _verb(sub, common, "moe-serve",
+              "serve a composed model with the policy server's OpenAI API", _serve,
+              "moe", "mode", mode={"help": None})
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8001)
     p.add_argument("--served-model-name", default=None)
-    p.add_argument("--mode", default=None, choices=["top1", "soft", "trajectory"])
     p.add_argument("--record-dir", default=None, help="save a routing trace per completion")
     p.add_argument("--no-trace", action="store_true",
                    help="no per-completion routing summary (saves one forward per choice)")
-    p.set_defaults(func=_serve)
 
-    p = sub.add_parser("moe-merge", parents=[common],
-                       help="exact linear merge of LoRA adapters (baseline, vLLM export)")
+    p = _verb(sub, common, "moe-merge",
+              "exact linear merge of LoRA adapters (baseline, vLLM export)", _merge, "json")
     p.add_argument("--adapters", default=None, help="comma-separated adapter folders")
     p.add_argument("--weights", default=None, help="comma-separated weights (default equal)")
     p.add_argument("--per-request", action="store_true",
@@ -257,5 +266,3 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--seeds", type=int, default=8, help="requests per environment")
     p.add_argument("--seed-start", type=int, default=0)
     p.add_argument("--out", required=True)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_merge)

@@ -10,6 +10,14 @@
                               | edit TRAJ CAP VALUE | undo ... | history | queue | runs
                               | evaluate
     python -m trace_lib rank --json [--rho R --delta D --k K --runs a,b] [--export FILE]
+                             [--stability runs|auto|bootstrap --bootstrap B --seed S]
+    python -m trace_lib agreement --json [--runs a,b]
+    python -m trace_lib review-queue --json [--order disagreement|sensitivity] [--limit N]
+                             [--stability auto|runs|bootstrap ...] [--rho --delta --k --runs]
+
+Scope (label, labels export|queue, rank): `--dataset NAME` (repeatable), `--agent-model M`
+and `--domain D` (repeatable) restrict the verb to those trajectories, e.g.
+`rank --dataset my-results --json` ranks over that dataset's trajectories only.
 """
 
 from __future__ import annotations
@@ -35,6 +43,24 @@ def _editor(args: argparse.Namespace) -> str:
 
 def _cap_json(c: Any) -> dict[str, Any]:
     return c.model_dump()
+
+
+def _scope(args: argparse.Namespace) -> Any:
+    from trace_lib.workbench.diagnose import Scope
+
+    return Scope(datasets=getattr(args, "dataset", None) or (),
+                 agent_models=getattr(args, "agent_model", None) or (),
+                 domains=getattr(args, "domain", None) or ())
+
+
+def _add_scope(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scope (default: every trajectory)")
+    g.add_argument("--dataset", action="append", metavar="NAME",
+                   help="a dataset name (or id); repeat for several")
+    g.add_argument("--agent-model", action="append", metavar="MODEL",
+                   help="an agent model; repeat for several")
+    g.add_argument("--domain", action="append", metavar="DOMAIN",
+                   help="a domain; repeat for several")
 
 
 # ------------------------------------------------------------------- capabilities
@@ -100,7 +126,7 @@ def _label(args: argparse.Namespace) -> int:
                              capabilities=_csv(args.capabilities), run_prefix=args.run,
                              progress=progress, model=args.model, base_url=args.base_url,
                              concurrency=args.concurrency, temperature=args.temperature,
-                             batch=args.batch)
+                             batch=args.batch, scope=_scope(args))
     finally:
         bar.close()
     out = [s.__dict__ for s in summaries]
@@ -124,7 +150,7 @@ def _labels(args: argparse.Namespace) -> int:
         if note:
             print(f"note: {note}", file=sys.stderr)
     if a == "export":
-        n = lb.export_labels(args.db, args.file)
+        n = lb.export_labels(args.db, args.file, scope=_scope(args))
         print_json({"file": args.file, "rows": n}) if args.json else print(f"{n} labels -> {args.file}")
     elif a == "import":
         if not args.run:
@@ -143,7 +169,8 @@ def _labels(args: argparse.Namespace) -> int:
         print_json({"undo_id": eid}) if args.json else print(f"undo {eid}")
     elif a in ("history", "queue", "runs"):
         df = {"history": lambda: lb.edit_history(args.db, limit=args.limit),
-              "queue": lambda: lb.review_queue(args.db, limit=args.limit),
+              "queue": lambda: lb.review_queue(args.db, limit=args.limit,
+                                               scope=_scope(args)),
               "runs": lambda: lb.label_runs(args.db)}[a]()
         if args.json:
             print_json(df.to_dict(orient="records"))
@@ -165,7 +192,8 @@ def _rank(args: argparse.Namespace) -> int:
     from trace_lib.workbench import diagnose as wb
 
     cfg = wb.RankConfig(rho=args.rho, delta=args.delta, k=args.k, runs=_csv(args.runs))
-    view = wb.rankings(args.db, cfg, details=False)
+    view = wb.rankings(args.db, cfg, details=False, stability=_stability(args),
+                       scope=_scope(args))
     if args.export:
         wb.write_selected(args.export, view.document)
         if not args.json:
@@ -183,7 +211,7 @@ def _rank(args: argparse.Namespace) -> int:
 
     print(f"{'capability':34s} kept  cov   delta  passed  fisher_p")
     for r in ranking.rows:
-        p = "n/a" if r.fisher_p is None else f"{r.fisher_p:.2g}"
+        p = wb.format_p(r.fisher_p) or "n/a"
         print(f"{r.capability:34s} {'yes ' if r.selected else '    '} {f(r.mean_cov)} "
               f"{f(r.mean_delta)}  {r.n_runs_passed}/{r.n_runs_total}    {p}")
     return 0
@@ -219,6 +247,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--temperature", type=float)
     p.add_argument("--batch", action="store_true", help="anthropic: use Message Batches")
     p.add_argument("--json", action="store_true")
+    _add_scope(p)
     p.set_defaults(func=_label)
 
     p = sub.add_parser("labels", parents=[common],
@@ -234,6 +263,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--edit-id", type=int)
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--json", action="store_true")
+    _add_scope(p)
     p.set_defaults(func=_labels_dispatch)
 
     p = sub.add_parser("rank", parents=[common], help="rank capabilities; select K of N")
@@ -242,8 +272,95 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--runs", help="comma-separated label run ids (default: all)")
     p.add_argument("--export", help="write selected_capabilities.json here")
+    _stability_args(p, "runs")
     p.add_argument("--json", action="store_true")
+    _add_scope(p)
     p.set_defaults(func=_rank)
+    register_agreement(sub, common)
+
+
+def _stability(args: argparse.Namespace) -> Any:
+    if args.stability == "runs" and args.bootstrap is None and args.seed is None:
+        return None  # the plain run ranking, as before `--stability` existed
+    return _stability_config(args)
+
+
+def _stability_config(args: argparse.Namespace) -> Any:
+    from trace_lib.workbench import diagnose as wb
+
+    return wb.StabilityConfig(method=args.stability,
+                              b=200 if args.bootstrap is None else args.bootstrap,
+                              seed=0 if args.seed is None else args.seed)
+
+
+def _agreement(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import diagnose as wb
+
+    report = wb.agreement(args.db, _csv(args.runs), scope=_scope(args))
+    if args.json:
+        print_json(report.to_json())
+        return 0
+
+    def f(x: float | None) -> str:
+        return "  n/a" if x is None else f"{x:5.2f}"
+
+    print(f"Fleiss' kappa across {len(report.runs)} label run(s), per capability:")
+    for r in report.fleiss:
+        print(f"  {r.capability:34s} {f(r.kappa)}  ({r.n_trajectories} trajectories)"
+              + (f"  {r.why}" if r.why else ""))
+    print(f"Cohen's kappa ({report.n_human_decisions} human decisions):")
+    for c in report.cohen:
+        print(f"  {c.rater_a} vs {c.rater_b}: {f(c.kappa)}  (n={c.n})"
+              + (f"  {c.why}" if c.why else ""))
+    return 0
+
+
+def _review_queue(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import diagnose as wb
+
+    cfg = wb.RankConfig(rho=args.rho, delta=args.delta, k=args.k, runs=_csv(args.runs))
+    df = wb.review_queue_ranked(args.db, cfg, _stability_config(args), limit=args.limit,
+                                order=args.order, scope=_scope(args))
+    if args.json:
+        print_json({"stability": df.attrs["stability"], "k_effective": df.attrs["k_effective"],
+                    "queue": df.to_dict(orient="records")})
+    else:
+        print(f"note: {df.attrs['stability']['sentence']}", file=sys.stderr)
+        print(df.to_string(index=False) if not df.empty else "(nothing to review)")
+    return 0
+
+
+def _stability_args(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--stability", choices=["auto", "runs", "bootstrap"], default=default,
+                   help="K-of-N over label runs, over bootstrap resamples of trajectories, "
+                        "or auto: resamples when the runs cannot differ (one run, or all "
+                        f"identical) (default: {default})")
+    p.add_argument("--bootstrap", type=int, metavar="B", help="resamples (default 200)")
+    p.add_argument("--seed", type=int, help="bootstrap seed (default 0)")
+
+
+def register_agreement(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
+                       ) -> None:
+    """The `agreement` and `review-queue` verbs (called by `register`)."""
+    p = sub.add_parser("agreement", parents=[common],
+                       help="Fleiss' kappa across runs, Cohen's kappa vs people's edits")
+    p.add_argument("--runs", help="comma-separated label run ids (default: all finished)")
+    p.add_argument("--json", action="store_true")
+    _add_scope(p)
+    p.set_defaults(func=_agreement)
+
+    p = sub.add_parser("review-queue", parents=[common],
+                       help="pairs to review, by disagreement and by ranking sensitivity")
+    p.add_argument("--order", choices=["disagreement", "sensitivity"], default="disagreement")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--rho", type=float, default=0.10)
+    p.add_argument("--delta", type=float, default=0.20)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--runs", help="comma-separated label run ids (default: all)")
+    _stability_args(p, "auto")
+    p.add_argument("--json", action="store_true")
+    _add_scope(p)
+    p.set_defaults(func=_review_queue)
 
 
 def _labels_dispatch(args: argparse.Namespace) -> int:

@@ -141,8 +141,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser(
         "evaluate", parents=[common], help="run a policy on the domain's target tasks",
         description="Roll a policy (base model, + adapter, composed model, or any "
-                    "OpenAI-compatible endpoint) out on the domain's target tasks (the demo's "
-                    "task set) and import the episodes as a dataset.")
+                    "OpenAI-compatible endpoint) out on the domain's target tasks (airline: the "
+                    "demo's task set; retail: drawn from its capability task builders) and "
+                    "import the episodes as a dataset.")
     p.add_argument("--model", default="tiny", help="base model: tiny | smollm2-135m | folder")
     p.add_argument("--adapter", default=None, help="PEFT LoRA folder served on --model")
     p.add_argument("--moe", default=None, help="composed model folder")

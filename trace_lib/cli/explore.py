@@ -3,9 +3,10 @@
 
 Design decisions
 - One verb, `explore`, with sub-verbs that mirror the page's parts: overview, stats,
-  list, signatures, embed, semantic, show, compare. Every sub-verb takes the same filter
+  list, signatures, embed, semantic, show, compare (and reindex). Every sub-verb takes the same filter
   flags, compiled into the same `TrajectoryFilter` the page builds from its widgets.
-- Reads open the store read-only; only `embed` writes (the embeddings cache).
+- Reads open the store read-only; `embed` writes the embeddings cache, `reindex` the
+  derived columns and the full-text index (both also kept by every import).
 - Tables print with pandas' plain formatter; `--json` prints one JSON document.
 """
 
@@ -34,7 +35,12 @@ def _filter_parent() -> argparse.ArgumentParser:
                    help="only trajectories without tool errors")
     g.add_argument("--error-kind", action="append", default=[])
     g.add_argument("--task", action="append", default=[])
-    g.add_argument("--text", default="", help="case-insensitive substring of any message")
+    g.add_argument("--text", default="",
+                   help="text search over messages: every word starts a word of the "
+                        "trajectory (\"quoted phrases\" kept together)")
+    g.add_argument("--text-mode", choices=["words", "substring"], default="words",
+                   help="words: the full-text index (default); substring: exact "
+                        "case-insensitive substring scan (identifiers, fragments)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
@@ -47,7 +53,7 @@ def _flt(args: argparse.Namespace):
         agent_models=tuple(args.agent_model), outcomes=tuple(args.outcome),
         terminations=tuple(args.termination), tools_used=tuple(args.tool),
         tool_error=args.tool_error, error_kinds=tuple(args.error_kind),
-        task_ids=tuple(args.task), text=args.text,
+        task_ids=tuple(args.task), text=args.text, text_mode=args.text_mode,
     )
 
 
@@ -155,6 +161,18 @@ def _semantic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reindex(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import explore
+
+    out = explore.reindex(args.db)
+    if args.json:
+        print_json(out)
+    else:
+        print(f"derived columns for {out['derived']} trajectories; full-text index rebuilt "
+              f"with {out['indexed']} trajectories")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from trace_lib.workbench import explore
 
@@ -176,12 +194,18 @@ def _show(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from trace_lib.workbench import explore
 
-    cmp = explore.compare(args.db, args.trajectory_id)
-    rows = explore.transcript_views.alignment_frame(cmp.alignment, f"passed {cmp.passed.id}",
-                                                    f"failed {cmp.failed.id}")
-    _emit(args, {"passed": cmp.passed.id, "failed": cmp.failed.id,
+    other = getattr(args, "other_id", None)
+    cmp = explore.compare(args.db, args.trajectory_id, other)
+    if other is None:
+        names, title = (f"passed {cmp.left.id}", f"failed {cmp.right.id}"), "passed vs failed"
+        ids = {"passed": cmp.left.id, "failed": cmp.right.id}
+    else:
+        names, title = (cmp.left.id, cmp.right.id), f"{cmp.left.id} vs {cmp.right.id}"
+        ids = {}
+    rows = explore.transcript_views.alignment_frame(cmp.alignment, *names)
+    _emit(args, {**ids, "left": cmp.left.id, "right": cmp.right.id,
                  "alignment": _records(rows)},
-          {"passed vs failed, aligned on tool calls": rows})
+          {f"{title}, aligned on tool calls": rows})
     return 0
 
 
@@ -211,5 +235,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     q.add_argument("--k", type=int, default=None, help="clusters (default: by silhouette)")
     q.add_argument("--all", action="store_true", help="include successes")
     add("show", _show, "print one transcript").add_argument("trajectory_id")
-    add("compare", _compare, "align a passed and a failed trial of a task"
-        ).add_argument("trajectory_id")
+    q = verbs.add_parser("reindex", parents=[common], help="backfill derived columns and "
+                         "rebuild the full-text search index from the store")
+    q.add_argument("--json", action="store_true", help="print one JSON document")
+    q.set_defaults(func=_reindex)
+    cmp = add("compare", _compare, "align two trajectories on tool calls (default: a passed "
+              "and a failed trial of the task)")
+    cmp.add_argument("trajectory_id")
+    cmp.add_argument("--with", dest="other_id", default=None, metavar="ID",
+                     help="compare with this trajectory (any trial, any task)")

@@ -18,22 +18,30 @@ from trace_lib.cli.output import print_json
 
 
 def _show_status(st: Any, as_json: bool) -> None:
+    from trace_lib import jobs
+    from trace_lib.workbench import training
+
     movement = None
     if getattr(st, "kind", None) == "train_gates":  # composition: have the gates moved?
-        from trace_lib.compose.movement import movement_line
         from trace_lib.workbench import composition
 
         movement = composition.gate_movement(
             st.run_dir, finished=st.state in ("succeeded", "failed", "cancelled"))
+    # A job that learned nothing is not a plain "succeeded" (the page says the same).
+    signal = training.learning_signal(st, jobs.read_metrics(st.run_dir))
     if as_json:
-        print_json(st.to_dict() | ({"gate_movement": movement} if movement else {}))
+        print_json(st.to_dict() | {"learning_signal": signal}
+                   | ({"gate_movement": movement} if movement else {}))
         return
-    print(f"{st.id}  {st.state}  backend={st.backend}  steps={st.steps_done}  "
+    print(f"{st.id}  {signal['state']}  backend={st.backend}  steps={st.steps_done}  "
+          f"no-signal steps={signal['no_signal_steps']}/{signal['steps']}  "
           f"run_dir={st.run_dir}")
     if movement is not None:
+        from trace_lib.compose.movement import movement_line
+
         print(movement_line(movement))
-        if movement["warning"]:
-            print(f"WARNING: {movement['warning']}")
+    if signal["warning"]:
+        print(f"WARNING: {signal['warning']}")
     if st.error:
         print(f"error: {st.error}")
     if st.log_tail:
@@ -56,8 +64,11 @@ def _cmd_job_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json([s.to_dict() | {"log_tail": None} for s in statuses])
         return 0
+    from trace_lib import jobs
+
     for st in statuses:
-        print(f"{st.id:40s} {st.state:10s} {st.backend:6s} steps={st.steps_done}")
+        state = training.learning_signal(st, jobs.read_metrics(st.run_dir))["state"]
+        print(f"{st.id:40s} {state:10s} {st.backend:6s} steps={st.steps_done}")
     return 0
 
 

@@ -5,7 +5,9 @@ Design decisions
   the train and compose stages; the handlers call `trace_lib.workbench.training`.
 - `model prepare NAME` builds a registered model into the models folder once (progress on
   stderr) and prints where it is; `serve` runs the CPU policy server in the foreground on
-  127.0.0.1, the same server a training job starts in-process.
+  127.0.0.1, the same server a training job starts in-process. Its limits (`--max-n`,
+  `--max-body-bytes`, `--kv-cache-mb`) are the server config's fields, defaults included
+  (read from `ServerConfig`, never repeated here); a bad value is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -13,6 +15,27 @@ from __future__ import annotations
 import argparse
 
 from trace_lib.cli.output import print_json
+
+# (flag, ServerConfig field, smallest value, help); defaults come from ServerConfig.
+SERVER_LIMITS = (
+    ("--max-n", "max_n", 1, "most choices (n) one request may ask for"),
+    ("--max-body-bytes", "max_body_bytes", 1024, "largest request body; larger is a 413"),
+    ("--kv-cache-mb", "kv_cache_mb", 0, "prefix/turn KV cache size in MB (0: off)"),
+)
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") \
+                from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -44,7 +67,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     training.serve_policy(args.model, port=args.port,
                           served_model_name=args.served_model_name,
-                          max_tokens=args.max_tokens, threads=args.threads)
+                          max_tokens=args.max_tokens, threads=args.threads,
+                          **{field: getattr(args, field) for _, field, _, _ in SERVER_LIMITS})
     return 0
 
 
@@ -72,4 +96,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     srv.add_argument("--max-tokens", type=int, default=256,
                      help="max_tokens when a request gives none")
     srv.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    from trace_lib.runtime.policy_server import ServerConfig  # no torch: cheap for --help
+
+    defaults = ServerConfig()
+    for flag, field, low, text in SERVER_LIMITS:
+        srv.add_argument(flag, dest=field, type=_int_at_least(low), default=None,
+                         help=f"{text} (default: {getattr(defaults, field)})")
     srv.set_defaults(func=_serve)

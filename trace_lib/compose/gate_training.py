@@ -520,13 +520,13 @@ def submit_gate_job(cfg: GateTrainConfig, backend: str = "local", db: Any = None
     Runs on the app/CLI side: every environment is resolved here (through `db`) and its
     serialised spec (code included) travels in the config; the job never opens the
     database."""
-    from trace_lib.envs import registry
+    from trace_lib.envs import catalog
     from trace_lib.jobs import JobSpec, submit
 
     cfg.validate()
     for name in cfg.envs:
         if name not in cfg.env_specs:
-            cfg.env_specs[name] = registry.resolve(name, db=db).to_json()
+            cfg.env_specs[name] = catalog.resolve(name, db=db).to_json()
     env_makers_for(cfg)  # every name resolves before a job starts, or the error is here
     config = cfg.to_dict()
     config["moe"] = str(Path(cfg.moe).resolve())

@@ -37,7 +37,7 @@ def env_factory(name: str, code: str | None = None, db: Any = None,
     - `env_spec` given (a job's serialised `EnvSpec`, code included for generated ones):
       built from it, never through the store; `code` alone is a generated module;
     - "package.module:Attr": your own Environment class or factory, imported;
-    - otherwise `registry.resolve(name)`: a built-in DOMAIN/CAPABILITY (in-process), a
+    - otherwise `catalog.resolve(name)` (app side): a built-in DOMAIN/CAPABILITY (in-process), a
       path to a .py module or, with `store`, a generated environment stored in the
       database (both sandboxed). A job passes `store=False`: it never opens the database.
 
@@ -58,7 +58,9 @@ def env_factory(name: str, code: str | None = None, db: Any = None,
         own = str(env_spec.get("name") or name) if env_spec is not None else name
         spec = registry.spec_for_job(own, env_spec, where=f"env {name!r}")
     else:
-        spec = registry.resolve(name, db=db)
+        from trace_lib.envs import catalog
+
+        spec = catalog.resolve(name, db=db)
     return registry.env_factory(spec)
 
 
@@ -72,11 +74,11 @@ def spec_factory(spec: Any) -> Callable[[], Any]:
 def env_code(name: str, db: Any = None) -> str | None:
     """The code a job needs for `name` (generated or file environments), resolved here on the
     app/CLI side; None for built-ins and module:Attr names, which a job builds itself."""
-    from trace_lib.envs import registry
+    from trace_lib.envs import catalog
 
     if ":" in name and not name.endswith(".py"):
         return None
-    spec = registry.resolve(name, db=db)
+    spec = catalog.resolve(name, db=db)
     return None if spec.source == "builtin" else spec.code
 
 

@@ -54,7 +54,10 @@ def token_html(trace: RoutingTrace, layer: int | None = None, max_tokens: int = 
         slot = int(slots[t])
         text = trace.tokens[t]
         shown = html.escape(text.replace("\n", "⏎"), quote=True)
-        if "\n" in text:
+        # Tokens flow inline: a newline shows as ⏎ and breaks the line once per run of
+        # newline tokens (32 newline tokens in a row used to take 32 lines).
+        nxt = trace.tokens[t + 1] if t + 1 < trace.n_tokens else ""
+        if "\n" in text and not ("\n" in nxt and not nxt.strip()):
             shown += "<br>"
         border = ROLE_COLORS.get(trace.roles[t], "#000")
         parts.append(

@@ -9,5 +9,9 @@ Modules (each a use case in `trace_lib.workbench.diagnose`, a CLI verb, a page, 
     ranking        Cov / ER- / ER+ / Delta per run, K-of-N selection, Wilson, Fisher,
                    greedy cover, failure clusters, selected_capabilities.json
     evaluation     labels vs planted deficits (demo) and tau2's reward breakdown
+    stability      K-of-N over label runs or bootstrap resamples; sensitivity of the keep
+                   rule to one flipped label
+    agreement      Fleiss / Cohen kappa (runs, labelers, people); the review queue by
+                   disagreement and ranking sensitivity
     charts         plotly figures for the Rankings page and the notebook
 """

@@ -15,10 +15,17 @@ Design decisions
   at once (`LabelerUnavailable`); when the first `FAIL_FAST_AFTER` trajectories all
   failed, or every pair of the run failed, the run is marked failed and `LabelRunFailed`
   (exit status 1 in the CLI) says why, once.
-- Transcripts are read once with one short connection; labeling happens with no
-  connection open (LLM calls take minutes), in a thread pool of `labeler.concurrency`;
-  results are written in chunks with short connections, so the app can read meanwhile
-  and a crash loses at most one chunk (a trajectory's pairs are written together).
+- Transcripts are read once with one short connection. Results are written as Arrow
+  batches (column arrays, no DataFrame) in chunks; a crash loses at most one chunk (a
+  trajectory's pairs are written together). A fast in-process labeler (`fast = True`,
+  the heuristic: hundreds of trajectories/s) writes over ONE held connection (given up
+  every `HOLD_S` seconds so other processes can read): opening a connection per chunk
+  and going through pandas was 68% of its time (issue 15). An LLM labeler labels with no connection open
+  (calls take minutes), in a thread pool of `labeler.concurrency`, and writes each chunk
+  with a short connection, so the app can read meanwhile.
+- A run that finishes is added to the materialised labels (`materialise.sync`) on the
+  same connection, so the first rank after a labeling run reads counts, not 14M labels.
+- `scope` (datasets, agent models, domains) picks the trajectories to label.
 - A failed pair is stored with `value NULL` and the reason in `error`, never as `na`;
   the run's tokens and cost go into `label_runs.cost`.
 - Progress is a callback (done, total): the CLI wraps it in tqdm, the app in st.progress.
@@ -26,7 +33,9 @@ Design decisions
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -37,6 +46,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.data_model import Capability
+from trace_lib.diagnose import materialise
 from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
 from trace_lib.diagnose.labelers import (
     Labeler,
@@ -48,9 +58,16 @@ from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
+from trace_lib.scope import Scope
 
 Progress = Callable[[int, int], None]
 WRITE_CHUNK = 200
+# A held connection is given up this often (and reopened at the next write), so another
+# process (the app, a CLI read) waiting on DuckDB's file lock gets in well within
+# `store.connect`'s 10 s retry window.
+HOLD_S = 2.0
+LABEL_COLUMNS = ("run_id", "trajectory_id", "capability", "value", "evidence", "confidence",
+                 "error")
 
 
 @dataclass
@@ -64,7 +81,8 @@ class RunSummary:
 
 
 def _select(db: str | Path | None, capabilities: list[str] | None,
-            trajectory_ids: list[str] | None) -> tuple[list[Capability], list[str]]:
+            trajectory_ids: list[str] | None, scope: Scope | None = None
+            ) -> tuple[list[Capability], list[str]]:
     with store.connect(db) as con:
         ensure_builtin(con)
         catalog = {c.name: c for c in capabilities_on(con)}
@@ -79,33 +97,86 @@ def _select(db: str | Path | None, capabilities: list[str] | None,
         if not caps:
             raise UserInputError("no capabilities to label: accept some first")
         if trajectory_ids is None:
+            sc, sp = (scope or Scope()).where(con, "t")
             trajectory_ids = [r[0] for r in con.execute(
-                "SELECT id FROM trajectories ORDER BY id").fetchall()]
+                f"SELECT id FROM trajectories t WHERE {sc} ORDER BY id", sp).fetchall()]
         if not trajectory_ids:
+            if scope is not None and not scope.is_empty():
+                raise UserInputError(f"no trajectories in scope ({scope.describe()})")
             raise UserInputError("no trajectories in the store: import some first")
     return caps, trajectory_ids
 
 
-def _write(db: str | Path | None, run_id: str, results: list[TrajectoryLabels]) -> None:
-    rows = [[run_id, r.trajectory_id, p.capability, p.value, json.dumps(p.evidence),
-             p.confidence, p.error] for r in results for p in r.labels]
-    insert_labels(db, rows)
+def label_batch(run_id: str, results: list[TrajectoryLabels]) -> Any:
+    """One Arrow table of label rows (column arrays built directly, no DataFrame)."""
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {c: [] for c in LABEL_COLUMNS}
+    for r in results:
+        for p in r.labels:
+            cols["run_id"].append(run_id)
+            cols["trajectory_id"].append(r.trajectory_id)
+            cols["capability"].append(p.capability)
+            cols["value"].append(p.value)
+            # Most pairs (`na` without grounds) have no evidence: skip the encoder for them.
+            cols["evidence"].append("[]" if p.evidence == [] else json.dumps(p.evidence))
+            cols["confidence"].append(p.confidence)
+            cols["error"].append(p.error)
+    return pa.table({c: pa.array(v, pa.float64() if c == "confidence" else pa.string())
+                     for c, v in cols.items()})
 
 
-def insert_labels(db: str | Path | None, rows: list[list[Any]]) -> None:
-    """Bulk insert (run_id, trajectory_id, capability, value, evidence, confidence, error)
-    through a DataFrame: DuckDB's executemany goes row by row and is ~100x slower."""
-    import pandas as pd
+def insert_batch(con: Any, batch: Any) -> None:
+    """Append an Arrow table of label rows on an open connection, in one transaction."""
+    with store.transaction(con):
+        con.register("_new_labels", batch)
+        try:
+            con.execute(f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) "
+                        f"SELECT {', '.join(LABEL_COLUMNS)} FROM _new_labels")
+        finally:
+            con.unregister("_new_labels")
 
-    df = pd.DataFrame(rows, columns=["run_id", "trajectory_id", "capability", "value",
-                                     "evidence", "confidence", "error"]).astype(
-        {"value": "object", "evidence": "object", "confidence": "float64", "error": "object"})
-    with store.connect(db) as con, store.transaction(con):
-        con.register("_new_labels", df)
-        con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value, evidence, "
-                    "confidence, error) SELECT run_id, trajectory_id, capability, value, "
-                    "evidence, confidence, error FROM _new_labels")
-        con.unregister("_new_labels")
+
+class _Sink:
+    """Where a run's rows and status go: one held connection (fast labelers) or a short
+    connection per write (LLM labelers, so the app can read between chunks)."""
+
+    def __init__(self, db: str | Path | None, hold: bool) -> None:
+        self.db = db
+        self.hold = hold
+        self.con: Any = None
+        self.opened = 0.0
+
+    @contextlib.contextmanager
+    def _con(self) -> Iterator[Any]:
+        if not self.hold:
+            with store.connect(self.db) as con:
+                yield con
+            return
+        if self.con is None:
+            self.con = store.open_connection(self.db)
+            self.opened = time.monotonic()
+        yield self.con
+        if time.monotonic() - self.opened > HOLD_S:
+            self.close()
+
+    def write(self, run_id: str, results: list[TrajectoryLabels]) -> None:
+        if results:
+            batch = label_batch(run_id, results)
+            with self._con() as con:
+                insert_batch(con, batch)
+
+    def status(self, run_id: str, status: str, reason: str | None = None,
+               cost: dict[str, Any] | None = None) -> None:
+        with self._con() as con:
+            _set_status(con, run_id, status, reason, cost)
+            if status == "finished":
+                materialise.sync(con)
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
 
 
 class LabelRunFailed(UserInputError):
@@ -123,13 +194,21 @@ class LabelRunFailed(UserInputError):
 FAIL_FAST_AFTER = 8
 
 
+def _set_status(con: Any, run_id: str, status: str, reason: str | None,
+                cost: dict[str, Any] | None) -> None:
+    finished = "current_timestamp" if status == "finished" else "NULL"
+    con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
+                f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
+                [status, reason, json.dumps(cost) if cost is not None else None, run_id])
+
+
 def set_run_status(db: str | Path | None, run_id: str, status: str,
                    reason: str | None = None, cost: dict[str, Any] | None = None) -> None:
+    """Record how a run ended; a finished run joins the materialised labels at once."""
     with store.connect(db) as con:
-        finished = "current_timestamp" if status == "finished" else "NULL"
-        con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
-                    f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
-                    [status, reason, json.dumps(cost) if cost is not None else None, run_id])
+        _set_status(con, run_id, status, reason, cost)
+        if status == "finished":
+            materialise.sync(con)
 
 
 def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:
@@ -172,20 +251,23 @@ def run_labeling(
     run_prefix: str | None = None,
     progress: Progress | None = None,
     resume: str | None = None,
+    scope: Scope | None = None,
     **labeler_cfg: Any,
 ) -> list[RunSummary]:
     """Label the store `runs` times; returns one summary per run.
 
     `resume=RUN` completes a partial (running or failed) run instead: the trajectories it
     has no labels for, and those with a failed pair, with the run's labeler, capabilities
-    and seed. Raises LabelRunFailed (the run marked failed) when the labeler cannot work."""
+    and seed. Raises LabelRunFailed (the run marked failed) when the labeler cannot work.
+    `scope` labels only its trajectories (and the run records them, for `--resume`)."""
     if resume is not None:
         return [_resume(db, resume, labeler, progress, labeler_cfg)]
     if runs < 1:
         raise UserInputError(f"--runs {runs}: expected at least 1")
     labeler = "heuristic" if labeler is None else labeler
     lab = get_labeler(labeler, **labeler_cfg) if isinstance(labeler, str) else labeler
-    caps, tids = _select(db, capabilities, trajectory_ids)
+    caps, tids = _select(db, capabilities, trajectory_ids, scope)
+    scoped = scope is not None and not scope.is_empty()
     with store.connect(db) as con:
         transcripts = load_transcripts(con, tids)
     prefix = run_prefix or f"{lab.name}-{uuid.uuid4().hex[:6]}"
@@ -196,8 +278,12 @@ def run_labeling(
         params: dict[str, Any] = {"seed": r, "run_index": r, "n_runs": runs,
                                   "capabilities": [c.name for c in caps],
                                   "n_trajectories": len(transcripts)}
-        if trajectory_ids is not None:
+        if trajectory_ids is not None or scoped:
             params["trajectory_ids"] = list(tids)  # what --resume has to complete
+        if scoped:
+            params["scope"] = {"datasets": list(scope.datasets),
+                               "agent_models": list(scope.agent_models),
+                               "domains": list(scope.domains)}
         with store.connect(db) as con:
             create_run(con, run_id, lab.name, model=lab.model,
                        prompt_sha256=lab.prompt_sha256(caps), params=params, status="running")
@@ -237,6 +323,18 @@ def _label_run(db: str | Path | None, lab: Labeler, run_id: str, caps: list[Capa
                transcripts: list[Any], *, seed: int, n_runs: int, progress: Progress | None,
                offset: int, total: int, already: int = 0) -> RunSummary:
     """Label `transcripts` into run `run_id` (status 'running') and record how it ended."""
+    sink = _Sink(db, hold=bool(getattr(lab, "fast", False)))
+    try:
+        return _label_loop(lab, run_id, caps, transcripts, sink, seed=seed, n_runs=n_runs,
+                           progress=progress, offset=offset, total=total, already=already,
+                           chunk=WRITE_CHUNK)
+    finally:
+        sink.close()
+
+
+def _label_loop(lab: Labeler, run_id: str, caps: list[Capability], transcripts: list[Any],
+                sink: _Sink, *, seed: int, n_runs: int, progress: Progress | None,
+                offset: int, total: int, already: int, chunk: int) -> RunSummary:
     usage, n_failed, n_labels, streak, done = Usage(), 0, 0, 0, offset
     first_error: str | None = None
     pending: list[TrajectoryLabels] = []
@@ -269,37 +367,37 @@ def _label_run(db: str | Path | None, lab: Labeler, run_id: str, caps: list[Capa
             done += 1
             if progress:
                 progress(done, total)
-            if len(pending) >= WRITE_CHUNK:
-                _write(db, run_id, pending)
+            if len(pending) >= chunk:
+                sink.write(run_id, pending)
                 pending = []
             if streak >= FAIL_FAST_AFTER and n_failed == n_labels:
                 raise LabelRunFailed(run_id, f"the first {streak} trajectories failed on every "
                                      f"pair; first error: {first_error}")
     except LabelerUnavailable as exc:
-        _close_failed(db, run_id, pending, pool, str(exc))
+        _close_failed(sink, run_id, pending, pool, str(exc))
         raise LabelRunFailed(run_id, str(exc)) from None
     except LabelRunFailed as exc:
-        _close_failed(db, run_id, pending, pool, exc.reason)
+        _close_failed(sink, run_id, pending, pool, exc.reason)
         raise
     except KeyboardInterrupt:
-        _close_failed(db, run_id, pending, pool, "interrupted (Ctrl-C)")
+        _close_failed(sink, run_id, pending, pool, "interrupted (Ctrl-C)")
         raise
     except Exception as exc:
-        _close_failed(db, run_id, pending, pool, f"{type(exc).__name__}: {exc}")
+        _close_failed(sink, run_id, pending, pool, f"{type(exc).__name__}: {exc}")
         raise
     if pool is not None:
         pool.shutdown(wait=True)
     if pending:
-        _write(db, run_id, pending)
+        sink.write(run_id, pending)
     cost = usage.to_dict(lab.model) if lab.model else usage.to_dict()
     cost["n_failed_pairs"] = n_failed
     if already:
         cost["resumed_after"] = already
     if n_labels and n_failed == n_labels:
         reason = f"all {n_failed} pairs failed; first error: {first_error}"
-        set_run_status(db, run_id, "failed", reason, cost)
+        sink.status(run_id, "failed", reason, cost)
         raise LabelRunFailed(run_id, reason)
-    set_run_status(db, run_id, "finished", None, cost)
+    sink.status(run_id, "finished", None, cost)
     return RunSummary(run_id, lab.name, len(transcripts), n_labels, n_failed, cost)
 
 
@@ -321,11 +419,11 @@ def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], TrajectoryLabels]
         yield result
 
 
-def _close_failed(db: str | Path | None, run_id: str, pending: list[TrajectoryLabels],
+def _close_failed(sink: _Sink, run_id: str, pending: list[TrajectoryLabels],
                   pool: ThreadPoolExecutor | None, reason: str) -> None:
     """Keep what was labeled (a resume starts from it) and mark the run failed."""
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
     if pending:
-        _write(db, run_id, pending)
-    set_run_status(db, run_id, "failed", reason)
+        sink.write(run_id, pending)
+    sink.status(run_id, "failed", reason)

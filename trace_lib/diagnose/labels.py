@@ -5,8 +5,12 @@ Design decisions
   a row that names the edit it reverts (`undoes`); the effective label then falls back
   to the previous edit, else the majority over runs. Nothing is ever deleted, so "who
   changed what, and when" is the table itself.
-- An edit does not touch `labels`: the views apply it, so every run, the pooled
-  majority and the ranking see it on the next query.
+- An edit does not touch `labels`: the views apply it (the definition), and
+  `materialise.sync` patches the materialised tables (`label_pairs` and the ranking's
+  counts) in the same call, so every run, the pooled majority and the ranking see it on
+  the next query. Readers here read `label_pairs` (milliseconds at 100k x 10 runs).
+- A `Scope` (datasets, agent models, domains) narrows the grid, the review queue and the
+  CSV export; the export qualifies every row with dataset name, task id and trial.
 - The grid is wide (one column per capability) because that is what `st.data_editor`
   edits; `grid_changes` turns an edited grid back into (trajectory, capability, value)
   edits so the page stays free of logic.
@@ -30,9 +34,13 @@ import pandas as pd
 
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES
+from trace_lib.diagnose import materialise
 from trace_lib.errors import UserInputError
+from trace_lib.scope import Scope
 
 IMPORT_COLUMNS = ("trajectory_id", "capability", "value")
+# The export adds where each trajectory comes from (import ignores these columns).
+EXPORT_COLUMNS = (*IMPORT_COLUMNS, "dataset", "task_id", "trial")
 
 
 @dataclass
@@ -43,6 +51,7 @@ class LabelFilter:
     value: str | None = None  # keep trajectories where some shown capability has this value
     search: str | None = None  # substring of trajectory id, source id or task id
     limit: int = 500
+    scope: Scope | None = None
 
 
 def _check_value(value: str, where: str) -> None:
@@ -72,10 +81,15 @@ def create_run(con: duckdb.DuckDBPyConnection, run_id: str, labeler: str, *,
 
 # ---------------------------------------------------------------------------- edits
 
-def _current(con: duckdb.DuckDBPyConnection, tid: str, cap: str) -> str | None:
-    row = con.execute("SELECT value FROM effective_labels WHERE trajectory_id = ? AND "
-                      "capability = ?", [tid, cap]).fetchone()
-    return row[0] if row else None
+def _current(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]
+             ) -> dict[tuple[str, str], str | None]:
+    """The effective value of each pair now (one read of the materialised pairs)."""
+    materialise.sync(con)
+    rows = con.execute("""SELECT p.trajectory_id, p.capability, p.value FROM label_pairs p
+                          SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS t, unnest(?::VARCHAR[]) AS c) x
+                            ON p.trajectory_id = x.t AND p.capability = x.c""",
+                       [[t for t, _ in pairs], [c for _, c in pairs]]).fetchall()
+    return {(t, c): v for t, c, v in rows}
 
 
 def edit_labels(db: str | Path | None, edits: list[tuple[str, str, str]], *, editor: str,
@@ -85,19 +99,25 @@ def edit_labels(db: str | Path | None, edits: list[tuple[str, str, str]], *, edi
         raise UserInputError("label edit: editor: expected a non-empty name")
     with store.connect(db) as con:
         caps = set(_capability_names(con, include_rejected=True))
+        known = {r[0] for r in con.execute(
+            "SELECT id FROM trajectories WHERE list_contains(?::VARCHAR[], id)",
+            [sorted({t for t, _, _ in edits})]).fetchall()}
+        for tid, cap, new in edits:
+            _check_value(new, f"edit of ({tid}, {cap})")
+            if cap not in caps:
+                raise UserInputError(f"edit of ({tid}, {cap}): unknown capability {cap!r}")
+            if tid not in known:
+                raise UserInputError(f"edit of ({tid}, {cap}): unknown trajectory id {tid!r}")
+        current = _current(con, [(t, c) for t, c, _ in edits])
         ids: list[int] = []
         with store.transaction(con):
             for tid, cap, new in edits:
-                _check_value(new, f"edit of ({tid}, {cap})")
-                if cap not in caps:
-                    raise UserInputError(f"edit of ({tid}, {cap}): unknown capability {cap!r}")
-                if not con.execute("SELECT 1 FROM trajectories WHERE id = ?", [tid]).fetchone():
-                    raise UserInputError(f"edit of ({tid}, {cap}): unknown trajectory id {tid!r}")
-                old = _current(con, tid, cap)
                 ids.append(con.execute(
                     "INSERT INTO label_edits (trajectory_id, capability, old, new, editor, note) "
                     "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-                    [tid, cap, old, new, editor.strip(), note]).fetchone()[0])
+                    [tid, cap, current.get((tid, cap)), new, editor.strip(), note]).fetchone()[0])
+                current[(tid, cap)] = new  # a second edit of the pair starts from this one
+        materialise.sync(con)  # patch the materialised labels and counts now
         return ids
 
 
@@ -146,13 +166,16 @@ def undo_edit(db: str | Path | None, *, editor: str, edit_id: int | None = None,
               AND id NOT IN (SELECT undoes FROM label_edits WHERE undoes IS NOT NULL)
             ORDER BY id DESC LIMIT 1""", [tid, cap, edit_id]).fetchone()
         if prev is None:
-            prev = con.execute("SELECT value FROM majority_labels WHERE trajectory_id = ? "
-                               "AND capability = ?", [tid, cap]).fetchone()
+            materialise.sync(con)
+            prev = con.execute("SELECT majority FROM label_pairs WHERE trajectory_id = ? "
+                               "AND capability = ? AND majority IS NOT NULL",
+                               [tid, cap]).fetchone()
         fallback = prev[0] if prev else "na"
         placeholder = con.execute(
             "INSERT INTO label_edits (trajectory_id, capability, old, new, editor, note, undoes) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
             [tid, cap, new, fallback, editor, f"undo of edit {edit_id}", edit_id]).fetchone()[0]
+        materialise.sync(con)
         return int(placeholder)
 
 
@@ -182,8 +205,10 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
     """Trajectories x capabilities of effective labels (None where never labeled)."""
     flt = flt or LabelFilter()
     with store.connect(db) as con:
+        materialise.sync(con)
         caps = flt.capabilities or _capability_names(con)
-        where, params = ["true"], []
+        sc, sp = (flt.scope or Scope()).where(con, "t")
+        where, params = [sc], list(sp)
         if flt.success is not None:
             where.append("t.success = ?")
             params.append(flt.success)
@@ -194,8 +219,8 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
             where.append("(t.id ILIKE ? OR t.source_id ILIKE ? OR t.task_id ILIKE ?)")
             params += [f"%{flt.search}%"] * 3
         if flt.value is not None:
-            where.append("""EXISTS (SELECT 1 FROM effective_labels v WHERE v.trajectory_id = t.id
-                            AND v.value = ? AND v.capability IN (SELECT unnest(?::VARCHAR[])))""")
+            where.append("""EXISTS (SELECT 1 FROM label_pairs v WHERE v.trajectory_id = t.id
+                            AND v.value = ? AND list_contains(?::VARCHAR[], v.capability))""")
             params += [flt.value, caps]
         # Page first (the limit applies to trajectories, in SQL), then pivot only that page:
         # the grid stays fast on stores with 100k trajectories.
@@ -203,13 +228,14 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
             WITH page AS (
                 SELECT t.id, t.task_id, t.domain, t.success FROM trajectories t
                 WHERE {' AND '.join(where)}
-                  AND EXISTS (SELECT 1 FROM labels l WHERE l.trajectory_id = t.id)
+                  AND EXISTS (SELECT 1 FROM label_pairs l WHERE l.trajectory_id = t.id
+                              AND l.n_rows > 0)
                 ORDER BY t.id LIMIT {int(flt.limit)}
             )
             SELECT p.id AS trajectory_id, p.task_id, p.domain, p.success, e.capability, e.value
             FROM page p
-            JOIN effective_labels e ON e.trajectory_id = p.id
-            WHERE e.capability IN (SELECT unnest(?::VARCHAR[]))
+            JOIN label_pairs e ON e.trajectory_id = p.id
+            WHERE e.value IS NOT NULL AND list_contains(?::VARCHAR[], e.capability)
         """, params + [caps]).df()
     if long.empty:
         return pd.DataFrame(columns=[*_GRID_META, *caps])
@@ -264,33 +290,26 @@ def left_out_note(runs: list[dict[str, Any]]) -> str | None:
             + "; ".join(parts))
 
 
-def review_queue(db: str | Path | None, limit: int = 50) -> pd.DataFrame:
+def review_queue(db: str | Path | None, limit: int = 50, *,
+                 scope: Scope | None = None) -> pd.DataFrame:
     """Pairs where the runs disagree most, not yet decided by a person (finished runs only;
-    `df.attrs["left_out"]` lists the runs left out)."""
+    `df.attrs["left_out"]` lists the runs left out). Reads the materialised votes."""
     with store.connect(db) as con:
         left_out = left_out_runs_con(con)
+        materialise.sync(con)
+        sc, sp = (scope or Scope()).where(con, "t")
         df = con.execute(f"""
-            WITH votes AS (
-                SELECT trajectory_id, capability, count(*) AS n_runs,
-                       count(*) FILTER (WHERE value = 'lacking') AS n_lacking,
-                       count(*) FILTER (WHERE value = 'present') AS n_present,
-                       count(*) FILTER (WHERE value = 'na') AS n_na
-                FROM counted_labels WHERE value IS NOT NULL GROUP BY ALL
-            )
-            SELECT v.trajectory_id, v.capability, m.value AS majority, v.n_runs,
-                   v.n_lacking, v.n_present, v.n_na,
-                   1 - greatest(v.n_lacking, v.n_present, v.n_na) / v.n_runs AS disagreement,
+            SELECT v.trajectory_id, v.capability, v.majority, v.nl + v.np + v.nn AS n_runs,
+                   v.nl AS n_lacking, v.np AS n_present, v.nn AS n_na,
+                   1 - greatest(v.nl, v.np, v.nn) / (v.nl + v.np + v.nn) AS disagreement,
                    t.success, t.task_id
-            FROM votes v
-            JOIN majority_labels m USING (trajectory_id, capability)
+            FROM label_pairs v
             JOIN trajectories t ON t.id = v.trajectory_id
-            WHERE NOT EXISTS (SELECT 1 FROM latest_label_edits e
-                              WHERE e.trajectory_id = v.trajectory_id
-                                AND e.capability = v.capability)
-              AND greatest(v.n_lacking, v.n_present, v.n_na) < v.n_runs
-            ORDER BY disagreement DESC, v.n_runs DESC, v.trajectory_id, v.capability
+            WHERE v.edit_value IS NULL AND v.majority IS NOT NULL
+              AND greatest(v.nl, v.np, v.nn) < v.nl + v.np + v.nn AND {sc}
+            ORDER BY disagreement DESC, n_runs DESC, v.trajectory_id, v.capability
             LIMIT {int(limit)}
-        """).df()
+        """, sp).df()
     df.attrs["left_out"] = left_out
     return df
 
@@ -307,15 +326,39 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
 
 # ------------------------------------------------------------------------------ CSV
 
-def export_labels(db: str | Path | None, path: str | Path) -> int:
-    """Write effective labels as `trajectory_id,capability,value`; returns the row count.
-    Finished runs only (`left_out_runs` names the others)."""
+def export_rows(db: str | Path | None, scope: Scope | None = None) -> list[tuple[Any, ...]]:
+    """Effective labels in scope, each qualified: (trajectory_id, capability, value,
+    dataset name, task id, trial). Finished runs only (`left_out_runs` names the others)."""
     with store.connect(db) as con:
-        rows = con.execute("SELECT trajectory_id, capability, value FROM effective_labels "
-                           "ORDER BY trajectory_id, capability").fetchall()
+        materialise.sync(con)
+        sc, sp = (scope or Scope()).where(con, "t")
+        return con.execute(f"""
+            SELECT p.trajectory_id, p.capability, p.value, d.name, t.task_id, t.trial
+            FROM label_pairs p JOIN trajectories t ON t.id = p.trajectory_id
+            LEFT JOIN datasets d ON d.id = t.dataset_id
+            WHERE p.value IS NOT NULL AND {sc}
+            ORDER BY p.trajectory_id, p.capability""", sp).fetchall()
+
+
+def labels_csv(db: str | Path | None, scope: Scope | None = None) -> str:
+    """The CSV export as text (the Labels page builds it only when the download is clicked)."""
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(EXPORT_COLUMNS)
+    w.writerows(export_rows(db, scope))
+    return buf.getvalue()
+
+
+def export_labels(db: str | Path | None, path: str | Path, *,
+                  scope: Scope | None = None) -> int:
+    """Write effective labels as `trajectory_id,capability,value,dataset,task_id,trial`
+    (import reads the first three); returns the row count."""
+    rows = export_rows(db, scope)
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(IMPORT_COLUMNS)
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(EXPORT_COLUMNS)
         w.writerows(rows)
     return len(rows)
 
@@ -384,6 +427,7 @@ def import_labels(db: str | Path | None, path: str | Path, run: str, *,
             con.unregister("_import")
             con.execute("UPDATE label_runs SET finished_at = current_timestamp, "
                         "status = 'finished' WHERE id = ?", [run])
+        materialise.sync(con)  # the run counts from now: add it to the materialised labels
     return len(rows)
 
 

@@ -13,12 +13,18 @@ Design decisions
   (per-run labels with the latest human edit applied), so an edit re-ranks at once
   without recomputing labels. Two aggregate passes: per (run, capability) counts, and
   per (trajectory, capability) majority for the pooled figures.
-- Re-ranking after an edit must be interactive at 100k trajectories x 14 capabilities x
-  10 runs (14M label rows). The two passes over the raw labels are cached in-process per
-  (file, labels fingerprint, runs); an edit then costs one join of `label_edits` (small)
-  with the labels it touches, and the counts are patched: minus the raw contribution of
-  each edited pair, plus its edited value. The direct SQL is kept as the definition
-  (`incremental=False`) and a test checks both agree.
+- Re-ranking must be interactive at 100k trajectories x 14 capabilities x 10 runs (14M
+  label rows), after an edit and after a label run alike. The counts are materialised in
+  the store (`materialise`: per run and pooled, per scope key), patched when an edit lands
+  and extended when a run finishes, so a rank is a sum over a few thousand count rows.
+  The direct SQL over `effective_run_labels` is kept as the definition
+  (`incremental=False`) and a test checks both agree. Pooled figures over a subset of the
+  runs (not materialised) use the definition.
+- A `Scope` (datasets, agent models, domains) restricts every figure, the cover, the
+  clusters and the exported examples to its trajectories; examples are qualified by
+  dataset, task and trial (bare task ids are ambiguous across datasets).
+- The Rankings page reads the effective labels once per rerun: `rank_con` sums counts,
+  and one `lacking_failures` read feeds the greedy cover; the export reuses the ranking.
 - Undefined is not zero: a ratio with an empty denominator is NULL/None; a run where
   Cov or Delta is undefined does not pass; means and stds are over defined runs and
   `n_runs_defined` says how many that was. Std is the population std (ddof=0), as
@@ -47,8 +53,10 @@ import duckdb
 from scipy.stats import fisher_exact
 
 from trace_lib import store
+from trace_lib.diagnose import materialise
 from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
 from trace_lib.errors import UserInputError
+from trace_lib.scope import Scope
 
 REFERENCE_N = 10
 
@@ -111,6 +119,7 @@ class Ranking:
     n_runs: int
     note: str | None
     left_out: list[dict[str, Any]] = field(default_factory=list)  # unfinished label runs
+    scope: Scope = field(default_factory=Scope)
 
     @property
     def selected(self) -> list[CapabilityRank]:
@@ -147,9 +156,11 @@ def effective_k(k: int, n_runs: int) -> tuple[int, str | None]:
 def _run_filter(runs: list[str] | None) -> tuple[str, list[Any]]:
     if runs is None:
         return "", []
-    return "AND l.run_id IN (SELECT unnest(?::VARCHAR[]))", [runs]
+    return "AND list_contains(?::VARCHAR[], l.run_id)", [runs]
 
 
+# The definition (`incremental=False`, and the pooled figures over a subset of the runs):
+# direct SQL over `effective_run_labels`. `{scope}` is a Scope's SQL over `trajectories t`.
 PER_RUN_SQL = """
 SELECT l.run_id, l.capability,
        count(*) FILTER (WHERE NOT t.success AND l.value = 'lacking') AS lf,
@@ -159,7 +170,7 @@ SELECT l.run_id, l.capability,
        count(*) FILTER (WHERE t.success AND l.value = 'present') AS pp,
        count(*) FILTER (WHERE t.success AND l.value = 'na') AS np
 FROM effective_run_labels l JOIN trajectories t ON t.id = l.trajectory_id
-WHERE t.success IS NOT NULL {run_filter}
+WHERE t.success IS NOT NULL AND {scope} {run_filter}
 GROUP BY ALL
 """
 
@@ -188,103 +199,23 @@ SELECT m.capability,
        count(*) FILTER (WHERE t.success AND m.value = 'present') AS pp,
        count(*) FILTER (WHERE t.success AND m.value = 'na') AS np
 FROM maj m JOIN trajectories t ON t.id = m.trajectory_id
-WHERE t.success IS NOT NULL
+WHERE t.success IS NOT NULL AND {scope}
 GROUP BY ALL
 """
 
-
-# Incremental path: counts over the raw labels are cached per (file, labels fingerprint,
-# runs); an edit only touches the few (trajectory, capability) pairs in `label_edits`, so
-# re-ranking = cached base - raw contribution of edited pairs + their edited values.
-BASE_PER_RUN_SQL = """
-SELECT l.run_id, l.capability, t.success, l.value, count(*) AS n
-FROM labels l JOIN trajectories t ON t.id = l.trajectory_id
-WHERE t.success IS NOT NULL AND l.value IS NOT NULL {run_filter}
-GROUP BY ALL
-"""
-BASE_POOLED_SQL = """
-WITH votes AS (
-    SELECT l.trajectory_id, l.capability,
-           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-           count(*) FILTER (WHERE l.value = 'present') AS np_,
-           count(*) FILTER (WHERE l.value = 'na') AS nn
-    FROM labels l WHERE l.value IS NOT NULL {run_filter}
-    GROUP BY ALL
-)
-SELECT v.capability, t.success,
-       CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-            WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value,
-       count(*) AS n
-FROM votes v JOIN trajectories t ON t.id = v.trajectory_id
-WHERE t.success IS NOT NULL
-GROUP BY ALL
-"""
-EDITED_SQL = """
-SELECT l.run_id, l.trajectory_id, l.capability, t.success, l.value AS old, e.value AS new
-FROM labels l
-JOIN latest_label_edits e ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
-JOIN trajectories t ON t.id = l.trajectory_id
-WHERE t.success IS NOT NULL {run_filter}
-"""
-_BASE_CACHE: dict[tuple[Any, ...], tuple[dict[Any, int], dict[Any, int]]] = {}
-_VALUES = ("lacking", "present", "na")
-
-
-def _majority(votes: dict[str, int]) -> str:
-    nl, np_, nn = (votes.get(v, 0) for v in _VALUES)
-    return "lacking" if nl >= np_ and nl >= nn else ("present" if np_ >= nn else "na")
-
-
-def _fingerprint(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> tuple[Any, ...]:
-    path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                       "current_database()").fetchone()
-    counts = con.execute("SELECT (SELECT count(*) FROM labels), "
-                         "(SELECT count(*) FROM trajectories)").fetchone()
-    run_rows = tuple(con.execute("SELECT id, finished_at, status FROM label_runs ORDER BY id"
-                                 ).fetchall())
-    return (path[0] if path else None, counts, run_rows, tuple(runs) if runs else None)
-
-
-def _counts_incremental(con: duckdb.DuckDBPyConnection, runs: list[str] | None
-                        ) -> tuple[list[tuple[Any, ...]], dict[str, tuple[int, ...]]]:
-    """(per-run rows, pooled) as PER_RUN_SQL / POOLED_SQL compute them, via the cache."""
-    where, params = _run_filter(runs)
-    key = _fingerprint(con, runs)
-    if key[0] is None or key not in _BASE_CACHE:
-        per_run = {(r, c, s, v): n for r, c, s, v, n in con.execute(
-            BASE_PER_RUN_SQL.format(run_filter=where), params).fetchall()}
-        pooled = {(c, s, v): n for c, s, v, n in con.execute(
-            BASE_POOLED_SQL.format(run_filter=where), params).fetchall()}
-        if len(_BASE_CACHE) > 8:
-            _BASE_CACHE.clear()
-        _BASE_CACHE[key] = (per_run, pooled)
-    base_run, base_pool = _BASE_CACHE[key]
-    per_run, pooled = dict(base_run), dict(base_pool)
-    pair_votes: dict[tuple[str, str], dict[str, int]] = {}
-    pair_info: dict[tuple[str, str], tuple[bool, str]] = {}
-    for run, tid, cap, success, old, new in con.execute(EDITED_SQL.format(run_filter=where),
-                                                         params).fetchall():
-        if old is not None:
-            per_run[(run, cap, success, old)] -= 1
-            votes = pair_votes.setdefault((tid, cap), {})
-            votes[old] = votes.get(old, 0) + 1
-        per_run[(run, cap, success, new)] = per_run.get((run, cap, success, new), 0) + 1
-        pair_info[(tid, cap)] = (success, new)
-    for (tid, cap), (success, new) in pair_info.items():
-        votes = pair_votes.get((tid, cap))
-        if votes:  # the pair had a majority before the edit: take it out
-            pooled[(cap, success, _majority(votes))] -= 1
-        pooled[(cap, success, new)] = pooled.get((cap, success, new), 0) + 1
-    rows: dict[tuple[str, str], list[int]] = {}
-    for (run, cap, success, value), n in per_run.items():
-        slot = (0 if not success else 3) + _VALUES.index(value)
-        rows.setdefault((run, cap), [0] * 6)[slot] += n
-    pooled_out: dict[str, list[int]] = {}
-    for (cap, success, value), n in pooled.items():
-        slot = (0 if not success else 3) + _VALUES.index(value)
-        pooled_out.setdefault(cap, [0] * 6)[slot] += n
-    return ([(run, cap, *v) for (run, cap), v in rows.items()],
-            {c: tuple(v) for c, v in pooled_out.items()})
+# Materialised path (the default): sums over the count tables `materialise.sync` keeps.
+# `{scope}` is the same Scope SQL over the tables' own dataset/agent/domain columns.
+_SIX = """
+       sum(n) FILTER (WHERE NOT success AND value = 'lacking') AS lf,
+       sum(n) FILTER (WHERE NOT success AND value = 'present') AS pf,
+       sum(n) FILTER (WHERE NOT success AND value = 'na') AS nf,
+       sum(n) FILTER (WHERE success AND value = 'lacking') AS lp,
+       sum(n) FILTER (WHERE success AND value = 'present') AS pp,
+       sum(n) FILTER (WHERE success AND value = 'na') AS np"""
+MAT_PER_RUN_SQL = ("SELECT l.run_id, l.capability," + _SIX +
+                   "\nFROM label_run_counts l WHERE {scope} {run_filter} GROUP BY ALL")
+MAT_POOLED_SQL = ("SELECT t.capability," + _SIX +
+                  "\nFROM label_pooled_counts t WHERE {scope} GROUP BY ALL")
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -298,14 +229,20 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
+def _ints(row: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(int(x or 0) for x in row)
+
+
 def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
-             incremental: bool = True) -> Ranking:
+             incremental: bool = True, scope: Scope | None = None) -> Ranking:
     """The ranking on an open connection (the page and the benchmark reuse one).
 
-    `incremental` (default) reuses cached counts over the raw labels and applies only the
-    edited pairs; `incremental=False` runs the direct SQL over `effective_run_labels`
-    (the definition; the tests check that both agree)."""
+    `incremental` (default) reads the materialised counts (`materialise.sync` brings them
+    up to date first: after a label run or an edit that is a patch, not a recount);
+    `incremental=False` runs the direct SQL over `effective_run_labels` (the definition;
+    the tests check that both agree). `scope` restricts every figure to its trajectories."""
     cfg = cfg or RankConfig()
+    scope = scope or Scope()
     if not 0 <= cfg.rho <= 1 or not -1 <= cfg.delta <= 1 or cfg.k < 1:
         raise UserInputError(f"rank: expected 0<=rho<=1, -1<=delta<=1, K>=1; got rho={cfg.rho}, "
                              f"delta={cfg.delta}, K={cfg.k}")
@@ -323,20 +260,35 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
         left_out = [r for r in left_out if r["run"] in set(cfg.runs)]
     else:
         run_ids = [r for r in all_runs if r not in unfinished]
-    # Without unfinished runs the filter is not needed (and the cache key stays stable).
-    run_filter = run_ids if (cfg.runs is not None or unfinished) else None
+    every_finished = set(run_ids) == set(all_runs) - unfinished
     n_runs = len(run_ids)
     k_eff, note = effective_k(cfg.k, n_runs)
     left_note = left_out_note(left_out)
     if left_note:
         note = f"{note}; {left_note}" if note else left_note
+    if not scope.is_empty():
+        note = f"{note}; scope: {scope.describe()}" if note else f"scope: {scope.describe()}"
     if incremental:
-        per_run, pooled = _counts_incremental(con, run_filter)
+        materialise.sync(con)
+        where, params = _run_filter(None if every_finished else run_ids)
+        sc, sp = scope.where(con, "l")
+        per_run = [(r[0], r[1], *_ints(r[2:])) for r in con.execute(
+            MAT_PER_RUN_SQL.format(scope=sc, run_filter=where), sp + params).fetchall()]
+        sc, sp = scope.where(con, "t")
+        if every_finished:
+            pooled_rows = con.execute(MAT_POOLED_SQL.format(scope=sc), sp).fetchall()
+        else:  # a subset of the runs: its majority is not materialised
+            where, params = _run_filter(run_ids)
+            pooled_rows = con.execute(POOLED_SQL.format(scope=sc, run_filter=where),
+                                      params + sp).fetchall()
     else:
-        where, params = _run_filter(run_filter)
-        per_run = con.execute(PER_RUN_SQL.format(run_filter=where), params).fetchall()
-        pooled = {r[0]: r[1:] for r in con.execute(POOLED_SQL.format(run_filter=where),
-                                                      params).fetchall()}
+        where, params = _run_filter(run_ids)
+        sc, sp = scope.where(con, "t")
+        per_run = con.execute(PER_RUN_SQL.format(scope=sc, run_filter=where),
+                              sp + params).fetchall()
+        pooled_rows = con.execute(POOLED_SQL.format(scope=sc, run_filter=where),
+                                  params + sp).fetchall()
+    pooled = {r[0]: _ints(r[1:]) for r in pooled_rows}
     caps = {r[0]: (r[1], r[2]) for r in con.execute(
         "SELECT name, description, status FROM capabilities").fetchall()}
 
@@ -354,7 +306,7 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
         figs = sorted(by_cap.get(cap, {}).values(), key=lambda f: order.get(f.run, 0))
         covs = [f.cov for f in figs if f.cov is not None]
         deltas = [f.delta for f in figs if f.delta is not None]
-        mc, sc = _mean_std(covs)
+        mc, sc_ = _mean_std(covs)
         md, sd = _mean_std(deltas)
         n_pass = sum(f.passed for f in figs)
         desc, status = caps.get(cap, ("(not in the catalog)", "proposed"))
@@ -364,7 +316,7 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
             fisher_p = float(fisher_exact([[lf, lp], [pf, pp]], alternative="greater").pvalue)
         rows.append(CapabilityRank(
             capability=cap, description=desc, status=status,
-            mean_cov=mc, std_cov=sc, mean_delta=md, std_delta=sd,
+            mean_cov=mc, std_cov=sc_, mean_delta=md, std_delta=sd,
             n_runs_passed=n_pass, n_runs_total=n_runs, n_runs_defined=len(deltas),
             selected=n_runs > 0 and n_pass >= k_eff and status != "rejected",
             fisher_p=fisher_p,
@@ -376,17 +328,28 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
     # Kept first, each group by mean Delta (undefined last), then name.
     rows.sort(key=lambda r: (not r.selected, r.mean_delta is None, -(r.mean_delta or 0.0),
                              r.capability))
-    return Ranking(rows, cfg, k_eff, n_runs, note, left_out)
+    return Ranking(rows, cfg, k_eff, n_runs, note, left_out, scope)
 
 
-def rank(db: str | Path | None = None, cfg: RankConfig | None = None) -> Ranking:
+def rank(db: str | Path | None = None, cfg: RankConfig | None = None, *,
+         scope: Scope | None = None) -> Ranking:
     with store.connect(db) as con:
-        return rank_con(con, cfg)
+        return rank_con(con, cfg, scope=scope)
+
+
+def format_p(p: float | None) -> str:
+    """A p-value people can read: '3.2e-07', '0.041', '< 1e-300' (underflow), '' if undefined."""
+    if p is None or math.isnan(p):
+        return ""
+    if p < 1e-300:
+        return "< 1e-300"
+    return f"{p:.1e}" if p < 1e-3 else f"{p:.3f}"
 
 
 def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
     """The `rank --json` document: one object per capability."""
     out = []
+    sc = ranking.scope
     for r in ranking.rows:
         out.append({
             "capability": r.capability, "mean_cov": r.mean_cov, "std_cov": r.std_cov,
@@ -394,8 +357,11 @@ def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
             "n_runs_passed": r.n_runs_passed, "n_runs_total": r.n_runs_total,
             "selected": r.selected, "fisher_p": r.fisher_p, "status": r.status,
             "cov_ci": r.cov_ci, "er_minus_ci": r.er_minus_ci, "er_plus_ci": r.er_plus_ci,
+            "pooled": r.pooled,
             "k_effective": ranking.k_effective, "note": ranking.note,
             "left_out_runs": [r["run"] for r in ranking.left_out],
+            "scope": {"datasets": list(sc.datasets), "agent_models": list(sc.agent_models),
+                      "domains": list(sc.domains)},
             "runs": [{"run": f.run, "cov": f.cov, "delta": f.delta, "er_minus": f.er_minus,
                       "er_plus": f.er_plus, "lf": f.lf, "pf": f.pf, "nf": f.nf, "lp": f.lp,
                       "pp": f.pp, "np": f.np} for f in r.runs],
@@ -405,15 +371,17 @@ def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------- cover, clusters
 
-def lacking_failures(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None
-                     ) -> dict[str, set[str]]:
-    """capability -> failed trajectory ids whose effective label is lacking."""
-    sql = """SELECT e.capability, e.trajectory_id FROM effective_labels e
-             JOIN trajectories t ON t.id = e.trajectory_id
-             WHERE t.success = false AND e.value = 'lacking'"""
-    params: list[Any] = []
+def lacking_failures(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None,
+                     *, scope: Scope | None = None) -> dict[str, set[str]]:
+    """capability -> failed trajectory ids whose effective label is lacking (in scope)."""
+    materialise.sync(con)
+    sc, sp = (scope or Scope()).where(con, "t")
+    sql = f"""SELECT e.capability, e.trajectory_id FROM label_pairs e
+              JOIN trajectories t ON t.id = e.trajectory_id
+              WHERE t.success = false AND e.value = 'lacking' AND {sc}"""
+    params: list[Any] = list(sp)
     if capabilities is not None:
-        sql += " AND e.capability IN (SELECT unnest(?::VARCHAR[]))"
+        sql += " AND list_contains(?::VARCHAR[], e.capability)"
         params.append(capabilities)
     out: dict[str, set[str]] = {c: set() for c in capabilities or []}
     for cap, tid in con.execute(sql, params).fetchall():
@@ -421,11 +389,21 @@ def lacking_failures(con: duckdb.DuckDBPyConnection, capabilities: list[str] | N
     return out
 
 
-def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str]) -> list[dict[str, Any]]:
+def n_failed(con: duckdb.DuckDBPyConnection, scope: Scope | None = None) -> int:
+    sc, sp = (scope or Scope()).where(con, "t")
+    return int(con.execute(f"SELECT count(*) FROM trajectories t WHERE t.success = false "
+                           f"AND {sc}", sp).fetchone()[0])
+
+
+def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
+                 scope: Scope | None = None,
+                 lacking: dict[str, set[str]] | None = None) -> list[dict[str, Any]]:
     """Greedy set cover of failed trajectories by `capabilities`: each step adds the one
-    explaining most not-yet-explained failures. Returns the cumulative curve."""
-    n_failed = con.execute("SELECT count(*) FROM trajectories WHERE success = false").fetchone()[0]
-    sets = lacking_failures(con, capabilities)
+    explaining most not-yet-explained failures. Returns the cumulative curve. `lacking`
+    (from `lacking_failures`) saves the read when the caller already has it."""
+    n_fail = n_failed(con, scope)
+    sets = lacking_failures(con, capabilities, scope=scope) if lacking is None else {
+        c: lacking.get(c, set()) for c in capabilities}
     covered: set[str] = set()
     curve = []
     remaining = dict(sets)
@@ -435,66 +413,106 @@ def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str]) -> lis
         covered |= members
         del remaining[cap]
         curve.append({"step": len(curve) + 1, "capability": cap, "new": gain,
-                      "covered": len(covered), "n_failed": n_failed,
-                      "fraction": len(covered) / n_failed if n_failed else None})
+                      "covered": len(covered), "n_failed": n_fail,
+                      "fraction": len(covered) / n_fail if n_fail else None})
     return curve
 
 
 def failure_clusters(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None,
-                     limit: int = 20) -> list[dict[str, Any]]:
+                     limit: int = 20, *, scope: Scope | None = None) -> list[dict[str, Any]]:
     """Failed trajectories grouped by which capabilities are lacking together."""
+    materialise.sync(con)
     cap_filter, params = "", []
     if capabilities is not None:
-        cap_filter = "AND e.capability IN (SELECT unnest(?::VARCHAR[]))"
+        cap_filter = "AND list_contains(?::VARCHAR[], e.capability)"
         params = [capabilities]
+    sc, sp = (scope or Scope()).where(con, "t")
     rows = con.execute(f"""
         WITH sig AS (
             SELECT t.id,
                    coalesce(string_agg(e.capability, ' + ' ORDER BY e.capability)
                             FILTER (WHERE e.value = 'lacking' {cap_filter}),
                             '(none lacking)') AS signature
-            FROM trajectories t LEFT JOIN effective_labels e ON e.trajectory_id = t.id
-            WHERE t.success = false
+            FROM trajectories t LEFT JOIN label_pairs e ON e.trajectory_id = t.id
+            WHERE t.success = false AND {sc}
             GROUP BY t.id
         )
         SELECT signature, count(*) AS n, list(id ORDER BY id)[1:5] AS examples
         FROM sig GROUP BY signature ORDER BY n DESC, signature LIMIT {int(limit)}
-    """, params).fetchall()
+    """, params + sp).fetchall()
     return [{"signature": s, "n": n, "examples": ex} for s, n, ex in rows]
 
 
 # -------------------------------------------------------------------------- export
 
+def qualified_case(dataset: str | None, task_id: str | None, trial: int | None,
+                   trajectory_id: str) -> str:
+    """'DATASET/task TASK/trial N': unambiguous across datasets (bare task ids are not)."""
+    task = task_id if task_id is not None else trajectory_id
+    return f"{dataset or '?'}/task {task}/trial {trial if trial is not None else '?'}"
+
+
+def failed_examples(con: duckdb.DuckDBPyConnection, capabilities: list[str], n_examples: int,
+                    scope: Scope | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Per capability, up to `n_examples` failed trajectories lacking it, one per (dataset,
+    task), qualified by dataset name, task id, trial and trajectory id (one query)."""
+    if not capabilities:
+        return {}
+    materialise.sync(con)
+    sc, sp = (scope or Scope()).where(con, "t")
+    rows = con.execute(f"""
+        WITH c AS (
+            SELECT e.capability, t.id, d.name AS dataset, t.task_id, t.trial,
+                   row_number() OVER (PARTITION BY e.capability, t.dataset_id,
+                                      coalesce(t.task_id, t.id) ORDER BY t.id) AS k
+            FROM label_pairs e JOIN trajectories t ON t.id = e.trajectory_id
+            LEFT JOIN datasets d ON d.id = t.dataset_id
+            WHERE t.success = false AND e.value = 'lacking' AND {sc}
+              AND list_contains(?::VARCHAR[], e.capability)
+        ), firsts AS (
+            SELECT *, row_number() OVER (PARTITION BY capability ORDER BY id) AS r
+            FROM c WHERE k = 1
+        )
+        SELECT capability, id, dataset, task_id, trial FROM firsts
+        WHERE r <= {int(n_examples)} ORDER BY capability, id""",
+                       sp + [capabilities]).fetchall()
+    out: dict[str, list[dict[str, Any]]] = {c: [] for c in capabilities}
+    for cap, tid, dataset, task, trial in rows:
+        out[cap].append({"trajectory_id": tid, "dataset": dataset, "task_id": task,
+                         "trial": trial, "case": qualified_case(dataset, task, trial, tid)})
+    return out
+
+
 def selected_document(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None,
-                      n_examples: int = 5) -> list[dict[str, Any]]:
-    """The kept capabilities in the reference `selected_capabilities.json` format."""
-    ranking = rank_con(con, cfg)
+                      n_examples: int = 5, *, scope: Scope | None = None,
+                      ranking: Ranking | None = None) -> list[dict[str, Any]]:
+    """The kept capabilities in the reference `selected_capabilities.json` format, with
+    qualified examples: `example_failed_cases` are 'DATASET/task T/trial N' strings and
+    `example_failed_trajectories` name the trajectory ids. Pass the `ranking` already
+    computed (the Rankings page does) to avoid ranking twice."""
+    ranking = ranking or rank_con(con, cfg, scope=scope)
     kept = ranking.selected
-    examples = lacking_failures(con, [r.capability for r in kept])
-    task_of = dict(con.execute("SELECT id, coalesce(task_id, id) FROM trajectories").fetchall())
+    examples = failed_examples(con, [r.capability for r in kept], n_examples, ranking.scope)
     out = []
     for r in kept:
-        cases: list[str] = []
-        for tid in sorted(examples.get(r.capability, set())):
-            task = str(task_of.get(tid, tid))
-            if task not in cases:
-                cases.append(task)
-            if len(cases) >= n_examples:
-                break
+        ex = examples.get(r.capability, [])
         out.append({
             "skill": r.capability, "description": r.description,
             "mean_cov": r.mean_cov, "std_cov": r.std_cov,
             "mean_delta": r.mean_delta, "std_delta": r.std_delta,
             "n_runs_passed": r.n_runs_passed, "n_runs_total": r.n_runs_total,
-            "example_failed_cases": cases, "status": "selected",
+            "example_failed_cases": [e["case"] for e in ex],
+            "example_failed_trajectories": [
+                {k: e[k] for k in ("dataset", "task_id", "trial", "trajectory_id")} for e in ex],
+            "status": "selected",
         })
     return out
 
 
 def export_selected(db: str | Path | None, path: str | Path, cfg: RankConfig | None = None,
-                    n_examples: int = 5) -> list[dict[str, Any]]:
+                    n_examples: int = 5, *, scope: Scope | None = None) -> list[dict[str, Any]]:
     """Write `selected_capabilities.json` in the reference format; returns what it wrote."""
     with store.connect(db) as con:
-        doc = selected_document(con, cfg, n_examples)
+        doc = selected_document(con, cfg, n_examples, scope=scope)
     Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return doc

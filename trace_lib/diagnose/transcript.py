@@ -3,7 +3,8 @@
 Design decisions
 - Read straight from the store tables, so every importer's output works without the
   diagnose stage knowing the source format, into the shared transcript model
-  (`trace_lib.transcript_model`: the viewer shows the same `Call`s a labeler cites).
+  (`trace_lib.transcript_model`: the viewer shows the same `Call`s a labeler cites, each
+  paired with its answering tool message by the same `pair_results`).
   Expected actions keep their requestor; labelers read `expected_agent` (a user-side
   miss, tau2 telecom's device actions, is never the agent lacking a capability).
 - Messages keep the store's `idx`, and the rendered text prefixes every message with
@@ -21,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from trace_lib.transcript_model import Call, Transcript
+from trace_lib.transcript_model import Call, Transcript, pair_results
 
 __all__ = ["Call", "Transcript", "load_transcript", "load_transcripts", "render_transcript"]
 
@@ -61,10 +62,13 @@ def load_transcripts(con: duckdb.DuckDBPyConnection, ids: list[str]) -> list[Tra
             ORDER BY c.trajectory_id, c.message_idx, c.call_idx""", [ids]).fetchall():
         t = out[tid]
         args_d = _loads(args)
-        call = Call(name=name, arguments=args_d if isinstance(args_d, dict) else {}, error=err,
-                    message_idx=midx, requestor=req, call_idx=cidx, call_id=cid,
-                    result=_find_result(t.messages, cid, midx, name))
-        t.calls.append(call)
+        t.calls.append(Call(name=name, arguments=args_d if isinstance(args_d, dict) else {},
+                            error=err, message_idx=midx, requestor=req, call_idx=cidx,
+                            call_id=cid))
+    for t in out.values():  # the viewer's pairing: by call id, else by position
+        contents = {m["idx"]: m["content"] for m in t.messages}
+        for i, idx in pair_results(t.messages, t.calls).items():
+            t.calls[i].result_idx, t.calls[i].result = idx, contents[idx]
     # A store opened read-only is not migrated: older files have no expected requestor.
     req = "e.requestor" if con.execute(
         "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
@@ -86,21 +90,6 @@ def load_transcripts(con: duckdb.DuckDBPyConnection, ids: list[str]) -> list[Tra
 
 def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Transcript:
     return load_transcripts(con, [trajectory_id])[0]
-
-
-def _find_result(messages: list[dict[str, Any]], call_id: str | None, midx: int,
-                 name: str) -> str | None:
-    for m in messages:
-        if m["idx"] <= midx or m["role"] != "tool":
-            continue
-        if call_id and m["tool_call_id"] == call_id:
-            return m["content"]
-    # No call ids: the first tool message after the call with the same name answers it.
-    if not call_id:
-        for m in messages:
-            if m["idx"] > midx and m["role"] == "tool" and (m["name"] in (None, name)):
-                return m["content"]
-    return None
 
 
 def _clip(text: str, n: int) -> str:

@@ -23,10 +23,25 @@ from trace_lib.envs.registry import (
     build_env,
     builtin_names,
     environment_from_code,
-    open_environment,
-    resolve,
     spec_for_job,
 )
+
+
+def resolve(name: str, db: str | Path | None = None) -> EnvSpec:
+    """The spec of any environment name, stored generated ones included (app side)."""
+    from trace_lib.envs.catalog import resolve as _resolve
+
+    return _resolve(name, db=db)
+
+
+def open_environment(spec_or_name: EnvSpec | str, db: str | Path | None = None,
+                     limits: Any = None, options: dict[str, Any] | None = None) -> Any:
+    """A context manager yielding the environment of a spec or any name (a stored
+    generated one read from `db`); sandboxed unless built-in or your own code."""
+    from trace_lib.envs.registry import open_environment as _open
+
+    spec = resolve(spec_or_name, db=db) if isinstance(spec_or_name, str) else spec_or_name
+    return _open(spec, limits=limits, options=options)
 
 
 def is_approved(name: str, db: str | Path | None = None) -> bool:

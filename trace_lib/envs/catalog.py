@@ -11,6 +11,10 @@ Design decisions
 - The report column is one JSON object with a key per producer ("validation",
   "calibration", "review"), so validating does not erase a calibration and vice versa.
 - Row id = environment name (names are unique: generated ones carry their number).
+- `resolve` is the store-backed half of the one name -> environment path: what
+  `registry.resolve_static` knows (no database), else a stored generated row. It runs on
+  the app side only (the workbench, and compose's app-side functions, which sit below the
+  workbench); a job never imports this module (an import contract holds it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trace_lib.envs.registry import EnvSpec, builtin_specs
+from trace_lib.envs.registry import EnvSpec, builtin_specs, resolve_static, unknown_name_error
 from trace_lib.errors import UserInputError
 from trace_lib.store import connect, transaction
 
@@ -41,6 +45,18 @@ def get_row(name: str, db: str | Path | None = None) -> dict[str, Any] | None:
         found = cur.fetchone()
         cols = [d[0] for d in cur.description]
     return _row(cols, found) if found else None
+
+
+def resolve(name_or_path: str, db: str | Path | None = None) -> EnvSpec:
+    """The spec of any environment name; stored generated ones are read from the store."""
+    spec = resolve_static(name_or_path)
+    if spec is not None:
+        return spec
+    row = get_row(name_or_path, db=db)
+    if row is None or not row.get("code"):
+        raise unknown_name_error(name_or_path)
+    return EnvSpec(name=row["name"], capability=row["capability"], domain=row["domain"],
+                   version=int(row["version"]), source=row["source"], code=row["code"])
 
 
 def _upsert(con: Any, spec: EnvSpec, status: str, report: dict[str, Any]) -> None:

@@ -1,111 +1,56 @@
-"""The Environment protocol every capability environment implements.
+"""The Environment protocol as the stages see it, and the one decoder of an action.
 
 Design decisions
-- It follows the reference TRACE protocol: `reset(seed)` builds the whole instance
-  (database state, the user's request written out in full, the hidden ground truth)
-  from the seed alone, so no LLM user is needed and the same seed gives the same
-  instance anywhere, including inside the sandbox subprocess.
-- `step(action)` takes ONE action, as a JSON string or dict:
-    {"name": TOOL, "arguments": {...}}      a tool call  -> the tool's observation text
-    {"content": TEXT}                        a final answer to the user -> ends the episode
-  The rollout loop turns each assistant `tool_calls` entry into one step and an
-  assistant message without tool calls into a final answer. Observations are strings
-  (JSON for structured results; "Error: ..." for tool errors), as in tau2-bench.
-- Rewards come only from code: `summary()` compares the database state and the final
-  answer with the instance's ground truth; `reasons` says why credit was given or not.
-- `tool_schemas` are the original domain's OpenAI function schemas, unchanged, so a
-  policy trained here sees the tools it will see on the benchmark.
-- `hint` is optional text added to a share of each group's rollouts; the trainer strips
-  it before the gradient step.
-- Two optional members serve validation and inspection, not training: `ground_truth`
-  (the hidden answer, JSON-serialisable) and `reference_action()` (the next action of a
-  policy that solves the instance). Validation requires them; `ValidatedEnvironment`
-  names the full shape. Before the first `reset`, properties return empty values
-  (so `isinstance(env, Environment)` works on a fresh object); `step`/`summary` raise.
-- The same protocol is served across the sandbox boundary (`SandboxedEnvironment`), so a
-  caller never knows whether an environment runs in-process or in a confined child.
+- The protocol itself (`Environment`, `ValidatedEnvironment`) is defined once, in
+  `trace_lib.runtime.environment`, because the rollout loop in the runtime layer runs
+  against it; it is re-exported here so every stage keeps importing `envs.protocol`.
+- An action reaches `step` in one of three shapes (see the protocol's docstring): our
+  `{"name", "arguments"}`, OpenAI's tool_call `{"type": "function", "function": {"name",
+  "arguments": "<json string>"}}` as an OpenAI-compatible endpoint returns it, or a final
+  answer `{"content"}`. `parse_action` turns all of them into the first or the last, and
+  `tool_arguments` decodes the arguments (a JSON string is OpenAI's wire form), so no
+  environment repeats either.
+- A malformed action is an error observation the environment reports ("Error: ..."), the
+  policy's mistake to learn from; neither function raises anything but ValueError.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from trace_lib.runtime.environment import Environment, ValidatedEnvironment
 
-@runtime_checkable
-class Environment(Protocol):
-    name: str  # registry key, e.g. "airline/precondition_verification"
-    capability: str
-    domain: str
-    version: int
-
-    def reset(self, seed: int) -> None:
-        """Build the instance for `seed`; clears any previous episode."""
-        ...
-
-    @property
-    def system_prompt(self) -> str:
-        """The agent's system prompt: the domain policy plus task framing."""
-        ...
-
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        """OpenAI-format function tools, identical to the original domain's."""
-        ...
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        """The opening conversation: the system message and the user's full request."""
-        ...
-
-    @property
-    def hint(self) -> str | None:
-        """Optional hint text for hinted rollouts (never part of the reward)."""
-        ...
-
-    def step(self, action: str | dict[str, Any]) -> str:
-        """Apply one tool call or final answer; return the observation text."""
-        ...
-
-    @property
-    def done(self) -> bool: ...
-
-    def summary(self) -> dict[str, Any]:
-        """{"reward": float in [0, 1], "passed": bool, "steps": int, "reasons": [str, ...]}."""
-        ...
-
-
-@runtime_checkable
-class ValidatedEnvironment(Environment, Protocol):
-    """An Environment that also exposes its ground truth and a reference policy."""
-
-    @property
-    def ground_truth(self) -> Any:
-        """The instance's hidden answer (shown behind a toggle; never sent to the agent)."""
-        ...
-
-    def reference_action(self) -> dict[str, Any] | None:
-        """The next action of the reference policy; None once the episode is done."""
-        ...
+__all__ = ["Environment", "ValidatedEnvironment", "parse_action", "tool_arguments"]
 
 
 def parse_action(action: str | dict[str, Any]) -> dict[str, Any]:
-    """Normalise an action to a dict; a malformed one becomes an error the env reports."""
+    """Normalise an action to a dict: `{"name", "arguments"}` for a tool call (OpenAI's
+    function shape unwrapped), else the object as given. A malformed one raises ValueError,
+    which the environment reports as an error observation."""
     if isinstance(action, dict):
-        return action
-    try:
-        parsed = json.loads(action)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"action is not valid JSON: {exc}") from exc
+        parsed: Any = action
+    else:
+        try:
+            parsed = json.loads(action)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"action is not valid JSON: {exc}") from exc
     if not isinstance(parsed, dict):
         raise ValueError(f"action must be a JSON object, got {type(parsed).__name__}")
+    fn = parsed.get("function")
+    if isinstance(fn, dict) and not parsed.get("name"):  # OpenAI's tool_call shape
+        return {"name": fn.get("name"), "arguments": fn.get("arguments")}
     return parsed
 
 
 def tool_arguments(act: dict[str, Any]) -> Any:
-    """The `arguments` of a tool action: a dict, or a JSON string of one decoded (OpenAI's
-    wire form). A string that is not JSON is returned as it is, so that the tool's own
-    argument check reports it as the observation instead of the env raising."""
+    """The `arguments` of a tool action (either shape): a dict, or a JSON string of one
+    decoded (OpenAI's wire form). A string that is not JSON is returned as it is, so that
+    the tool's own argument check reports it as the observation instead of the env
+    raising."""
+    fn = act.get("function")
+    if isinstance(fn, dict) and "arguments" not in act:
+        act = fn
     arguments = act.get("arguments") or {}
     if isinstance(arguments, str):
         try:
@@ -113,4 +58,3 @@ def tool_arguments(act: dict[str, Any]) -> Any:
         except json.JSONDecodeError:
             pass
     return arguments
-

@@ -1,6 +1,6 @@
 """Where environments come from, and the one way a name becomes an environment.
 
-    spec = resolve("airline/precondition_verification")      # app/CLI: may read the store
+    spec = catalog.resolve("airline/precondition_verification")  # app/CLI: may read the store
     job_config["env_spec"] = spec.to_json()                   # what a job receives
     spec = EnvSpec.from_json(job_config["env_spec"])          # inside the job: no store
     env = build_env(spec)                                     # in-process or sandboxed
@@ -14,12 +14,14 @@ Design decisions
   checks before anything is stored); "package.module:Attr" (or a name another
   distribution registers under the `trace_workbench.environments` entry-point group) is
   your own trusted Environment class or factory, imported in-process (`python` source).
-- One resolution path. `resolve` (app, CLI, notebooks; the only function that may open the
-  store, and only for names that are not built-in, file or python ones) turns a name into
-  an `EnvSpec`; `EnvSpec.to_json()` carries it, code included, into a job's spec;
-  `build_env(spec)` is the single constructor every stage uses (training, gate training,
-  composition, the pages). A job calls `spec_for_job`, which never imports the store: a
-  name it cannot resolve without the database is an error telling how to launch it.
+- One resolution path. `resolve_static` knows every name that needs no database; the app
+  side's `envs.catalog.resolve` (behind `workbench.environments.resolve`; the only
+  resolution that may open the store, and only for names `resolve_static` does not know)
+  adds the stored generated ones. This module never imports the catalog or the store: it
+  is what a job runs. `EnvSpec.to_json()` carries a spec, code included, into a job's
+  spec; `build_env(spec)` is the single constructor every stage uses (training, gate
+  training, composition, the pages). A job calls `spec_for_job`, which never opens the
+  database: a name it cannot resolve without it is an error telling how to launch it.
 - Built-ins and python factories are trusted code and run in-process. Generated and file
   environments run only in the sandbox; `build_env` is the single place that decides, so
   no caller can import generated code by accident.
@@ -183,22 +185,21 @@ def resolve_static(name_or_path: str) -> EnvSpec | None:
     return None
 
 
-def resolve(name_or_path: str, db: str | Path | None = None) -> EnvSpec:
-    """The spec of any environment name; stored generated ones are read from the store."""
-    spec = resolve_static(name_or_path)
-    if spec is not None:
-        return spec
-    from trace_lib.envs import catalog
+def unknown_name_error(name_or_path: str) -> UserInputError:
+    """The error for a name no source knows (shared by the app side's store-backed
+    `envs.catalog.resolve` and `require_static`)."""
+    return UserInputError(
+        f"environment {name_or_path!r}: not a built-in ({', '.join(builtin_names())}), not a "
+        "stored generated environment, not a path to a .py module and not "
+        "package.module:Attr")
 
-    row = catalog.get_row(name_or_path, db=db)
-    if row is None or not row.get("code"):
-        known = ", ".join(builtin_names())
-        raise UserInputError(
-            f"environment {name_or_path!r}: not a built-in ({known}), not a stored generated "
-            "environment, not a path to a .py module and not package.module:Attr"
-        )
-    return EnvSpec(name=row["name"], capability=row["capability"], domain=row["domain"],
-                   version=int(row["version"]), source=row["source"], code=row["code"])
+
+def require_static(name_or_path: str) -> EnvSpec:
+    """`resolve_static`, or an error naming the sources a name can come from."""
+    spec = resolve_static(name_or_path)
+    if spec is None:
+        raise unknown_name_error(name_or_path)
+    return spec
 
 
 def spec_for_job(name: str, serialised: dict[str, Any] | None = None,
@@ -297,13 +298,13 @@ def env_factory(spec: EnvSpec, limits: Any = None,
 
 @contextlib.contextmanager
 def open_environment(
-    spec: EnvSpec | str, db: str | Path | None = None, limits: Any = None,
-    options: dict[str, Any] | None = None,
+    spec: EnvSpec | str, limits: Any = None, options: dict[str, Any] | None = None,
 ) -> Iterator[Environment]:
-    """An environment for `spec` (or a name, resolved); closed on exit when it can be.
-    `options` (tools, policy, difficulty) apply to built-ins only."""
+    """An environment for `spec` (or a name that needs no store, resolved); closed on exit
+    when it can be. `options` (tools, policy, difficulty) apply to built-ins only. A stored
+    generated name goes through `envs.catalog.resolve` first (the app side)."""
     if isinstance(spec, str):
-        spec = resolve(spec, db=db)
+        spec = require_static(spec)
     env = build_env(spec, limits, options if spec.source == "builtin" else None)
     try:
         yield env

@@ -4,12 +4,22 @@
     env = ts.environment(ts.tasks[0], tools="all"); env.reset(0); env.step({...})
 
 Design decisions
-- The target tasks are the demo's tasks, not a new set: the domain database for seed S
-  at its default size, and `generate_tasks(db, DEMO_TASKS, seed=S)`: the tasks the
+- Airline's target tasks are the demo's tasks, not a new set: the domain database for
+  seed S at its default size, and `generate_tasks(db, DEMO_TASKS, seed=S)`: the tasks the
   scripted agents play to make `data/demo/airline_demo.jsonl`. So task ids
   (`airline_0_000`, ...) match the demo dataset's, and an evaluation pairs with it.
   `--tasks N` takes the first N of that list (the generator draws in order, so the first N
   are the same whatever the total; a test holds it).
+- Retail has no scripted demo agents, so its target tasks are the retail domain's own
+  seeded task builders (those of the four built-in capability environments), drawn in turn
+  over ONE database for seed S at its default size (not the small per-episode databases the
+  environments train on), with request streams of their own (`retail-target:S:K`), and
+  scored by the same code verdict as airline's below. Ids `retail_S_000`...; the first N
+  are a prefix of the whole set here too. They are the same kinds of task the retail
+  capability environments train on: an in-distribution check of those skills on other
+  instances, not a held-out benchmark, and the README says so. A task that asks a
+  question also needs its answer items in the reply (tau2's `communicate_info`); the
+  airline demo tasks have none.
 - The reward is the task's own code verdict (`tasks.score`: final database hash and every
   expected write made with exactly its arguments), computed on the calls that did not
   error, exactly as the scripted agent's trajectories were scored. No partial credit: a
@@ -20,6 +30,12 @@ Design decisions
 - An episode is a conversation with no simulated user: the request is written out in
   full with the user's confirmation, so the system prompt is the domain policy plus the
   capability environments' framing (`task_env.FRAMING`: reply without a tool call to end).
+- One episode loop: `TargetTaskEnvironment` is a `TaskEnvironment` (the capability
+  environments' class) whose instance is the target task over a copy of the task set's
+  database; only the verdict (the task's own scorer) and the refusal of tools not offered
+  differ. Actions come in any shape `envs.protocol.parse_action` reads, OpenAI's
+  `{"type": "function", "function": {"name", "arguments": "<json>"}}` included, so a
+  hosted endpoint's tool calls are played as they arrive.
 - `tools`: "all" offers every domain tool (the benchmark's prompt); "capability" offers
   only the tools the task set's expected actions use, the union over the whole set (the
   same list for every task, so no task's tool list gives its answer away). It is the
@@ -31,19 +47,25 @@ Design decisions
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_lib.envs.capabilities.task_env import FRAMING
-from trace_lib.envs.domains import Domain, copy_db, get_domain, invoke, is_error
-from trace_lib.envs.protocol import parse_action, tool_arguments
+from trace_lib.envs.capabilities.task_env import (
+    EnvConfig,
+    Task,
+    TaskEnvironment,
+    answer_contains,
+)
+from trace_lib.envs.domains import Domain, copy_db, db_hash, get_domain, invoke, is_error
 from trace_lib.errors import UserInputError
 
 # trace_lib.demo builds ceil(300 trajectories / (3 agents x 2 trials)) = 50 tasks; the
 # constant is repeated here because a job must not import the demo module (it imports the
 # store). tests/evaluate checks that the two agree.
 DEMO_TASKS = 50
+RETAIL_TASKS = 50  # as many as airline's, so the two domains' figures read alike
 TOOLS_MODES = ("all", "capability")
 
 
@@ -58,13 +80,15 @@ class TargetTask:
     operations: list[str] = field(default_factory=list)
     raw: Any = None  # the domain's own task object, for its scorer
     writes: int = 0  # expected write calls; 0 = the right outcome is a refusal
+    reference_answer: str = ""  # the reference policy's final reply (what it must state)
 
     @property
     def write_required(self) -> bool:
         return self.writes > 0
 
 
-Scorer = Callable[[Any, Any, list[dict[str, Any]]], dict[str, Any]]
+# (task, final database, the calls that did not error, the final reply) -> verdict
+Scorer = Callable[[Any, Any, list[dict[str, Any]], str], dict[str, Any]]
 
 
 @dataclass
@@ -86,7 +110,7 @@ class TaskSet:
         names = self.spec.tool_names()
         if mode == "all":
             return names
-        used = {a["name"] for t in _all_tasks(self.domain, self.seed, self.total)
+        used = {a["name"] for t in _build(self.domain, self.seed)[1]
                 for a in t.expected_actions}
         return [n for n in names if n in used]
 
@@ -98,7 +122,37 @@ class TaskSet:
 # ---------------------------------------------------------------- task set registry
 
 
-def _airline(seed: int, n: int) -> tuple[Any, list[TargetTask], Scorer]:
+def _canonical(action: dict[str, Any]) -> str:
+    return json.dumps({"name": action["name"], "arguments": action.get("arguments", {})},
+                      sort_keys=True)
+
+
+@dataclass
+class CodeVerdictTask:
+    """What the code verdict needs of a task that has no domain scorer of its own."""
+
+    expected_writes: list[dict[str, Any]]
+    expected_db_hash: str
+    capability: str
+    answer_items: list[list[str]] = field(default_factory=list)  # alternatives per item
+
+
+def code_verdict(task: CodeVerdictTask, final_db: Any, calls: list[dict[str, Any]],
+                 answer: str = "") -> dict[str, Any]:
+    """tau2's check, as airline's `tasks.score`: 1.0 iff the final database hash is the
+    expected one and every expected write was made with exactly its arguments; and, as
+    tau2's `communicate_info`, every item the reply must state is in it (a question's
+    answer: without it a task that writes nothing would pass by doing nothing)."""
+    made = {_canonical(c) for c in calls}
+    missing = [a for a in task.expected_writes if _canonical(a) not in made]
+    unsaid = [" | ".join(item) for item in task.answer_items
+              if not any(answer_contains(answer, alt) for alt in item)]
+    db_match = db_hash(final_db) == task.expected_db_hash
+    return {"reward": 1.0 if db_match and not missing and not unsaid else 0.0,
+            "db_match": db_match, "missing_writes": missing, "missing_answer": unsaid}
+
+
+def _airline(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     from trace_lib.envs.domains.airline.tasks import generate_tasks, score
 
     db = get_domain("airline").make_db(seed)
@@ -107,30 +161,64 @@ def _airline(seed: int, n: int) -> tuple[Any, list[TargetTask], Scorer]:
                    opportunities=sorted({o for op in t.operations for o in op.opportunities}),
                    operations=[op.kind for op in t.operations], raw=t,
                    writes=len(t.expected_writes))
-        for t in generate_tasks(db, n, seed=seed)
+        for t in generate_tasks(db, DEMO_TASKS, seed=seed)
     ]
-    return db, tasks, lambda task, final_db, calls: score(task.raw, final_db, calls)
+    return (db, tasks, lambda task, final_db, calls, answer: score(task.raw, final_db, calls),
+            DEMO_TASKS)
 
 
-# domain -> builder (seed, n) -> (database, tasks, scorer). A domain without a builder has
-# no target task set yet, and evaluation says so.
-TASK_SETS: dict[str, Callable[[int, int], tuple[Any, list[TargetTask], Scorer]]] = {
+def _retail(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+    from trace_lib.envs.capabilities import CAPABILITIES, builtin_pairs
+
+    domain = get_domain("retail")
+    db = domain.make_db(seed)
+    writes = set(domain.write_tools())
+    capabilities = sorted(c for d, c in builtin_pairs() if d == "retail")
+    tasks: list[TargetTask] = []
+    for k in range(RETAIL_TASKS):
+        capability = capabilities[k % len(capabilities)]
+        for attempt in range(50):
+            rng = random.Random(f"retail-target:{seed}:{k}:{attempt}")
+            try:
+                task: Task = CAPABILITIES[capability].builders["retail"](db, rng, 2)
+            except (LookupError, ValueError):
+                continue  # the draw found no records that fit: draw again
+            final = copy_db(db)
+            kit = domain.tools(final)
+            if not any(is_error(invoke(kit, a["name"], a["arguments"])) for a in task.actions):
+                break
+        else:
+            raise RuntimeError(f"retail target task {k} ({capability}): no instance in 50 "
+                               "draws replays cleanly on this database")
+        expected_writes = [a for a in task.actions if a["name"] in writes]
+        tasks.append(TargetTask(
+            task_id=f"retail_{seed}_{k:03d}", request=task.request,
+            expected_actions=[dict(a) for a in task.actions], opportunities=[capability],
+            operations=[capability], writes=len(expected_writes),
+            reference_answer=task.answer,
+            raw=CodeVerdictTask(expected_writes, db_hash(final), capability,
+                                [list(item) for item in task.answer_items])))
+    return (db, tasks, lambda task, final_db, calls, answer: code_verdict(task.raw, final_db,
+                                                                          calls, answer),
+            RETAIL_TASKS)
+
+
+# domain -> builder (seed) -> (database, all tasks, scorer, total). A domain without a
+# builder has no target task set yet, and evaluation says so.
+TASK_SETS: dict[str, Callable[[int], tuple[Any, list[TargetTask], Scorer, int]]] = {
     "airline": _airline,
+    "retail": _retail,
 }
 
-_CACHE: dict[tuple[str, int, int], tuple[Any, list[TargetTask], Scorer]] = {}
+_CACHE: dict[tuple[str, int], tuple[Any, list[TargetTask], Scorer, int]] = {}
 
 
-def _build(domain: str, seed: int, n: int) -> tuple[Any, list[TargetTask], Scorer]:
-    key = (domain, seed, n)
+def _build(domain: str, seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+    key = (domain, seed)
     if key not in _CACHE:
         _CACHE.clear()  # one set at a time: a database is ~1 MB of objects
-        _CACHE[key] = TASK_SETS[domain](seed, n)
+        _CACHE[key] = TASK_SETS[domain](seed)
     return _CACHE[key]
-
-
-def _all_tasks(domain: str, seed: int, total: int) -> list[TargetTask]:
-    return _build(domain, seed, total)[1]
 
 
 def task_set_domains() -> list[str]:
@@ -148,12 +236,11 @@ def load_task_set(domain: str, n: int | None = None, seed: int = 0) -> TaskSet:
             f"--domain {domain!r}: this domain has no target task set yet (task sets: "
             f"{', '.join(task_set_domains())}); its capability environments can be evaluated "
             "with `env calibrate`")
-    total = DEMO_TASKS
     if n is not None and (not isinstance(n, int) or n < 1):
         raise UserInputError(f"--tasks {n!r}: expected a positive number or 'all'")
+    db, tasks, scorer, total = _build(domain, seed)
     if n is not None and n > total:
         raise UserInputError(f"--tasks {n}: the {domain} task set has {total} tasks")
-    db, tasks, scorer = _build(domain, seed, total)
     return TaskSet(domain=domain, seed=seed, db=db, tasks=tasks[: n or total], scorer=scorer,
                    total=total)
 
@@ -161,100 +248,48 @@ def load_task_set(domain: str, n: int | None = None, seed: int = 0) -> TaskSet:
 # ----------------------------------------------------------------------- environment
 
 
-class TargetTaskEnvironment:
-    """The Environment protocol over one target task (reset's seed changes nothing: the
-    task fixes the instance; trials differ only by the policy's sampling seed)."""
-
-    version = 1
-    capability = "target_task"
+class TargetTaskEnvironment(TaskEnvironment):
+    """The Environment protocol over one target task: the capability environments' episode
+    loop (`TaskEnvironment`) on a copy of the task set's database, with the task's own
+    verdict. reset's seed changes nothing: the task fixes the instance; trials differ only
+    by the policy's sampling seed."""
 
     def __init__(self, task_set: TaskSet, task: TargetTask, tool_names: list[str],
                  max_steps: int = 30) -> None:
+        super().__init__(name=f"{task_set.domain}/target/{task.task_id}",
+                         capability="target_task", domain=task_set.domain,
+                         builder=self._target, config=EnvConfig(max_steps=max_steps))
         self.task_set = task_set
-        self.task = task
-        self.domain = task_set.domain
-        self.name = f"{task_set.domain}/target/{task.task_id}"
+        self.target = task
         self._tool_names = list(tool_names)
-        self.max_steps = max_steps
-        self._spec = task_set.spec
-        self.db: Any = None
-        self.calls: list[dict[str, Any]] = []
-        self.final_answer: str | None = None
-        self._done = False
 
-    def reset(self, seed: int) -> None:
-        self.db = copy_db(self.task_set.db)
-        self.toolkit = self._spec.tools(self.db)
-        self.calls = []
-        self.final_answer = None
-        self._done = False
+    def _target(self, db: Any, rng: random.Random, difficulty: int) -> Task:
+        return Task(request=self.target.request,
+                    actions=[dict(a) for a in self.target.expected_actions],
+                    answer=self.target.reference_answer or "Done.")
 
-    @property
-    def system_prompt(self) -> str:
-        return f"{self._spec.policy.strip()}\n\n{FRAMING}"
+    def _fresh_db(self) -> Any:
+        return copy_db(self.task_set.db)
 
-    @property
-    def tool_schemas(self) -> list[dict[str, Any]]:
-        return self._spec.tool_schemas(self._tool_names)
+    def _tool_error(self, name: str) -> str | None:
+        if name in self._tool_names:
+            return None
+        return f"Error: unknown tool {name!r}; available tools: {', '.join(self._tool_names)}"
 
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": self.task.request}]
-
-    @property
-    def hint(self) -> str | None:
-        return None
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @property
-    def steps(self) -> int:
-        return len(self.calls) + (1 if self.final_answer is not None else 0)
-
-    def step(self, action: str | dict[str, Any]) -> str:
-        if self.db is None:
-            raise RuntimeError(f"{self.name}: call reset(seed) first")
-        if self._done:
-            return "Error: the episode is over"
-        try:
-            act = parse_action(action)
-        except ValueError as exc:
-            return self._record("", {}, f"Error: {exc}")
-        if act.get("name"):
-            name = str(act["name"])
-            arguments = tool_arguments(act)
-            if name not in self._tool_names:
-                return self._record(name, arguments, (
-                    f"Error: unknown tool {name!r}; available tools: "
-                    f"{', '.join(self._tool_names)}"))
-            return self._record(name, arguments, invoke(self.toolkit, name, arguments))
-        if "content" in act:
-            self.final_answer = str(act.get("content") or "")
-            self._done = True
-            return "The conversation has ended."
-        return self._record("", {}, 'Error: an action is {"name": TOOL, "arguments": {...}} '
-                                    'or {"content": TEXT}')
-
-    def _record(self, name: str, arguments: Any, obs: str) -> str:
-        self.calls.append({"name": name, "arguments": arguments, "error": is_error(obs)})
-        if self.steps >= self.max_steps:
-            self._done = True
-        return obs
+    def tool_names_shown(self) -> list[str]:
+        return list(self._tool_names)
 
     def summary(self) -> dict[str, Any]:
-        if self.db is None:
-            raise RuntimeError(f"{self.name}: call reset(seed) first")
+        self._task()
         ok = [{"name": c["name"], "arguments": c["arguments"]} for c in self.calls
-              if not c["error"] and isinstance(c["arguments"], dict)]
-        verdict = self.task_set.scorer(self.task, self.db, ok)
+              if not is_error(c["observation"]) and isinstance(c["arguments"], dict)]
+        verdict = self.task_set.scorer(self.target, self.db, ok, self.final_answer or "")
         reward = float(verdict["reward"])
         reasons = ["database matches the expected state" if verdict.get("db_match")
                    else "database differs from the expected state"]
         reasons += [f"never made {a['name']}({json.dumps(a.get('arguments', {}), sort_keys=True)})"
                     for a in verdict.get("missing_writes", [])]
+        reasons += [f"reply lacks {item}" for item in verdict.get("missing_answer", [])]
         return {"reward": reward, "passed": reward == 1.0, "steps": self.steps,
                 "reasons": reasons, "db_match": verdict.get("db_match"),
                 "missing_writes": verdict.get("missing_writes", []),

@@ -24,6 +24,9 @@ Design decisions
 - Everything runs in one SQL statement per call (aggregates with `arg_min` rather than
   window functions), so the page stays interactive at 100k trajectories.
 - Only failures (`success = false`) get a signature; the filter narrows further.
+- Computed once per trajectory, at import (`explore.derived`: the `trajectory_derived`
+  columns error_tool, error_kind, deviation); counts and members filter those rows. The
+  SQL above is the definition, and the path for a store not (yet) derived.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ import duckdb
 import pandas as pd
 from duckdb.sqltypes import VARCHAR
 
-from trace_lib.explore.queries import TrajectoryFilter, error_kind_sql, where_sql
+from trace_lib.explore import derived
+from trace_lib.explore.queries import TrajectoryFilter, error_kind_sql, filter_sql
 
 LEVELS: tuple[str, ...] = ("termination", "error_tool", "error_kind", "deviation")
 NO_ERROR = "(no tool error)"
@@ -69,7 +73,11 @@ def _ensure_udf(con: duckdb.DuckDBPyConnection) -> None:
                             null_handling="special", side_effects=False)
 
 
-def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
+def signature_parts_sql(con: duckdb.DuckDBPyConnection, where: str,
+                        failures_only: bool = True) -> str:
+    """The CTEs (`WITH ... sig AS (...)`) that compute every signature level from the raw
+    tables for the trajectories matching `where` (failures only unless told). The
+    importer runs it once per new trajectory (`explore.derived`); pages read the result."""
     _ensure_udf(con)
     # A store opened read-only is not migrated: older files have no expected requestor.
     has_req = con.execute(
@@ -81,7 +89,7 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
         WITH f AS MATERIALIZED (
             SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
                    t.domain, t.reward
-            FROM trajectories t WHERE NOT t.success AND {where}
+            FROM trajectories t WHERE {"NOT t.success AND " if failures_only else ""}{where}
         ),
         first_err AS MATERIALIZED (
             SELECT c.trajectory_id,
@@ -148,6 +156,24 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
     """
 
 
+def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
+    # Derived at import (one row per trajectory): filter them. A store whose rows are not
+    # all derived yet (written before the derived table, or by hand) computes them here.
+    if not derived.ready(con):
+        return signature_parts_sql(con, where)
+    return f"""
+        WITH sig AS MATERIALIZED (
+            SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
+                   t.domain, t.reward,
+                   coalesce(t.termination, '(none)') AS sig_termination,
+                   d.error_tool AS sig_error_tool, d.error_kind AS sig_error_kind,
+                   d.deviation AS sig_deviation
+            FROM trajectories t JOIN {derived.TABLE} d ON d.trajectory_id = t.id
+            WHERE NOT t.success AND {where}
+        )
+    """
+
+
 def failure_signatures(
     con: duckdb.DuckDBPyConnection,
     flt: TrajectoryFilter | None = None,
@@ -155,7 +181,7 @@ def failure_signatures(
     limit: int = 100_000,
 ) -> pd.DataFrame:
     """One row per failed trajectory with its four signature levels."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = _signature_sql(con, where) + """
         SELECT id AS trajectory_id, dataset_id, task_id, trial, domain, agent_model,
                sig_termination AS termination, sig_error_tool AS error_tool,
@@ -169,7 +195,7 @@ def signature_counts(
     con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """Failures per full signature, largest first, with a `path` key and a few examples."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = _signature_sql(con, where) + """
         SELECT sig_termination AS termination, sig_error_tool AS error_tool,
                sig_error_kind AS error_kind, sig_deviation AS deviation,
@@ -196,7 +222,7 @@ def signature_members(
     path = list(path)
     if len(path) > len(LEVELS):
         raise ValueError(f"signature path has {len(path)} levels; at most {len(LEVELS)}")
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     conds = " AND ".join(f"sig_{lvl} = ?" for lvl in LEVELS[: len(path)]) or "TRUE"
     sql = _signature_sql(con, where) + f"""
         SELECT id AS trajectory_id, task_id, trial, domain, agent_model, reward,

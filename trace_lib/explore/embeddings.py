@@ -16,6 +16,12 @@ Design decisions
   the silhouette-best in 2..10 on a sample (O(n^2) otherwise). The map is a 2-D PCA of the
   same vectors: deterministic, no extra dependency, and honest about distances
   (UMAP/t-SNE would add a package and invent local structure).
+- The heavy imports (scikit-learn, sentence-transformers/torch) and the encoder's load
+  run once per process in a background thread (`warm_up`), started when the page first
+  loads; the page shows its progress and waits only when it needs them.
+- "Which vectors are missing" joins the text hash derived at import
+  (`trajectory_derived.text_sha256`, computed by `trajectory_texts_sql`, the one
+  definition of the text) with the cache, in SQL.
 - A cluster is described by its most typical members (closest to the centroid) and by
   its top c-TF-IDF terms, so a user can name it without reading every member.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -34,7 +41,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from trace_lib.explore.queries import TrajectoryFilter, where_sql
+from trace_lib.explore import derived
+from trace_lib.explore.queries import TrajectoryFilter, filter_sql
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 TEXT_CHARS = (600, 400, 900)  # user request, tool errors, agent's last turns
@@ -76,6 +84,75 @@ def _load_minilm():  # -> SentenceTransformer; imported lazily (torch is heavy)
 ENCODERS: dict[str, Callable[[], Encoder]] = {DEFAULT_MODEL: MiniLMEncoder}
 
 
+class Warmup:
+    """The heavy imports (scikit-learn for clustering, then sentence-transformers/torch)
+    and the default encoder's load, run once per process in a background thread so that
+    a page can show progress instead of blocking its first render on them."""
+
+    STEPS = ("importing scikit-learn", "importing sentence-transformers",
+             f"loading {DEFAULT_MODEL}")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._done: dict[str, threading.Event] = {k: threading.Event() for k in
+                                                   ("sklearn", "encoder")}
+        self.step = 0  # steps finished
+        self.error: str | None = None
+
+    def start(self) -> Warmup:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trace-warmup",
+                                                daemon=True)
+                self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            import sklearn.cluster  # noqa: F401
+            import sklearn.decomposition  # noqa: F401
+            import sklearn.feature_extraction.text  # noqa: F401
+
+            self.step = 1
+            self._done["sklearn"].set()
+            import sentence_transformers  # noqa: F401
+
+            self.step = 2
+            _load_minilm()
+            self.step = 3
+        except Exception as exc:  # shown by the page; encode() will raise it again
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            for event in self._done.values():
+                event.set()
+
+    @property
+    def fraction(self) -> float:
+        return self.step / len(self.STEPS)
+
+    @property
+    def text(self) -> str:
+        if self.error:
+            return f"encoder unavailable: {self.error}"
+        return "encoder ready" if self.step >= len(self.STEPS) else self.STEPS[self.step] + "…"
+
+    def ready(self, what: str = "encoder") -> bool:
+        return self._done[what].is_set()
+
+    def wait(self, what: str = "encoder", timeout: float | None = None) -> bool:
+        self.start()
+        return self._done[what].wait(timeout)
+
+
+_WARMUP = Warmup()
+
+
+def warm_up() -> Warmup:
+    """The process's one warm-up, started on first call."""
+    return _WARMUP.start()
+
+
 def get_encoder(name: str = DEFAULT_MODEL) -> Encoder:
     if name not in ENCODERS:
         raise ValueError(f"unknown embedding model {name!r}; known: {sorted(ENCODERS)}")
@@ -85,8 +162,9 @@ def get_encoder(name: str = DEFAULT_MODEL) -> Encoder:
 # ---------------------------------------------------------------------------- texts
 
 
-def _scope(flt: TrajectoryFilter | None, failures_only: bool) -> tuple[str, list]:
-    where, params = where_sql(flt)
+def _scope(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
+           failures_only: bool) -> tuple[str, list]:
+    where, params = filter_sql(con, flt)
     if failures_only:
         where += " AND NOT t.success"
     return where, params
@@ -99,7 +177,14 @@ def trajectory_texts(
     failures_only: bool = True,
 ) -> pd.DataFrame:
     """`trajectory_id, text, text_sha256` for the trajectories in scope."""
-    where, params = _scope(flt, failures_only)
+    where, params = _scope(con, flt, failures_only)
+    return trajectory_texts_sql(con, where, params)
+
+
+def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
+                         ) -> pd.DataFrame:
+    """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
+    importer derives `text_sha256` with it: one definition of the text)."""
     sql = f"""
         WITH f AS (SELECT t.id FROM trajectories t WHERE {where}),
         u AS (
@@ -201,8 +286,20 @@ def missing_embeddings(
     model: str = DEFAULT_MODEL,
     failures_only: bool = True,
 ) -> int:
-    """How many in-scope trajectories have no up-to-date vector (read-only check)."""
-    texts = trajectory_texts(con, flt, failures_only=failures_only)
+    """How many in-scope trajectories have no up-to-date vector (read-only check).
+
+    Reads the text hash derived at import (`explore.derived`) when every trajectory has
+    one; otherwise rebuilds the texts to hash them (the same definition).
+    """
+    where, params = _scope(con, flt, failures_only)
+    if derived.ready(con):
+        return int(con.execute(f"""
+            SELECT count(*) FROM trajectories t
+            JOIN {derived.TABLE} d ON d.trajectory_id = t.id
+            LEFT JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
+            WHERE {where} AND e.text_sha256 IS DISTINCT FROM d.text_sha256
+        """, [model, *params]).fetchone()[0])
+    texts = trajectory_texts_sql(con, where, params)
     cached = dict(
         con.execute(
             "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
@@ -239,7 +336,7 @@ def semantic_clusters(
     from sklearn.decomposition import PCA
     from sklearn.metrics import silhouette_score
 
-    where, params = _scope(flt, failures_only)
+    where, params = _scope(con, flt, failures_only)
     df = con.execute(
         f"""
         SELECT t.id AS trajectory_id, t.task_id, t.trial, t.domain, t.agent_model,

@@ -15,6 +15,9 @@ Design decisions
   collapsed, lower-cased, cut at 60 characters. "Reservation ZFA04Y not found" and
   "Reservation 8JX2 not found" are one kind; the rule is crude on purpose, stable and
   explainable, and it is the same everywhere (charts, signatures, CLI).
+- Text search and derived columns: `filter_sql` resolves a text filter to its matching
+  ids once (`explore.search`) and reads columns derived at import (`explore.derived`)
+  when the store has them for every trajectory; the computed SQL stays the definition.
 - Missing later-stage tables (an old or foreign file opened read-only) count as empty,
   so the overview never crashes on a half-populated store.
 """
@@ -31,6 +34,7 @@ import pandas as pd
 # is its own outcome: shown and filterable, never counted in a success rate.
 Outcome = Literal["success", "failure", "unknown", "error"]
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown", "error")
+TEXT_MODES: tuple[str, ...] = ("words", "substring")
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,19 @@ class TrajectoryFilter:
     error_kinds: tuple[str, ...] = ()  # at least one tool error of these kinds
     task_ids: tuple[str, ...] = ()
     trajectory_ids: tuple[str, ...] = ()
-    # Case-insensitive substring of any message. The one filter that is not fast: it
-    # scans every message's text (seconds at 100k trajectories / 3M messages); the others
-    # stay within the 200 ms budget.
+    # Text search over message content (`explore.search`): `words` (default) asks the
+    # full-text index for trajectories where every word starts a token; `substring` is
+    # the exact case-insensitive substring scan (identifiers, fragments; seconds at 100k).
     text: str = ""
+    text_mode: str = "words"  # words | substring
 
     def __post_init__(self) -> None:
         bad = [o for o in self.outcomes if o not in OUTCOMES]
         if bad:
             raise ValueError(f"TrajectoryFilter.outcomes: {bad} not in {OUTCOMES}")
+        if self.text_mode not in TEXT_MODES:
+            raise ValueError(f"TrajectoryFilter.text_mode: {self.text_mode!r} not in "
+                             f"{TEXT_MODES}")
         # Accept lists from callers (widgets return lists) but keep the filter hashable.
         for f in fields(self):
             value = getattr(self, f.name)
@@ -75,8 +83,32 @@ def error_kind_sql(column: str) -> str:
     return f"nullif(left(trim(lower({text})), 60), '')"
 
 
-def where_sql(flt: TrajectoryFilter | None, alias: str = "t") -> tuple[str, list[Any]]:
-    """The filter as a SQL boolean over `trajectories {alias}` and its parameters."""
+def filter_sql(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
+               alias: str = "t") -> tuple[str, list[Any]]:
+    """The filter as a SQL boolean over `trajectories {alias}` for queries on `con`.
+
+    What every query here uses: the text search's matching ids are computed once (cached
+    per store version and query, `search.hits`) and registered on `con`, and the
+    error-kind filter reads the kinds derived at import when the store has them.
+    """
+    from trace_lib.explore import derived, search
+
+    flt = flt or TrajectoryFilter()
+    hits_table = None
+    if flt.text.strip() and not derived.computed_paths(con):
+        hits_table = search.bind(con, flt.text, flt.text_mode)
+    use_derived = bool(flt.error_kinds) and derived.ready(con)
+    return where_sql(flt, alias, hits_table=hits_table, use_derived=use_derived)
+
+
+def where_sql(flt: TrajectoryFilter | None, alias: str = "t", *, hits_table: str | None = None,
+              use_derived: bool = False) -> tuple[str, list[Any]]:
+    """The filter as a SQL boolean over `trajectories {alias}` and its parameters.
+
+    Without `hits_table` a text filter becomes the substring scan as a subquery, evaluated
+    wherever the condition is (the old path, kept as bench/explore.py's named peer);
+    queries use `filter_sql`.
+    """
     flt = flt or TrajectoryFilter()
     clauses: list[str] = ["TRUE"]
     params: list[Any] = []
@@ -114,13 +146,21 @@ def where_sql(flt: TrajectoryFilter | None, alias: str = "t") -> tuple[str, list
             "WHERE list_contains(?::VARCHAR[], name))"
         )
         params.append(list(flt.tools_used))
-    if flt.error_kinds:
+    if flt.error_kinds and use_derived:
+        clauses.append(
+            f"{alias}.id IN (SELECT trajectory_id FROM trajectory_derived "
+            "WHERE list_has_any(error_kinds, ?::VARCHAR[]))"
+        )
+        params.append(list(flt.error_kinds))
+    elif flt.error_kinds:
         clauses.append(
             f"{alias}.id IN (SELECT trajectory_id FROM tool_calls WHERE error IS NOT NULL "
             f"AND list_contains(?::VARCHAR[], {error_kind_sql('error')}))"
         )
         params.append(list(flt.error_kinds))
-    if flt.text.strip():
+    if flt.text.strip() and hits_table:
+        clauses.append(f"{alias}.id IN (SELECT trajectory_id FROM {hits_table})")
+    elif flt.text.strip():
         clauses.append(
             f"{alias}.id IN (SELECT trajectory_id FROM messages "
             "WHERE contains(lower(content), ?))"
@@ -151,7 +191,7 @@ def list_trajectories(
     offset: int = 0,
 ) -> pd.DataFrame:
     """One row per trajectory (newest dataset first), with its first tool error."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         WITH f AS (
             SELECT t.* FROM trajectories t WHERE {where}
@@ -189,11 +229,23 @@ def filter_options(
     gives both. `flt` narrows the counts; the page passes None so that choosing a domain
     does not hide the other domains from its own widget.
     """
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     # Unfiltered, the tool counts read tool_calls alone (no semi-join over 1M rows).
     scope = "" if where == "TRUE" else "WHERE c.trajectory_id IN (SELECT id FROM f)"
     scope_err = "WHERE c.error IS NOT NULL" + ("" if where == "TRUE" else
                                                 " AND c.trajectory_id IN (SELECT id FROM f)")
+    from trace_lib.explore import derived
+
+    if derived.ready(con):  # the kinds derived at import: no regex per error
+        scope_d = "" if where == "TRUE" else "WHERE d.trajectory_id IN (SELECT id FROM f)"
+        kinds = f"""SELECT 'error_kind', k, k, count(*) FROM (
+            SELECT unnest(d.error_kinds) AS k FROM {derived.TABLE} d {scope_d}
+        ) GROUP BY 2"""
+    else:
+        kinds = f"""SELECT 'error_kind', k, k, count(*) FROM (
+            SELECT DISTINCT c.trajectory_id, {error_kind_sql("c.error")} AS k
+            FROM tool_calls c {scope_err}
+        ) WHERE k IS NOT NULL GROUP BY 2"""
     sql = f"""
         WITH f AS (SELECT t.* FROM trajectories t WHERE {where})
         SELECT 'dataset' AS field, f.dataset_id AS value,
@@ -212,10 +264,7 @@ def filter_options(
         UNION ALL
         SELECT 'tool', c.name, c.name, count(*) FROM tool_calls c {scope} GROUP BY 2
         UNION ALL
-        SELECT 'error_kind', k, k, count(*) FROM (
-            SELECT DISTINCT c.trajectory_id, {error_kind_sql("c.error")} AS k
-            FROM tool_calls c {scope_err}
-        ) WHERE k IS NOT NULL GROUP BY 2
+        {kinds}
     """
     out = _df(con, sql, params)
     return out.sort_values(["field", "n", "value"], ascending=[True, False, True]).reset_index(
@@ -230,7 +279,7 @@ def outcome_summary(
     con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """One row: counts by outcome, success rate over known outcomes, mean reward, sizes."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         SELECT count(*) AS n_trajectories,
                count(*) FILTER (WHERE success) AS n_success,
@@ -257,7 +306,7 @@ def success_by_domain_agent(
     Carries a Wilson 95% interval so that a bar over 5 trials does not read like one over
     500.
     """
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         WITH g AS (
             SELECT coalesce(domain, '(none)') AS domain,
@@ -283,7 +332,7 @@ def termination_counts(
     con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """Trajectories per (termination reason, outcome)."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         SELECT coalesce(termination, '(none)') AS termination,
                {_outcome_sql()} AS outcome, count(*) AS n
@@ -296,7 +345,7 @@ def tool_call_histogram(
     con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """How many trajectories made k tool calls, per outcome."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         SELECT coalesce(n_tool_calls, 0) AS n_tool_calls, {_outcome_sql()} AS outcome,
                count(*) AS n
@@ -321,7 +370,7 @@ def tool_usage(
     Distinct trajectories *using* a tool are left out on purpose: that count hashes every
     call (~250 ms at 100k trajectories); filter with `tools_used` to get it.
     """
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         SELECT c.name AS tool, count(*) AS n_calls, count(c.error) AS n_errors,
                count(c.error) / count(*) AS error_rate,
@@ -340,7 +389,7 @@ def tool_error_kinds(
     limit: int = 50,
 ) -> pd.DataFrame:
     """Tool errors grouped by (tool, error kind), with one example text each."""
-    where, params = where_sql(flt)
+    where, params = filter_sql(con, flt)
     sql = f"""
         SELECT c.name AS tool, {error_kind_sql("c.error")} AS error_kind,
                count(*) AS n, count(DISTINCT c.trajectory_id) AS n_trajectories,

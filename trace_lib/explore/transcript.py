@@ -5,15 +5,26 @@ Design decisions
   the labelers read); this module loads one with the viewer's extras (each message's
   `tool_calls` and `is_error`) and renders and aligns it.
 - Trajectory text is untrusted (users, tools and models wrote it). Every piece of it that
-  reaches HTML goes through `html.escape(..., quote=True)` in exactly one helper, `_e`;
-  the markup around it is ours and static. A message holding `<script>` shows as text.
+  reaches HTML goes through `html.escape(..., quote=True)` in exactly one helper, `_e`
+  (search highlighting escapes the pieces between hits with it and adds only its own
+  `<mark>`); the markup around it is ours and static. A message holding `<script>` shows
+  as text. The one script the page adds (jump to the first hit) holds no trajectory text.
+- Reading order follows Docent's and Inspect's viewers: the system prompt folded (it is
+  often screens of policy before the first user turn), each tool call in one box with
+  the tool message that answers it (`transcript_model.pair_results`), tool outputs
+  pretty-printed when they are JSON and folded when long, search hits marked, counted
+  and linked. Two transcripts side by side show a shared system prompt once.
+- Plain words for alignment rows (`status_words`): against the expected actions a row is
+  "missed" or "extra"; between two runs, "missed by B" / "extra in B". The row data keep
+  the short statuses (`same | args differ | only left | only right`): the CLI's JSON and
+  tests read those.
 - Tool-call identity for alignment is `name + canonical JSON of the arguments`
   (`sort_keys`, compact separators), so key order never makes two equal calls differ.
 - Alignment is difflib's LCS-style `SequenceMatcher` on those keys (autojunk off: a
   repeated `get_user_details` is signal, not junk). Inside a "replace" block a second
   pass on names alone pairs calls of the same tool as "args differ"; what is left is
-  "only left" / "only right". Two trials of a task and expected-vs-actual use the same
-  function, so the page shows the same vocabulary for both.
+  "only left" / "only right". Any two trials (of a task, or any two trajectories) and
+  expected-vs-actual use the same function.
 - Expected actions are compared side by side: the agent's expected actions with the
   agent's own calls (`requestor` assistant or unknown), the user's (tau2 telecom:
   `toggle_roaming`, ...) with the user simulator's calls. User-side rows carry the status
@@ -24,6 +35,7 @@ Design decisions
 from __future__ import annotations
 
 import difflib
+import hashlib
 import html
 import json
 import re
@@ -34,7 +46,7 @@ import duckdb
 import pandas as pd
 
 from trace_lib.errors import UserInputError
-from trace_lib.transcript_model import Call, Transcript, canonical_json
+from trace_lib.transcript_model import Call, Transcript, canonical_json, pair_results
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,25 @@ def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Trans
             [traj["dataset_id"], traj["task_id"]],
         ).fetchall()
     ]
-    return Transcript(trajectory=traj, messages=messages,
-                      calls=[c for cs in by_msg.values() for c in cs], expected=expected)
+    all_calls = [c for cs in by_msg.values() for c in cs]
+    by_idx = {m["idx"]: m for m in messages}
+    for i, idx in pair_results(messages, all_calls).items():
+        all_calls[i].result_idx, all_calls[i].result = idx, by_idx[idx]["content"]
+    return Transcript(trajectory=traj, messages=messages, calls=all_calls, expected=expected)
+
+
+def task_trials(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> pd.DataFrame:
+    """Every trial of the trajectory's task in its dataset (itself included), by trial:
+    id, trial, outcome (passed | failed | unknown), reward, termination. One row for a task
+    run once; none when the trajectory has no task id."""
+    return con.execute("""
+        SELECT t.id, t.trial,
+               CASE WHEN t.success THEN 'passed' WHEN NOT t.success THEN 'failed'
+                    ELSE 'unknown' END AS outcome,
+               t.reward, t.termination
+        FROM trajectories t JOIN trajectories me
+          ON me.id = ? AND t.dataset_id = me.dataset_id AND t.task_id = me.task_id
+        ORDER BY t.trial, t.id""", [trajectory_id]).df()
 
 
 def contrast_pair(
@@ -228,6 +257,11 @@ _STATUS_STYLE = {
     "only right": "background:#eff6ff",
 }
 _PRE = "white-space:pre-wrap;word-break:break-word;margin:4px 0;font-size:0.85em"
+_MSG = "padding:6px 10px;margin:6px 0;border-radius:4px"
+_HEAD = "font-weight:600;font-size:0.8em;color:#374151"
+_SUMMARY = "cursor:pointer;font-size:0.8em;color:#374151"
+_MARK = "background:#fde047;padding:0 1px;border-radius:2px"
+OPEN_LINES = 8  # tool outputs up to this many lines start open; longer ones start folded
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
@@ -245,51 +279,315 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _json_block(value: Any) -> str:
+# ------------------------------------------------------------------ search highlights
+
+def query_pattern(query: str | None, mode: str = "words") -> re.Pattern[str] | None:
+    """What a search query matches, as `explore.search` reads it. `words`: each word
+    starts a token (a prefix: "reserv" marks "reservation", not "preserve"), a "quoted
+    phrase" is its tokens in a row, tokens being runs of letters and digits; `substring`:
+    the query as typed, anywhere. Case-insensitive; None when nothing can match."""
+    if not query or not query.strip():
+        return None
+    if mode == "substring":
+        return re.compile(re.escape(query), re.IGNORECASE)
+    bodies = []
+    for phrase, word in re.findall(r'"([^"]+)"|(\S+)', query):
+        tokens = re.findall(r"[^\W_]+", phrase or word)
+        if tokens:
+            bodies.append(r"(?<![^\W_])" + r"[\W_]+".join(re.escape(t) for t in tokens)
+                          + (r"(?![^\W_])" if phrase else ""))
+    if not bodies:
+        return None
+    return re.compile("|".join(sorted(set(bodies), key=lambda b: (-len(b), b))),
+                      re.IGNORECASE)
+
+
+class Highlighter:
+    """Escapes text for HTML, wrapping every hit of the query in a numbered `<mark>`.
+
+    Escaping is done on the raw pieces between hits, never on already-escaped text, so a
+    query can never split an entity (`&amp;`) or smuggle markup in: the only markup added
+    is our own `<mark>`. Hit ids are `{prefix}-{n}` so links can jump to them.
+    """
+
+    def __init__(self, query: str | None, prefix: str = "trace-hit", mode: str = "words"
+                 ) -> None:
+        self.pattern = query_pattern(query, mode)
+        self.prefix = prefix
+        self.hits = 0
+
+    def __call__(self, text: Any) -> str:
+        raw = "" if text is None else str(text)
+        if self.pattern is None:
+            return _e(raw)
+        out, last = [], 0
+        for m in self.pattern.finditer(raw):
+            if m.start() == m.end():
+                continue
+            out.append(_e(raw[last:m.start()]))
+            out.append(f'<mark class="trace-hit" id="{self.prefix}-{self.hits}" '
+                       f'style="{_MARK}">{_e(m.group(0))}</mark>')
+            self.hits += 1
+            last = m.end()
+        out.append(_e(raw[last:]))
+        return "".join(out)
+
+    def has_hit(self, text: Any) -> bool:
+        return self.pattern is not None and bool(self.pattern.search(str(text or "")))
+
+
+def highlight_html(text: Any, query: str | None, mode: str = "words") -> str:
+    """`text` as escaped HTML with each query hit in `<mark class="trace-hit">`."""
+    return Highlighter(query, mode=mode)(text)
+
+
+def count_hits(t: Transcript, query: str | None, mode: str = "words") -> int:
+    """Hits of `query` in the transcript's message texts and tool-call arguments."""
+    pattern = query_pattern(query, mode)
+    if pattern is None:
+        return 0
+    texts = [m["content"] for m in t.messages] + [
+        json.dumps(c.arguments, ensure_ascii=False, default=str) for c in t.calls]
+    return sum(len(pattern.findall(x)) for x in texts if x)
+
+
+# ----------------------------------------------------------------------- transcripts
+
+
+def pretty_output(content: Any) -> tuple[str, bool]:
+    """(text, is_json): a tool output that parses as a JSON object or array, indented;
+    anything else as it is."""
+    text = "" if content is None else str(content)
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            return text, False
+        if isinstance(value, dict | list):
+            return json.dumps(value, indent=2, ensure_ascii=False), True
+    return text, False
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, str):
+        pretty, is_json = pretty_output(value)
+        return pretty if is_json else value
     try:
-        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
-        text = str(value)
-    return f'<pre style="{_PRE}">{_e(text)}</pre>'
+        return str(value)
 
 
-def render_transcript_html(t: Transcript, *, max_chars: int = 4000) -> str:
-    """The transcript as self-contained HTML; long messages are cut at `max_chars`."""
-    parts = ['<div class="trace-transcript" style="font-family:sans-serif;font-size:14px">']
+def _clip(text: str, max_chars: int, hl: Highlighter) -> str:
+    # A message cut for length keeps a hit visible: the cut moves to just past the last hit.
+    if len(text) <= max_chars:
+        return text
+    end = max_chars
+    if hl.pattern is not None:
+        ends = [m.end() for m in hl.pattern.finditer(text)]
+        if ends and ends[-1] > end:
+            end = ends[-1] + 200
+    if end >= len(text):
+        return text
+    return text[:end] + f"\n… ({len(text) - end} more chars)"
+
+
+def _lines(n: int) -> str:
+    return f"{n} line" + ("" if n == 1 else "s")
+
+
+def system_prompt(t: Transcript) -> str:
+    """The system messages' text, joined (what the comparison view shows once)."""
+    return "\n\n".join(m["content"] or "" for m in t.messages if m["role"] == "system")
+
+
+def _system_html(text: str, idx_label: str, hl: Highlighter, max_chars: int,
+                 note: str = "") -> str:
+    n_lines = len(text.splitlines())
+    opened = " open" if hl.has_hit(text) else ""
+    return (
+        f'<details class="msg role-system system-prompt"{opened} '
+        f'style="{_ROLE_STYLE["system"]};{_MSG}">'
+        f'<summary style="{_SUMMARY}"><b>{_e(idx_label)} system prompt</b> · '
+        f"{len(text):,} chars, {_lines(n_lines)}{_e(note)} · click to show</summary>"
+        f'<div style="white-space:pre-wrap">{hl(_clip(text, max_chars * 4, hl))}</div>'
+        "</details>")
+
+
+def _output_html(m: dict[str, Any], hl: Highlighter, max_chars: int, label: str) -> str:
+    """A tool message's content: pretty JSON when it is JSON, folded when long."""
+    text, is_json = pretty_output(m["content"])
+    text = _clip(text, max_chars, hl)
+    n_lines = len(text.splitlines())
+    opened = " open" if n_lines <= OPEN_LINES or hl.has_hit(text) else ""
+    kind = "JSON, " if is_json else ""
+    err = " · ERROR" if m.get("is_error") else ""
+    style = _ERROR_STYLE if m.get("is_error") else "border-left:2px solid #d8b4fe"
+    return (
+        f'<details class="tool-output{" tool-error" if m.get("is_error") else ""}"{opened} '
+        f'data-idx="{_e(m["idx"])}" style="{style};padding:2px 8px;margin-top:4px">'
+        f'<summary style="{_SUMMARY}">{_e(label)} #{_e(m["idx"])}{err} · {kind}'
+        f"{_lines(n_lines)}</summary>"
+        f'<pre class="{"json" if is_json else "text"}" style="{_PRE}">{hl(text)}</pre>'
+        "</details>")
+
+
+def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str | None = None,
+                           query_mode: str = "words", system: str = "collapsed",
+                           hit_prefix: str = "trace-hit") -> str:
+    """The transcript as self-contained, escaped HTML.
+
+    - the system prompt is folded (`system="collapsed"`) or left out (`"omit"`, when the
+      caller shows it once for two transcripts); a search hit inside it unfolds it;
+    - each tool call is drawn in one box with the tool message that answers it
+      (`Call.result_idx`), whose output is pretty JSON, folded past `OPEN_LINES` lines;
+      a tool message no call claims shows on its own, in its place;
+    - `query` hits (`query_pattern`, in `query_mode`) are wrapped in numbered
+      `<mark class="trace-hit">` (ids `hit_prefix-N`) and listed as links at the top;
+      long messages are cut at `max_chars`, past the last hit.
+    """
+    hl = Highlighter(query, hit_prefix, query_mode)
+    by_idx = {m["idx"]: m for m in t.messages}
+    paired: dict[int, dict[str, Any]] = {}
     for m in t.messages:
+        for c in m["tool_calls"]:
+            if c.result_idx is not None and c.result_idx in by_idx:
+                paired[c.result_idx] = by_idx[c.result_idx]
+    parts: list[str] = []
+    for m in t.messages:
+        if m["idx"] in paired:
+            continue  # drawn with the call it answers
+        if m["role"] == "system":
+            if system != "omit":
+                parts.append(_system_html(m["content"] or "", f"#{m['idx']}", hl, max_chars))
+            continue
+        if m["role"] == "tool":
+            parts.append(
+                f'<div class="msg role-tool unpaired" style="{_ROLE_STYLE["tool"]};{_MSG}">'
+                f"{_output_html(m, hl, max_chars, 'tool output' + _name(m))}</div>")
+            continue
         style = _ERROR_STYLE if m["is_error"] else _ROLE_STYLE.get(m["role"], "")
         label = m["role"] + (f" · {m['name']}" if m.get("name") else "")
-        if m["is_error"]:
-            label += " · ERROR"
-        content = m["content"] or ""
-        if len(content) > max_chars:
-            content = content[:max_chars] + f"\n… ({len(m['content']) - max_chars} more chars)"
         parts.append(
-            f'<div class="msg role-{_e(m["role"])}" style="{style};padding:6px 10px;'
-            f'margin:6px 0;border-radius:4px">'
-            f'<div style="font-weight:600;font-size:0.8em;color:#374151">#{m["idx"]} '
-            f"{_e(label)}</div>"
-        )
+            f'<div class="msg role-{_e(m["role"])}" data-idx="{_e(m["idx"])}" '
+            f'style="{style};{_MSG}"><div style="{_HEAD}">#{_e(m["idx"])} {_e(label)}</div>')
+        content = _clip(m["content"] or "", max_chars, hl)
         if content:
-            parts.append(f'<div style="white-space:pre-wrap">{_e(content)}</div>')
+            parts.append(f'<div style="white-space:pre-wrap">{hl(content)}</div>')
         for c in m["tool_calls"]:
-            err = (
-                f'<div style="color:#b91c1c;font-weight:600">error: {_e(c.error)}</div>'
-                if c.error
-                else ""
-            )
-            who = f" (by {_e(c.requestor)})" if c.requestor not in (None, "assistant") else ""
-            parts.append(
-                f'<div class="tool-call" style="margin-top:4px">tool call <code>{_e(c.name)}</code>'
-                f"{who}{_json_block(c.arguments)}{err}</div>"
-            )
+            parts.append(_pair_html(c, paired.get(c.result_idx) if c.result_idx is not None
+                                    else None, hl, max_chars))
         parts.append("</div>")
-    parts.append("</div>")
+    head = (f'<div class="trace-transcript" data-trajectory="{_e(t.id)}" '
+            f'data-hits="{hl.hits}" style="font-family:sans-serif;font-size:14px">')
+    return head + _hits_nav(hl) + "".join(parts) + "</div>"
+
+
+def _name(m: dict[str, Any]) -> str:
+    return f" · {m['name']}" if m.get("name") else ""
+
+
+def _pair_html(c: Call, result: dict[str, Any] | None, hl: Highlighter, max_chars: int
+               ) -> str:
+    who = f" (by {c.requestor})" if c.requestor not in (None, "assistant") else ""
+    # The error line is dropped only when the answering tool message says the same.
+    shown = (result or {}).get("content") or ""
+    err = (f'<div style="color:#b91c1c;font-weight:600">error: {hl(c.error)}</div>'
+           if c.error and shown.strip() != c.error.strip() else "")
+    answer = (_output_html(result, hl, max_chars, f"← result of {c.name}")
+              if result is not None else
+              '<div style="font-size:0.8em;color:#6b7280">no tool message answers this call'
+              "</div>")
+    return (
+        f'<div class="tool-pair" style="border:1px solid #d8b4fe;border-radius:4px;'
+        f'background:#faf5ff;padding:4px 8px;margin-top:6px">'
+        f'<div class="tool-call"><span style="{_HEAD}">→ tool call{_e(who)}</span> '
+        f"<code>{hl(c.name)}</code>"
+        f'<pre class="json" style="{_PRE}">{hl(_json_text(c.arguments))}</pre>{err}</div>'
+        f'<div class="tool-result">{answer}</div></div>')
+
+
+def _hits_nav(hl: Highlighter) -> str:
+    if hl.pattern is None:
+        return ""
+    if not hl.hits:
+        return ('<div class="trace-hits" data-hits="0" style="font-size:0.85em;color:#6b7280">'
+                "no match for the search in this transcript</div>")
+    links = " ".join(f'<a href="#{hl.prefix}-{i}">{i + 1}</a>' for i in range(min(hl.hits, 50)))
+    more = f" … ({hl.hits - 50} more)" if hl.hits > 50 else ""
+    return (f'<div class="trace-hits" data-hits="{hl.hits}" style="font-size:0.85em;'
+            f'position:sticky;top:0;background:#fefce8;padding:2px 6px;z-index:1">'
+            f"{hl.hits} match{'es' if hl.hits != 1 else ''} · jump to {links}{more}</div>")
+
+
+def jump_to_first_hit_script(*key: str) -> str:
+    """A static script that scrolls the first search hit into view; the page shows it with
+    `st.html(..., unsafe_allow_javascript=True)`, the transcripts stay script-free. It holds
+    no trajectory text: `key` (trajectory id, query) only enters as a digest, which makes
+    the script differ, and so run again, when either changes. The code has no `<`:
+    the page's sanitizer drops a script whose text looks like markup (`n<40`)."""
+    token = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+    return ("<script>/* " + token + " */(function(){var n=0;function go(){"
+            "var el=document.querySelector('mark.trace-hit');"
+            "if(el){el.scrollIntoView({block:'center'});return;}"
+            "n+=1;if(n>=40){return;}setTimeout(go,100);}go();})();</script>")
+
+
+def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b: str, *,
+                             query: str | None = None, query_mode: str = "words",
+                             max_chars: int = 4000) -> str:
+    """Two transcripts in two columns. A system prompt both share is shown once, folded,
+    above them; when they differ, each column keeps its own (folded) and says so."""
+    sys_a, sys_b = system_prompt(a), system_prompt(b)
+    parts = ['<div class="trace-side-by-side">']
+    if sys_a == sys_b:
+        if sys_a:
+            parts.append(_system_html(sys_a, "", Highlighter(query, "trace-hit-sys", query_mode),
+                                      max_chars, " · the same in both"))
+        mode = "omit"
+    else:
+        parts.append('<div class="system-differs" style="font-size:0.85em;color:#92400e">'
+                     "The two system prompts differ: each column keeps its own.</div>")
+        mode = "collapsed"
+    parts.append('<div style="display:grid;grid-template-columns:1fr 1fr;gap:12px">')
+    for t, label, prefix in ((a, label_a, "trace-hit-a"), (b, label_b, "trace-hit-b")):
+        parts.append(f'<div class="trace-column"><div style="font-weight:600">{_e(label)}</div>'
+                     + render_transcript_html(t, max_chars=max_chars, query=query,
+                                              query_mode=query_mode, system=mode,
+                                              hit_prefix=prefix) + "</div>")
+    parts.append("</div></div>")
     return "".join(parts)
 
 
-def render_alignment_html(rows: list[AlignedRow], left: str, right: str) -> str:
-    """Two aligned columns of tool calls, rows coloured by status."""
+# ----------------------------------------------------------------- aligned tool calls
+
+
+def status_words(status: str, left: str = "left", right: str = "right", *,
+                 against_expected: bool = False) -> str:
+    """An alignment status in plain words. Against the expected actions: "missed" (expected,
+    never made) and "extra" (made, not expected); between two runs, `left` and `right`
+    name them: "missed by B" (only A made it), "extra in B" (A never made it)."""
+    user = status.endswith(" (user)")
+    base = status.removesuffix(" (user)")
+    if against_expected:
+        words = {"same": "as expected", "args differ": "right tool, other arguments",
+                 "only left": "missed: expected, never made",
+                 "only right": "extra: made, not expected"}
+    else:
+        words = {"same": "both made it", "args differ": "same tool, other arguments",
+                 "only left": f"missed by {right} (only {left} made it)",
+                 "only right": f"extra in {right} ({left} never made it)"}
+    text = words.get(base, base)
+    return text + (" — the user's action" if user else "")
+
+
+def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,
+                          against_expected: bool = False,
+                          names: tuple[str, str] | None = None) -> str:
+    """Two aligned columns of tool calls, rows coloured by status, the status in plain
+    words (`status_words`; `names` are the short names it uses, default the headers)."""
+    short_l, short_r = names or (left, right)
 
     def cell(c: Call | None) -> str:
         if c is None:
@@ -297,20 +595,22 @@ def render_alignment_html(rows: list[AlignedRow], left: str, right: str) -> str:
         err = f'<div style="color:#b91c1c">error: {_e(c.error)}</div>' if c.error else ""
         args = canonical_json(c.arguments)
         return (
-            f'<td style="vertical-align:top"><code>{_e(c.name)}</code>'
+            f'<td style="vertical-align:top;overflow-wrap:anywhere"><code>{_e(c.name)}</code>'
             f'<pre style="{_PRE}">{_e(args)}</pre>{err}</td>'
         )
 
     head = (
         '<table class="trace-alignment" style="width:100%;border-collapse:collapse;'
-        'font-size:13px"><tr><th>status</th>'
+        'table-layout:fixed;font-size:13px"><tr><th style="width:9em">what</th>'
         f"<th>{_e(left)}</th><th>{_e(right)}</th></tr>"
     )
     body = "".join(
-        f'<tr style="{_STATUS_STYLE.get(r.status.removesuffix(" (user)"), "")};'
+        f'<tr class="row-{_e(r.status.removesuffix(" (user)").replace(" ", "-"))}" '
+        f'style="{_STATUS_STYLE.get(r.status.removesuffix(" (user)"), "")};'
         f'border-top:1px solid #e5e7eb">'
-        f'<td style="vertical-align:top;white-space:nowrap">{_e(r.status)}</td>'
-        f"{cell(r.left)}{cell(r.right)}</tr>"
+        f'<td style="vertical-align:top">'
+        f"{_e(status_words(r.status, short_l, short_r, against_expected=against_expected))}"
+        f"</td>{cell(r.left)}{cell(r.right)}</tr>"
         for r in rows
     )
     return head + body + "</table>"

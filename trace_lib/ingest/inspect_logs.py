@@ -4,8 +4,14 @@ Design decisions
 - Read through Inspect's own reader (`inspect_ai.log.read_eval_log` for the header,
   `read_eval_log_samples` for the samples, one at a time), never a hand-written parser of
   its format: the format is versioned by Inspect and its reader follows it. Samples are
-  streamed (`events` are left out: they are the bulk of a log and not part of a transcript),
-  so a large log costs one sample of memory at a time. Message attachments are resolved.
+  streamed, so a large log costs one sample of memory at a time. Message attachments are
+  resolved.
+- Tool schemas come from the log: every `ModelEvent` records the tools offered to the
+  model (`tools`: name, description, JSON-schema parameters), so they are stored as given
+  schemas (OpenAI function-tool shape) under the task's domain, first definition of a name
+  wins. Reading them means reading each sample's events (one sample at a time still); a
+  log without model events (written with events stripped) falls back to schemas inferred
+  from the calls, and the import's notes say so.
 - Messages map one to one: system/user/assistant/tool. An assistant's `tool_calls`
   (`function`, `arguments`, `id`) become ToolCalls; a tool message answers by
   `tool_call_id`, and its `error` (Inspect's ToolCallError) becomes the call's error text.
@@ -32,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trace_lib.data_model import Trajectory
+from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.ingest.formats import ParseContext, register_importer
 from trace_lib.ingest.normalise import (
@@ -111,6 +117,25 @@ def _score(sample: Any) -> tuple[float | None, dict[str, Any]]:
     return float(value_to_float()(score.value)), info
 
 
+def offered_tools(sample: Any) -> list[Any]:
+    """The tools the model was offered in this sample (Inspect `ToolInfo`s, by name, in the
+    order first offered), read from its model events."""
+    seen: dict[str, Any] = {}
+    for event in getattr(sample, "events", None) or []:
+        if getattr(event, "event", None) == "model":
+            for info in event.tools or []:
+                seen.setdefault(info.name, info)
+    return list(seen.values())
+
+
+def tool_schema(info: Any, domain: str) -> ToolSchema:
+    """An Inspect `ToolInfo` as an OpenAI function tool (what `tool_schemas` stores)."""
+    function: dict[str, Any] = {"name": info.name, "description": info.description,
+                                "parameters": info.parameters.model_dump(exclude_none=True)}
+    return ToolSchema(domain=domain, name=info.name,
+                      schema={"type": "function", "function": function}, source="given")
+
+
 def parse_sample(sample: Any, record: int, header: dict[str, Any], ctx: ParseContext
                  ) -> Trajectory:
     messages = _messages(sample, record)
@@ -180,18 +205,31 @@ class InspectImporter:
             out.notes.append(f"{src.name}: the Inspect log's status is {log.status!r}; "
                              f"samples that did not finish are imported as they are")
 
+        domain = ctx.domain or header["task"]
+        given: set[str] = set()
+        calls = [0]  # tool calls seen: whether a missing definition is worth a note
+
+        def take_tools(sample: Any) -> None:
+            for info in offered_tools(sample):
+                if info.name not in given:
+                    given.add(info.name)
+                    out.given_schemas.append(tool_schema(info, domain))
+
         def records() -> Iterator[Trajectory]:
             with stack:
                 samples = read_eval_log_samples(
                     str(path), all_samples_required=False, resolve_attachments=True,
-                    exclude_fields={"events", "store", "attachments"},
+                    exclude_fields={"store", "attachments"},
                 )
                 i = -1
                 try:
                     for i, sample in enumerate(samples):
                         out.n_records += 1
+                        take_tools(sample)
                         try:
-                            yield parse_sample(sample, i, header, ctx)
+                            traj = parse_sample(sample, i, header, ctx)
+                            calls[0] += traj.n_tool_calls
+                            yield traj
                         except RecordError as exc:
                             if not ctx.skip_invalid:
                                 raise UserInputError(
@@ -207,6 +245,10 @@ class InspectImporter:
                     ) from None
             if out.n_records == 0:
                 raise UserInputError(f"{src.name}: the Inspect log holds no samples")
+            if calls[0] and not given:
+                out.notes.append(
+                    f"{src.name}: the log records no tool definitions (no model events); "
+                    f"tool schemas are inferred from the calls")
 
         out.records = records()
         return out

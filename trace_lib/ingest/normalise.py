@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
-from trace_lib.ingest.source import RecordError
+from trace_lib.ingest.source import RecordError, fast_loads
 
 ROLES = ("system", "user", "assistant", "tool")
 SUCCESS_REWARD = 1.0
@@ -135,7 +135,7 @@ def parse_arguments(raw: Any, record: int, path: str) -> dict[str, Any]:
         return raw
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
+            value = fast_loads(raw)
         except json.JSONDecodeError:
             return {"_unparsed": raw}
         return value if isinstance(value, dict) else {"_unparsed": raw}

@@ -244,7 +244,8 @@ class OpenAIJsonlImporter:
                     raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
                 out.skipped.append(Skipped(src.name, record, str(exc)))
                 return None
-            domain = traj.domain or DEFAULT_DOMAIN
+            # The override applies to the file's tools too (records get it downstream).
+            domain = ctx.domain or traj.domain or DEFAULT_DOMAIN
             for tool in tools:
                 name = tool["function"]["name"]
                 if (domain, name) not in schemas:

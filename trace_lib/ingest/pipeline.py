@@ -38,6 +38,7 @@ import duckdb
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
+from trace_lib.explore import derived
 from trace_lib.ingest.formats import ParseContext, load
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
 from trace_lib.ingest.source import IngestLimits, Source
@@ -229,7 +230,10 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
                 report.add(parsed, writer.write_file(parsed))
             bar.step("committing")
             writer.finish()
-            target.commit()
+            # Derived columns and search documents of the new rows, in the same
+            # all-or-nothing import (the search index commits after DuckDB's commit).
+            with derived.on_import(target.con, target.path):
+                target.commit()
         except duckdb.OutOfMemoryException as exc:
             target.abort()
             raise UserInputError(

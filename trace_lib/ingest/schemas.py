@@ -123,14 +123,17 @@ class SchemaObserver:
 
     def add(self, traj: Trajectory) -> None:
         domain = traj.domain or DEFAULT_DOMAIN
-        observed = self.observed
         for m in traj.messages:
             for call in m.tool_calls:
-                key = (domain, call.name)
-                obs = observed.get(key)
-                if obs is None:
-                    obs = observed[key] = _Observed()
-                obs.add(call.arguments)
+                self.add_call(domain, call.name, call.arguments)
+
+    def add_call(self, domain: str, tool: str, arguments: dict[str, Any]) -> None:
+        """One call (the writer feeds calls from the loop that builds its rows)."""
+        key = (domain, tool)
+        obs = self.observed.get(key)
+        if obs is None:
+            obs = self.observed[key] = _Observed()
+        obs.add(arguments)
 
     def schemas(
         self, skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()

@@ -21,6 +21,13 @@ Design decisions
 - `json.loads` failures that are not syntax errors are still the file's fault, never a
   traceback: nesting deeper than the parser's recursion limit (`RecursionError`) and
   integers over Python's 4300-digit conversion limit (`ValueError`) are reported as such.
+- Records are parsed with orjson (`fast_loads`, ~3x faster than `json.loads`, the largest
+  single cost of an import) only where it gives exactly what `json.loads` gives; anything
+  it refuses or reads differently goes to `json.loads`, whose result and error messages
+  stay the reference: NaN/Infinity (not JSON, accepted by `json`), lone surrogates,
+  nesting over 1024 levels, invalid UTF-8, and integers of 19+ digits (orjson turns those
+  past 64 bits into floats; the check that spots them also fires on long digit runs in
+  strings, which only costs the slow path).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from trace_lib.errors import UserInputError
 
@@ -223,12 +232,21 @@ class DocumentJSONError(UserInputError):
         self.extra_data = extra_data
 
 
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """The decoder's message as words that end a sentence: "Unterminated string starting
+    at" -> "unterminated string" (the position is given as line and column instead)."""
+    msg = re.sub(r"\s+(starting )?at$", "", exc.msg.strip())
+    return msg[:1].lower() + msg[1:]
+
+
 def _json_error(src: Source, exc: json.JSONDecodeError, prefix: str = "") -> UserInputError:
-    kind = (
-        "truncated JSON (the file ends mid-document)" if looks_truncated(exc) else "malformed JSON"
-    )
+    truncated = looks_truncated(exc)
+    kind = "truncated JSON" if truncated else "malformed JSON"
+    why = ("the file ends mid-document, so it is not valid JSON" if truncated
+           else "the file is not valid JSON")
     return DocumentJSONError(
-        f"{src.name}: {prefix}{kind} at line {exc.lineno} column {exc.colno}: {exc.msg}",
+        f"{src.name}: {prefix}{kind} ({why}) at line {exc.lineno} column {exc.colno}: "
+        f"{json_problem(exc)}.",
         extra_data=exc.msg.startswith("Extra data"),
     )
 
@@ -313,7 +331,7 @@ def check_record_sizes(src: Source, data: bytes, limits: IngestLimits) -> None:
 def loads_checked(src: Source, text: str, where: str = "") -> Any:
     """`json.loads` whose every failure is a UserInputError naming the file (and `where`)."""
     try:
-        return json.loads(text)
+        return fast_loads(text)
     except json.JSONDecodeError as exc:
         raise _json_error(src, exc, where) from None
     except RecursionError:
@@ -332,6 +350,31 @@ def _max_depth() -> int:
     import sys
 
     return sys.getrecursionlimit()
+
+
+# 19 digits in a row, found as "0" * 19 once every digit reads "0": a translate and a
+# substring search are ~10x cheaper than the regex `\d{19}` (which cost more than parsing).
+_DIGITS_BYTES = bytes.maketrans(b"123456789", b"000000000")
+_DIGITS_STR = str.maketrans("123456789", "000000000")
+_LONG_RUN = "0" * 19
+_LONG_RUN_BYTES = b"0" * 19
+
+
+def fast_loads(raw: bytes | str, text: str | None = None) -> Any:
+    """`json.loads(text)` (`text` the decoded `raw`, decoded here if not given), through
+    orjson when it reads `raw` exactly as `json` would (see the module docstring)."""
+    if isinstance(raw, bytes):
+        long_int = _LONG_RUN_BYTES in raw.translate(_DIGITS_BYTES)
+    else:
+        long_int = _LONG_RUN in raw.translate(_DIGITS_STR)
+    if not long_int:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass  # json.loads decides: it accepts NaN and surrogates, and words its errors
+    if text is None:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    return json.loads(text)
 
 
 @dataclass
@@ -379,7 +422,7 @@ def iter_jsonl(
                 ),
             )
         try:
-            return JsonlLine(index, value=json.loads(text))
+            return JsonlLine(index, value=fast_loads(raw, text))
         except RecursionError:
             return JsonlLine(
                 index,
@@ -398,7 +441,8 @@ def iter_jsonl(
                 error=RecordError(
                     index,
                     None,
-                    f"{kind} at column {exc.colno}: {exc.msg}; expected one JSON object per line",
+                    f"{kind} at column {exc.colno}: {json_problem(exc)}; expected one JSON object "
+                    "per line",
                     line=index + 1,
                 ),
             )

@@ -2,17 +2,23 @@
 
 Design decisions
 - Rows are built as Python column lists for one batch (`batch_size` trajectories, 10k,
-  ~120 MiB of Python objects), wrapped in Arrow arrays, registered with DuckDB and inserted with one `INSERT ... SELECT`
-  per table; then the lists are dropped and the next batch starts. DuckDB reads Arrow
-  without copying row by row (bench/ingest.py compares it with executemany), and the
-  parsed records never outlive their batch. The caller holds the transaction
-  (`store.transaction`), so a failure in batch 40 still leaves the store as it was.
+  ~120 MiB of Python objects), wrapped in Arrow arrays and inserted with one
+  `INSERT ... SELECT` per table over a DuckDB relation of them; then the lists are dropped
+  and the next batch starts. DuckDB reads Arrow without copying row by row
+  (bench/ingest.py compares it with executemany), and the parsed records never outlive
+  their batch. The caller holds the transaction, so a failure in batch 40 still leaves the
+  store as it was.
+- Memory that grows with the import is DuckDB's alone: its indexes (~31 MiB per 100k
+  trajectories) and what its transaction keeps of the uncommitted rows. Nothing in this
+  module keeps a per-record object for the whole import except one pair of 64-bit hashes
+  per source id; the Arrow batches are handed over as relations, because a table given to
+  `con.register` stays referenced until COMMIT (it held every batch, ~100 MiB per 100k).
 - Identity: a trajectory is its content hash (`t_` + 16 hex of it is its id). The hash is
   taken over the strings this module builds for the rows anyway (the arguments' JSON,
   the contents, the ids), so no record is serialised twice. Duplicates — already in the
   store, or twice in this import — are counted, not inserted: each batch is joined with
-  the store (which already holds the earlier batches of this transaction) and with the
-  digests seen in this import (16 bytes each, ~30 MiB at 1M trajectories).
+  the store (which already holds the earlier batches of this transaction, so nothing the
+  size of the import is kept in Python) and with the batch's own digests.
 - The same source id twice in one file with different content is not a duplicate: both
   rows are kept and the ids are listed in the report's warnings (a harness that reuses
   ids, or two runs concatenated), never silently.
@@ -42,6 +48,7 @@ import pyarrow as pa
 from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.ingest import schemas as schema_mod
 from trace_lib.ingest.normalise import ParsedFile
+from trace_lib.ingest.schemas import DEFAULT_DOMAIN
 
 BATCH_SIZE = 10_000
 TRAJECTORY_COLUMNS = (
@@ -70,10 +77,11 @@ def dataset_id(sha256: str) -> str:
     return "d_" + sha256[:16]
 
 
-def _dumps(value: Any) -> str:
-    # allow_nan=False: NaN/Infinity are not JSON; DuckDB and every other reader would choke
-    # on them later. The caller replaces them with null and says so (`_finite`).
-    return json.dumps(value, ensure_ascii=False, default=str, allow_nan=False)
+# allow_nan=False: NaN/Infinity are not JSON; DuckDB and every other reader would choke
+# on them later. The caller replaces them with null and says so (`_finite`). One encoder
+# for the import: `json.dumps` with arguments builds a new one per call (~1 s per 100k
+# trajectories). Its output is what the content hash covers, so it must not change.
+_dumps = json.JSONEncoder(ensure_ascii=False, default=str, allow_nan=False).encode
 
 
 def _finite(value: Any) -> Any:
@@ -202,7 +210,6 @@ class Writer:
         self._known: set[str] | None = None
         self.sources = sources
         self.batch_size = batch_size
-        self.seen: set[bytes] = set()  # digests written (or found in the store) this import
         self.observer = schema_mod.SchemaObserver()
         self.given: list[ToolSchema] = []
 
@@ -241,7 +248,10 @@ class Writer:
 
     def write_file(self, f: ParsedFile, on_batch: Any = None) -> FileResult:
         result = FileResult("", f.name, f.format, 0, True)
-        by_source: dict[str, bytes] = {}
+        # source id -> content, both as 64-bit hashes: what this check needs of 1M records
+        # is ~100 MiB of small ints, not every id string and digest (a collision can only
+        # miss a warning, at odds of ~1e-7 for 1M ids).
+        by_source: dict[int, int] = {}
         dup_ids: list[str] = []
         batch = _Batch()
         for index, traj in enumerate(f.records):
@@ -258,8 +268,8 @@ class Writer:
             except ValueError:
                 traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
             if traj.source_id is not None:
-                key = bytes.fromhex(sha[:32])
-                prior = by_source.setdefault(traj.source_id, key)
+                key = hash(sha)
+                prior = by_source.setdefault(hash(traj.source_id), key)
                 if prior != key and traj.source_id not in dup_ids:
                     dup_ids.append(traj.source_id)
             batch.pending.append((traj, sha, Trajectory.id_from_sha(sha), args_json, meta_json))
@@ -325,15 +335,17 @@ class Writer:
         )
         c_row = batch.calls.append
         t_cols = [batch.traj[k].append for k in TRAJECTORY_COLUMNS]
+        # Earlier batches of this import are in the store already (same transaction), so
+        # the join above finds them: only this batch's own repeats need a set.
+        seen: set[str] = set()
+        observe = self.observer.add_call  # inferred schemas, fed by the loop over the calls
         for traj, sha, tid, args_json, meta_json in batch.pending:
-            key = bytes.fromhex(sha[:32])
-            if key in self.seen or sha in in_store:
-                self.seen.add(key)
+            if sha in seen or sha in in_store:
                 result.duplicates += 1
                 continue
-            self.seen.add(key)
+            seen.add(sha)
             result.count(traj.outcome or "unknown")
-            self.observer.add(traj)
+            domain = traj.domain or DEFAULT_DOMAIN
             n_calls = n_errors = 0
             for idx, m in enumerate(traj.messages):
                 m_tid(tid)
@@ -346,6 +358,7 @@ class Writer:
                 for ci, c in enumerate(m.tool_calls):
                     c_row((tid, idx, ci, c.call_id, c.name, args_json[n_calls], c.requestor,
                            c.error))
+                    observe(domain, c.name, c.arguments)
                     n_calls += 1
                     n_errors += c.error is not None
             row = (
@@ -369,28 +382,27 @@ class Writer:
                      ("arguments",))
 
     def _existing(self, shas: list[str]) -> set[str]:
-        self.con.register("_ingest_shas", pa.table({"sha": pa.array(shas, _STR)}))
-        try:
-            rows = self.con.execute(
-                "SELECT t.content_sha256 FROM trajectories t "
-                "JOIN _ingest_shas s ON t.content_sha256 = s.sha"
-            ).fetchall()
-        finally:
-            self.con.unregister("_ingest_shas")
+        rows = self.con.from_arrow(pa.table({"sha": pa.array(shas, _STR)})).query(
+            "_ingest_shas",
+            "SELECT t.content_sha256 FROM trajectories t "
+            "JOIN _ingest_shas s ON t.content_sha256 = s.sha",
+        ).fetchall()
         return {r[0] for r in rows}
 
     def _insert(self, table: str, columns: dict[str, pa.Array],
                 json_cols: tuple[str, ...] = ()) -> None:
         if not columns or len(next(iter(columns.values()))) == 0:
             return
+        # A relation over the Arrow table, not `con.register`: a registered table stays
+        # referenced until the transaction ends (measured: every batch's Arrow buffers
+        # held until COMMIT, pa.total_allocated_bytes() growing with the import), a
+        # relation only for the statement.
         view = f"_ingest_{table}"
-        self.con.register(view, pa.table(columns))
-        try:
-            cols = ", ".join(columns)
-            select = ", ".join(f"CAST({c} AS JSON)" if c in json_cols else c for c in columns)
-            self.con.execute(f"INSERT INTO {table} ({cols}) SELECT {select} FROM {view}")
-        finally:
-            self.con.unregister(view)
+        cols = ", ".join(columns)
+        select = ", ".join(f"CAST({c} AS JSON)" if c in json_cols else c for c in columns)
+        self.con.from_arrow(pa.table(columns)).query(
+            view, f"INSERT INTO {table} ({cols}) SELECT {select} FROM {view}"
+        )
 
     # ------------------------------------------------------------------ schemas
 

@@ -13,20 +13,44 @@ Design decisions
   serves, so `vllm serve BASE --enable-lora` and `/v1/load_lora_adapter` take the folder
   unchanged. Trainer state (optimizer, RNG) goes into a separate file beside it, which
   vLLM ignores.
+- `LoraSettings` (the dataclass a training config nests) lives here with the code that
+  reads it; torch and peft are imported inside the functions, so `train.config` (which the
+  Training page and the CLI import to build and check settings) still pulls in neither.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
 
-from trace_lib.train.config import LoraSettings
+DEFAULT_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 16
+    alpha: int = 16
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
 
 
 def _linear_names(model: torch.nn.Module) -> set[str]:
+    import torch
+
     return {
         name.rsplit(".", 1)[-1]
         for name, mod in model.named_modules()
@@ -40,6 +64,9 @@ def attach_lora(model: torch.nn.Module, settings: LoraSettings, *, seed: int = 0
     `seed` fixes the A-matrix initialisation, so two runs with the same seed start from the
     same adapter (needed for checkpoint/resume equivalence).
     """
+    import torch
+    from peft import LoraConfig, get_peft_model
+
     available = _linear_names(model)
     targets = [t for t in settings.targets if t in available]
     if not targets:

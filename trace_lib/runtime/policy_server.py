@@ -474,8 +474,9 @@ def serve(config: ServerConfig) -> None:
                                                port=config.port, log_level="info",
                                                lifespan="off"))
         sock.listen(2048)  # connections queue from here on: "serving" is true when printed
-        print(f"serving {service.served_name} on http://{config.host}:{config.port}/v1",
-              flush=True)
+        print(f"serving {service.served_name} on http://{config.host}:{config.port}/v1 "
+              f"(n <= {config.max_n}, bodies <= {config.max_body_bytes} bytes, KV cache "
+              f"{config.kv_cache_mb} MB)", flush=True)
         try:
             server.run(sockets=[sock])
         finally:

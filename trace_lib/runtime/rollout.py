@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_lib.envs.protocol import Environment
+from trace_lib.runtime.environment import Environment
 from trace_lib.runtime.policy_client import ChatPolicy, Completion
 
 # The policy client family lives in `policy_client` (one Protocol, one HTTP client); a

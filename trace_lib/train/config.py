@@ -3,7 +3,8 @@
 Design decisions
 - No torch, peft or transformers here: the Training page and the CLI build, validate and
   show these settings without paying for those imports; the modules that do the work
-  (`grpo`, `lora`, `trainer`) import their settings from here.
+  (`grpo`, `trainer`) import their settings from here; the LoRA settings are defined with
+  the LoRA code (`runtime.lora`, which imports torch and peft only when it runs).
 - `TrainConfig.from_dict` is the one place a spec's `config` object is checked: unknown
   fields and out-of-range values raise `UserInputError` naming the field and what was
   expected, before any job starts.
@@ -16,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trace_lib.errors import UserInputError
+from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
+
+__all__ = ["DEFAULT_TARGETS", "LoraSettings", "LossConfig", "TrainConfig"]
 
 AdvantageScale = Literal["group", "batch", "none"]
 ADVANTAGE_SCALES: tuple[str, ...] = ("group", "batch", "none")
@@ -28,25 +32,6 @@ class LossConfig:
     kl_coef: float = 0.0  # 0 = no KL term and no reference forward pass
     scale: AdvantageScale = "group"
     eps: float = 1e-6
-
-
-DEFAULT_TARGETS: tuple[str, ...] = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
-
-
-@dataclass
-class LoraSettings:
-    rank: int = 16
-    alpha: int = 16
-    dropout: float = 0.0
-    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
 
 
 @dataclass

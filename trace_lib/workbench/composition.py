@@ -44,6 +44,18 @@ def __getattr__(name: str) -> Any:
 # ----------------------------------------------------------------- compose and load
 
 
+def default_compose_dir() -> Path:
+    """A fresh folder for a composed model under the runs directory (`TRACE_RUNS_DIR`),
+    never a folder relative to wherever the app was started: `composed/moe-N`."""
+    from trace_lib import jobs
+
+    root = jobs.runs_dir() / "composed"
+    n = 1
+    while (root / f"moe-{n}").exists():
+        n += 1
+    return root / f"moe-{n}"
+
+
 def compose(db: Db, base: str, adapters: str, out: str | Path, mode: str = "top1",
             register: bool = True) -> dict[str, Any]:
     """Build the gated model with zero gates into `out` and record it (`compose`)."""

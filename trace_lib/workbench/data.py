@@ -7,12 +7,21 @@ Design decisions
   unchanged, so a new importer flag needs no change here.
 - `pipeline_counts` is the Home page's table and `explore overview`'s output; it returns
   None when there is no database yet (an empty state, not an error).
+- Deleting a dataset finds what to remove generically: every base table with a
+  `trajectory_id` column (rows of the dataset's trajectories) or a `dataset_id` column,
+  read from the catalog at delete time, so a table a later migration adds is covered
+  without touching this function. Everything goes in ONE transaction: a failure (a
+  constraint, a lock) rolls back and leaves the store as it was. Label edits are people's
+  work: they are written to an audit file (beside the database, under `audit/`) before
+  the commit, and the file is removed again if the transaction fails.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +55,22 @@ def import_files(sources: Sequence[str | Path | Upload], *, db: Db = None, fmt: 
                             skip_invalid=skip_invalid, **options)
     return ingest_paths(list(sources), db=db, fmt=fmt, skip_invalid=skip_invalid,
                         success_file=success_file, progress=progress, **options)
+
+
+# What an upload may be (the file kinds the importers read); anything else is refused with
+# a sentence that says why, rather than by the upload widget's small print.
+UPLOAD_SUFFIXES = (".json", ".jsonl", ".traj", ".eval", ".gz")
+
+
+def upload_refusal(name: str) -> str | None:
+    """Why an uploaded file of this name is not imported (a whole sentence), or None."""
+    suffix = Path(name).suffix.lower()
+    if suffix in UPLOAD_SUFFIXES:
+        return None
+    kind = f"a {suffix} file" if suffix else "a file without an extension"
+    return (f"File {name} was not imported: {kind} is not a trajectory file. Upload "
+            f"{', '.join(UPLOAD_SUFFIXES[:-1])} or {UPLOAD_SUFFIXES[-1]} (gzip of those) "
+            "files.")
 
 
 def import_formats() -> list[str]:
@@ -87,4 +112,157 @@ def pipeline_counts(db: Db = None, missing_ok: bool = True):
     if missing_ok and not db_exists(db):
         return None
     with store.connect(db, read_only=True) as con:
-        return queries.pipeline_counts(con)
+        counts = queries.pipeline_counts(con)
+    if db_exists(db):
+        # Environments count as the Environments page lists them: a built-in without a
+        # review row is a draft there, so it is one here too (else Home says "draft 0"
+        # beside a page of drafts).
+        from collections import Counter
+
+        from trace_lib.workbench import environments
+
+        by_status = Counter(e["status"] for e in environments.list_environments(db))
+        rows = counts.stage == "environments"
+        counts.loc[rows, "n"] = [by_status.get(item, 0) for item in counts.loc[rows, "item"]]
+    return counts
+
+
+def next_step(counts) -> tuple[str, str]:
+    """What to do next, from the pipeline counts: (a sentence, the page file to open)."""
+    n = {} if counts is None else dict(zip(counts["item"], counts["n"], strict=True))
+    if not n.get("trajectories"):
+        return ("Import trajectories: upload result files on the Trajectories page, or run "
+                "`make demo` for the demo data.", "pages/1_Trajectories.py")
+    if not n.get("label runs"):
+        return ("Label capabilities: run a labeler over the failures on the Labels page.",
+                "pages/2_Labels.py")
+    if not n.get("capabilities accepted"):
+        return ("Rank capabilities: see which ones failures lack and accept them on the "
+                "Rankings page.", "pages/3_Rankings.py")
+    if not n.get("approved"):
+        return ("Review environments: validate one for an accepted capability and approve "
+                "it on the Environments page.", "pages/4_Environments.py")
+    if not n.get("adapters"):
+        return ("Train an adapter: launch a GRPO job on an approved environment on the "
+                "Training page.", "pages/5_Training.py")
+    if not n.get("composed models"):
+        return ("Compose adapters: build a composed model and train its gates on the "
+                "Routing page.", "pages/6_Routing.py")
+    return ("Route prompts through the composed model and read which expert each token "
+            "used on the Routing page.", "pages/6_Routing.py")
+
+
+# ------------------------------------------------------------------------ datasets
+
+
+def list_datasets(db: Db = None) -> list[dict[str, Any]]:
+    """Imported datasets with their trajectory counts, newest first (`datasets list`);
+    [] without a database."""
+    if not db_exists(db):
+        return []
+    with store.connect(db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT d.id, d.name, d.format, d.source, d.imported_at, count(t.id) AS n, "
+            "count(t.id) FILTER (WHERE t.success = false) AS failures "
+            "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
+            "GROUP BY ALL ORDER BY d.imported_at DESC, d.name").fetchall()
+    return [{"id": r[0], "name": r[1], "format": r[2], "source": r[3], "imported_at": r[4],
+             "trajectories": int(r[5]), "failures": int(r[6])} for r in rows]
+
+
+def _find_dataset(con, name: str) -> tuple[str, str]:
+    """The (id, name) a person means by NAME: an exact id, else a unique name."""
+    rows = con.execute("SELECT id, name FROM datasets WHERE id = ?", [name]).fetchall()
+    if not rows:
+        rows = con.execute("SELECT id, name FROM datasets WHERE name = ?", [name]).fetchall()
+    if not rows:
+        known = [r[0] for r in con.execute("SELECT name FROM datasets ORDER BY 1").fetchall()]
+        raise UserInputError(f"no dataset named {name!r}; the datasets are: "
+                             f"{', '.join(known) or 'none yet'}.")
+    if len(rows) > 1:
+        raise UserInputError(f"{len(rows)} datasets are named {name!r}; give one of their "
+                             f"ids instead: {', '.join(r[0] for r in rows)}.")
+    return rows[0][0], rows[0][1]
+
+
+def _dependent_tables(con) -> list[tuple[str, str]]:
+    """(table, column) for every base table that holds rows of a trajectory or a dataset,
+    read from the catalog so that tables added by later migrations are included."""
+    rows = con.execute(
+        "SELECT c.table_name, c.column_name FROM information_schema.columns c "
+        "JOIN information_schema.tables t ON t.table_name = c.table_name "
+        "AND t.table_schema = c.table_schema "
+        "WHERE c.table_schema = 'main' AND t.table_type = 'BASE TABLE' "
+        "AND c.column_name IN ('trajectory_id', 'dataset_id') "
+        "AND c.table_name NOT IN ('trajectories', 'datasets') ORDER BY 1, 2").fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def audit_dir(db: Db = None) -> Path:
+    """Where deleted people's work (label edits) is kept: `audit/` beside the database."""
+    return db_path(db).parent / "audit"
+
+
+def delete_dataset(name: str, db: Db = None) -> dict[str, Any]:
+    """Remove dataset NAME (a name or an id) with its trajectories and every row that
+    refers to them, in one transaction (`datasets delete NAME --yes`, Home's Delete).
+    Returns the rows removed per table and the audit file of the label edits removed."""
+    import duckdb
+
+    if not db_exists(db):
+        raise store.StoreError(f"{db_path(db)}: no database here yet, so there is no "
+                               "dataset to delete.")
+    removed: dict[str, int] = {}
+    audit: Path | None = None
+    with store.connect(db) as con:
+        dataset_id, dataset_name = _find_dataset(con, name)
+        traj = "(SELECT id FROM trajectories WHERE dataset_id = ?)"
+        try:
+            with store.transaction(con):
+                edits = con.execute(
+                    f"SELECT * FROM label_edits WHERE trajectory_id IN {traj} ORDER BY id",
+                    [dataset_id])
+                cols = [d[0] for d in edits.description]
+                edit_rows = [dict(zip(cols, r, strict=True)) for r in edits.fetchall()]
+                for table, column in _dependent_tables(con):
+                    where = f"{column} IN {traj}" if column == "trajectory_id" else \
+                        f"{column} = ?"
+                    removed[table] = con.execute(
+                        f'SELECT count(*) FROM "{table}" WHERE {where}',
+                        [dataset_id]).fetchone()[0]
+                    con.execute(f'DELETE FROM "{table}" WHERE {where}', [dataset_id])
+                removed["trajectories"] = con.execute(
+                    "SELECT count(*) FROM trajectories WHERE dataset_id = ?",
+                    [dataset_id]).fetchone()[0]
+                con.execute("DELETE FROM trajectories WHERE dataset_id = ?", [dataset_id])
+                con.execute("DELETE FROM datasets WHERE id = ?", [dataset_id])
+                removed["datasets"] = 1
+                if edit_rows:  # written before the commit; removed again on rollback
+                    audit = _write_audit(db, dataset_id, dataset_name, edit_rows)
+        except duckdb.Error as exc:
+            if audit is not None:
+                audit.unlink(missing_ok=True)
+            raise store.StoreError(
+                f"Could not delete dataset {dataset_name!r}: {exc}. Nothing was removed."
+            ) from exc
+        except BaseException:
+            if audit is not None:
+                audit.unlink(missing_ok=True)
+            raise
+    return {"id": dataset_id, "name": dataset_name,
+            "removed": {k: int(v) for k, v in removed.items() if v},
+            "audit_file": str(audit) if audit else None}
+
+
+def _write_audit(db: Db, dataset_id: str, dataset_name: str,
+                 edits: list[dict[str, Any]]) -> Path:
+    folder = audit_dir(db)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    path = folder / f"deleted-dataset-{dataset_id}-{stamp}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"dataset_id": dataset_id, "dataset_name": dataset_name,
+                               "deleted_at": stamp, "label_edits": edits},
+                              indent=2, default=str))
+    tmp.replace(path)
+    return path

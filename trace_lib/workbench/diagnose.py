@@ -6,7 +6,13 @@ Design decisions
   do the work. Where a use case is exactly one stage call it is re-exported under its
   use-case name, so there is still one function per action to call (and to patch).
 - `rankings` is the Rankings page's whole read in one short connection (ranking, greedy
-  cover, failure clusters, the export document), so the page holds no SQL.
+  cover, failure clusters, the export document), so the page holds no SQL. It ranks once
+  and reads the (materialised) lacking labels once; cover and export reuse them.
+- `Scope` (datasets, agent models, domains) is threaded through label, rank, export and
+  the review queue; `scope_options` is what a picker offers.
+- `version` is the key a page caches its one query result under: it changes with every
+  label run, edit, undo and capability change (and only then), so a cached result is
+  never stale and a slider move on an unchanged store recomputes nothing it need not.
 - `label` takes the labeler's settings as keywords; LLM-only settings are dropped for the
   offline heuristic labeler (what both front ends did by hand before).
 """
@@ -21,6 +27,12 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES  # noqa: F401  (the grid's value menu)
 from trace_lib.diagnose import charts  # noqa: F401  (pure plotly figures for the pages)
+from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
+    ORDERS,
+    AgreementReport,
+    StabilityConfig,
+    StabilityInfo,
+)
 from trace_lib.diagnose.capabilities import (  # noqa: F401  (use cases as they are)
     CORE,
     add_capability,
@@ -38,12 +50,19 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     import_labels,
     label_grid,
     label_runs,
+    labels_csv,
     left_out_note,
     left_out_runs,
     review_queue,
     transcript_with_evidence,
 )
-from trace_lib.diagnose.ranking import RankConfig, Ranking, ranking_json  # noqa: F401
+from trace_lib.diagnose.ranking import (  # noqa: F401
+    RankConfig,
+    Ranking,
+    format_p,
+    ranking_json,
+)
+from trace_lib.scope import Scope
 
 Db = str | Path | None
 LLM_LABELERS = ("anthropic", "openai")
@@ -58,9 +77,10 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
           progress: Callable[[int, int], None] | None = None, model: str | None = None,
           base_url: str | None = None, concurrency: int | None = None,
           temperature: float | None = None, batch: bool = False,
-          resume: str | None = None) -> list[Any]:
-    """Run `runs` independent labeling runs (`label`, the Labels page's Run button), or
-    complete the partial run `resume` (its own labeler unless `labeler` names it)."""
+          resume: str | None = None, scope: Scope | None = None) -> list[Any]:
+    """Run `runs` independent labeling runs (`label`, the Labels page's Run button) over
+    the trajectories in `scope`, or complete the partial run `resume` (its own labeler
+    unless `labeler` names it)."""
     from trace_lib.diagnose.labeling import run_labeling
 
     cfg: dict[str, Any] = {}
@@ -73,7 +93,8 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
         if labeler == "anthropic" and batch:
             cfg["batch"] = True
     return run_labeling(db, labeler, runs=runs, capabilities=capabilities,
-                        run_prefix=run_prefix, progress=progress, resume=resume, **cfg)
+                        run_prefix=run_prefix, progress=progress, resume=resume,
+                        scope=scope, **cfg)
 
 
 def edit_label(db: Db, trajectory_id: str, capability: str, value: str, *, editor: str,
@@ -122,11 +143,31 @@ def run_ids(db: Db) -> list[str]:
             "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
 
 
-def rank(db: Db, cfg: RankConfig | None = None) -> Ranking:
+def scope_options(db: Db) -> dict[str, list[str]]:
+    """What a scope picker offers: dataset names, agent models, domains (empty without a
+    database)."""
+    from trace_lib.scope import scope_options as _options
+
+    if not store.resolve_db_path(db).exists():
+        return {"datasets": [], "agent_models": [], "domains": []}
+    with store.connect(db) as con:
+        return _options(con)
+
+
+def version(db: Db) -> tuple[Any, ...]:
+    """The store version the diagnose pages key their cached results on (brings the
+    materialised labels up to date first)."""
+    from trace_lib.diagnose import materialise
+
+    with store.connect(db) as con:
+        return materialise.version(con)
+
+
+def rank(db: Db, cfg: RankConfig | None = None, *, scope: Scope | None = None) -> Ranking:
     """Cov / Delta per run and the K-of-N selection alone (a notebook cell)."""
     from trace_lib.diagnose.ranking import rank as _rank
 
-    return _rank(db, cfg)
+    return _rank(db, cfg, scope=scope)
 
 
 def write_selected(path: str | Path, document: list[dict[str, Any]]) -> Path:
@@ -145,25 +186,65 @@ class RankingsView:
     cover: list[dict[str, Any]] = field(default_factory=list)
     clusters: list[dict[str, Any]] = field(default_factory=list)
     document: list[dict[str, Any]] = field(default_factory=list)
+    stability: StabilityInfo | None = None  # None: the plain run ranking
 
 
-def rankings(db: Db, cfg: RankConfig, details: bool = True) -> RankingsView:
-    """Rank and select (`rank`, the Rankings page) in one read: the ranking, the
-    selected_capabilities.json document that `rank --export` writes and the page's export
-    button offers and, with `details`, the greedy cover of the kept set and the failure
-    clusters the page draws."""
+def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
+             scope: Scope | None = None,
+             stability: StabilityConfig | None = None) -> RankingsView:
+    """Rank and select (`rank`, the Rankings page) in one read over `scope`: the ranking,
+    the selected_capabilities.json document that `rank --export` writes and the page's
+    export button offers and, with `details`, the greedy cover of the kept set and the
+    failure clusters the page draws. Ranks once; the effective labels are read once.
+    `stability` ranks K-of-N over runs or bootstrap resamples (`diagnose.agreement`)."""
+    from trace_lib.diagnose.agreement import stable_ranking
     from trace_lib.diagnose.ranking import (
         failure_clusters,
         greedy_cover,
+        lacking_failures,
         rank_con,
         selected_document,
     )
 
+    info = None
     with store.connect(db) as con:
-        ranking = rank_con(con, cfg)
+        if stability is None:
+            ranking = rank_con(con, cfg, scope=scope)
+        else:
+            sr = stable_ranking(con, cfg, stability, scope=scope)
+            ranking, info = sr.ranking, sr.info
         kept = [r.capability for r in ranking.selected]
-        cover = greedy_cover(con, kept) if kept and details else []
-        clusters = failure_clusters(con, [r.capability for r in ranking.rows
-                                          if r.status != "rejected"]) if details else []
-        doc = selected_document(con, cfg)
-    return RankingsView(ranking, kept, cover, clusters, doc)
+        cover, clusters = [], []
+        if details:
+            if kept:
+                lacking = lacking_failures(con, kept, scope=scope)
+                cover = greedy_cover(con, kept, scope=scope, lacking=lacking)
+            clusters = failure_clusters(con, [r.capability for r in ranking.rows
+                                              if r.status != "rejected"], scope=scope)
+        doc = selected_document(con, cfg, ranking=ranking)
+    return RankingsView(ranking, kept, cover, clusters, doc, info)
+
+
+# -------------------------------------------------------------- agreement, review queue
+
+
+def agreement(db: Db, runs: list[str] | None = None, *,
+              scope: Scope | None = None) -> AgreementReport:
+    """Fleiss' kappa across runs per capability and Cohen's kappa of labelers and people
+    (`agreement`, the Labels page's Agreement section)."""
+    from trace_lib.diagnose.agreement import agreement_con
+
+    with store.connect(db) as con:
+        return agreement_con(con, runs, scope=scope)
+
+
+def review_queue_ranked(db: Db, cfg: RankConfig | None = None,
+                        stability: StabilityConfig | None = None, *, limit: int = 50,
+                        order: str = "disagreement", scope: Scope | None = None) -> Any:
+    """The review queue ordered by disagreement or by ranking sensitivity (`review-queue`,
+    the Labels page's Review queue tab)."""
+    from trace_lib.diagnose.agreement import review_queue_con
+
+    with store.connect(db) as con:
+        return review_queue_con(con, cfg, stability, limit=limit, order=order, scope=scope)
+

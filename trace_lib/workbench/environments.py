@@ -31,7 +31,9 @@ from trace_lib.errors import UserInputError
 Db = str | Path | None
 Progress = Callable[[int, int], None]
 
-STATUS_ICONS = {"approved": "✅", "validated": "🟢", "rejected": "⛔", "draft": "📝"}
+STATUS_ICONS = {"approved": "✅", "validated": "🟢", "rejected": "⛔", "draft": "📝",
+                "your code": "🧩"}
+OWN_CODE_STATUS = "your code"  # a plugin environment's listing status: nothing to review
 N_EXAMPLES = 3
 
 
@@ -39,8 +41,9 @@ N_EXAMPLES = 3
 
 
 def resolve(name: str, db: Db = None):
-    """The EnvSpec of a built-in name, a stored generated name, or a .py file."""
-    from trace_lib.envs.registry import resolve as _resolve
+    """The EnvSpec of a built-in name, a stored generated name, a .py file, a registered
+    plugin or package.module:Attr (`envs.catalog.resolve`: the app side's resolution)."""
+    from trace_lib.envs.catalog import resolve as _resolve
 
     return _resolve(name, db=db)
 
@@ -48,7 +51,7 @@ def resolve(name: str, db: Db = None):
 def open_environment(spec_or_name: Any, db: Db = None, options: dict[str, Any] | None = None):
     """A context manager yielding the environment; sandboxed unless built-in. `options`:
     how a built-in is built (tools=capability|all, policy=excerpt|full, difficulty=1|2|3)."""
-    from trace_lib.envs.registry import open_environment as _open
+    from trace_lib.envs import open_environment as _open
 
     return _open(spec_or_name, db=db, options=options)
 
@@ -69,10 +72,25 @@ def list_environments(db: Db = None) -> list[dict[str, Any]]:
 
 
 def environment_names() -> list[str]:
-    """The built-in environment names (no database needed)."""
+    """The environment names pickers offer without a database: the built-ins, then your
+    own registered ones (plugins of the `trace_workbench.environments` entry-point group)."""
     from trace_lib.envs.registry import builtin_names
 
-    return builtin_names()
+    return builtin_names() + [r["name"] for r in plugin_environments()]
+
+
+def plugin_environments() -> list[dict[str, Any]]:
+    """Your own environments, registered in this process or by an installed distribution
+    under the `trace_workbench.environments` entry-point group, as listing rows. Names
+    only: nothing of the plugin is imported until one is used. They are your code, not
+    catalog environments, so they have no review status (`OWN_CODE_STATUS`)."""
+    from trace_lib.envs.registry import ENVIRONMENTS
+
+    return [{"name": name, "capability": "", "domain": "", "version": 1, "source": "python",
+             "code_sha256": None, "path": None, "status": OWN_CODE_STATUS,
+             "validated_figures": None, "calibration_mean_reward": None,
+             "calibration_in_band": None}
+            for name in ENVIRONMENTS.names()]
 
 
 def status_of(name: str, db: Db = None) -> str:
@@ -336,11 +354,15 @@ def require_trainable(name: str, db: Db = None, allow_unreviewed_builtin: bool =
 
 def trainable_environments(db: Db = None, include_builtins: bool = False
                            ) -> list[dict[str, Any]]:
-    """The environments training offers: approved ones (and, for a smoke run, the built-ins
-    nobody reviewed yet when `include_builtins`)."""
-    return [r for r in list_environments(db)
-            if r["status"] == "approved"
-            or (include_builtins and r["source"] == "builtin" and r["status"] != "rejected")]
+    """The environments training offers: approved ones, your registered plugin ones (your
+    code: no review, as `require_trainable` says) and, for a smoke run, the built-ins
+    nobody reviewed yet when `include_builtins`."""
+    catalog_rows = [r for r in list_environments(db)
+                    if r["status"] == "approved"
+                    or (include_builtins and r["source"] == "builtin"
+                        and r["status"] != "rejected")]
+    taken = {r["name"] for r in catalog_rows}
+    return catalog_rows + [r for r in plugin_environments() if r["name"] not in taken]
 
 
 def job_environment(config: dict[str, Any], db: Db = None, key: str = "env",

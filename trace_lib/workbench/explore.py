@@ -49,18 +49,96 @@ def filter_options(db: Db) -> pd.DataFrame:
 
 def overview(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500) -> Overview:
     """Summary, charts' frames and the listing for a filter (`explore stats|list`)."""
+    with store.connect(db, read_only=True) as con:
+        return _overview(con, flt, limit)
+
+
+def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
     from trace_lib.explore import queries
 
+    # One connection: a text filter's matching ids are computed once and every query
+    # below semi-joins them (explore.search.bind).
+    return Overview(
+        summary=queries.outcome_summary(con, flt),
+        by_domain=queries.success_by_domain_agent(con, flt),
+        terminations=queries.termination_counts(con, flt),
+        tool_calls=queries.tool_call_histogram(con, flt),
+        tool_usage=queries.tool_usage(con, flt),
+        error_kinds=queries.tool_error_kinds(con, flt),
+        listing=queries.list_trajectories(con, flt, limit=limit),
+    )
+
+
+@dataclass
+class SearchStatus:
+    """Whether the fast paths are in place: the full-text index covers every trajectory,
+    every trajectory has its derived columns. Either missing: answers stay right, slower;
+    `explore reindex` repairs both."""
+
+    index_fresh: bool
+    n_unindexed: int
+    derived_ready: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.index_fresh and self.derived_ready
+
+
+@dataclass
+class TrajectoriesPage:
+    """Everything the Trajectories page shows for one filter, from one connection."""
+
+    overview: Overview
+    signatures: pd.DataFrame
+    status: SearchStatus
+
+
+def _status(con: Any) -> SearchStatus:
+    from trace_lib.explore import derived, search
+
+    state = search.index_state(con)
+    return SearchStatus(state.fresh, state.n_unindexed, derived.ready(con))
+
+
+def trajectories_page(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500
+                      ) -> TrajectoriesPage:
+    """The Trajectories page's data: overview, listing and failure signatures."""
+    from trace_lib.explore import clusters
+
     with store.connect(db, read_only=True) as con:
-        return Overview(
-            summary=queries.outcome_summary(con, flt),
-            by_domain=queries.success_by_domain_agent(con, flt),
-            terminations=queries.termination_counts(con, flt),
-            tool_calls=queries.tool_call_histogram(con, flt),
-            tool_usage=queries.tool_usage(con, flt),
-            error_kinds=queries.tool_error_kinds(con, flt),
-            listing=queries.list_trajectories(con, flt, limit=limit),
-        )
+        return TrajectoriesPage(_overview(con, flt, limit), clusters.signature_counts(con, flt),
+                                _status(con))
+
+
+def store_version(db: Db) -> tuple[float, ...]:
+    """Changes whenever the store or its search index is written (a page cache key)."""
+    from trace_lib.explore import search
+
+    return search.file_version(store.resolve_db_path(db))
+
+
+def search_status(db: Db) -> SearchStatus:
+    with store.connect(db, read_only=True) as con:
+        return _status(con)
+
+
+def reindex(db: Db) -> dict[str, int]:
+    """Backfill derived columns and rebuild the full-text index (`explore reindex`)."""
+    from trace_lib.explore import derived
+
+    path = store.resolve_db_path(db)
+    if not path.exists():
+        raise UserInputError(f"{path}: no database here yet; nothing to index")
+    with store.connect(path) as con:
+        return derived.rebuild(con, path)
+
+
+def encoder_warmup():
+    """The process's background import of scikit-learn and load of the default encoder
+    (started on first call): `.fraction`, `.text`, `.ready()`, `.wait()`."""
+    from trace_lib.explore import embeddings
+
+    return embeddings.warm_up()
 
 
 def list_trajectories(db: Db, flt: TrajectoryFilter | None = None, limit: int = 50
@@ -132,21 +210,47 @@ def transcript(db: Db, trajectory_id: str) -> TranscriptView:
 
 @dataclass
 class Comparison:
-    passed: Any
-    failed: Any
-    alignment: list[Any]
+    left: Any  # explore.transcript.Transcript
+    right: Any
+    alignment: list[Any]  # AlignedRow of left's agent calls vs right's
+
+    # The default pair (no other id given) is a passed (left) and a failed (right) trial;
+    # these names keep `explore compare` and notebook 00 reading it that way.
+    @property
+    def passed(self) -> Any:
+        return self.left
+
+    @property
+    def failed(self) -> Any:
+        return self.right
 
 
-def compare(db: Db, trajectory_id: str) -> Comparison:
-    """A passed and a failed trial of the trajectory's task, aligned on tool calls."""
+def trials(db: Db, trajectory_id: str) -> pd.DataFrame:
+    """Every trial of the trajectory's task in its dataset (itself included): id, trial,
+    outcome, reward, termination (what the page offers to compare with)."""
     from trace_lib.explore import transcript as tr
 
     with store.connect(db, read_only=True) as con:
-        pair = tr.contrast_pair(con, trajectory_id)
+        return tr.task_trials(con, trajectory_id)
+
+
+def compare(db: Db, trajectory_id: str, other_id: str | None = None) -> Comparison:
+    """Two trajectories aligned on tool calls: `trajectory_id` (left) against `other_id`
+    (right, any trajectory); without `other_id`, a passed (left) and a failed (right)
+    trial of the trajectory's task."""
+    from trace_lib.explore import transcript as tr
+
+    with store.connect(db, read_only=True) as con:
+        if other_id is not None:
+            if other_id == trajectory_id:
+                raise UserInputError(f"compare: {trajectory_id!r} with itself; choose "
+                                     "another trajectory")
+            pair: tuple[str, str] | None = (trajectory_id, other_id)
+        else:
+            pair = tr.contrast_pair(con, trajectory_id)
         if pair is None:
             raise UserInputError(
                 f"trajectory {trajectory_id!r}: its task has no passed and failed "
-                "trial with a known outcome to compare")
-        passed, failed = (tr.load_transcript(con, i) for i in pair)
-    return Comparison(passed, failed, tr.align_calls(passed.agent_calls(),
-                                                     failed.agent_calls()))
+                "trial with a known outcome to compare; give another trajectory id")
+        left, right = (tr.load_transcript(con, i) for i in pair)
+    return Comparison(left, right, tr.align_calls(left.agent_calls(), right.agent_calls()))

@@ -15,6 +15,12 @@ Design decisions
   row the first time it sees a succeeded training job. Adapter ids are derived from the job
   id (`a_<job id>`), so re-syncing never duplicates. A run directory not yet in the store
   (submitted from a notebook without a database, or another machine's CLI) is picked up.
+- A finished job that learned nothing (every GRPO step had constant reward in every group,
+  or a gate run whose gates did not move) is not a plain "succeeded": `learning_signal`
+  derives the state a person sees, "succeeded — no learning signal", with the reason, from
+  the run's metrics rows (the page, `job status` and `job list` show the same).
+- The page's jobs table, watch selector and live panel read one snapshot, `job_views`
+  (run directories only), so they always agree on the step count.
 - A job's run directory is the one its row recorded: `job_status`, `cancel`, `wait` and
   `job_log` read the `jobs` row, not today's `TRACE_RUNS_DIR`, so moving the runs folder
   does not lose jobs. (The page's live panel, which must not open the store, reads the
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,9 @@ from trace_lib.workbench import environments
 
 Db = str | Path | None
 JOB_KIND = "train_adapter"
+GATES_KIND = "train_gates"
+NO_SIGNAL_STATE = "succeeded — no learning signal"
+_TOKENIZER_LOCK = threading.Lock()
 
 # Flat names for nested TrainConfig fields: what a CLI flag or a widget sets.
 _LORA = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_targets": "targets",
@@ -95,13 +106,16 @@ def prepare_model(name: str, rebuild: bool = False) -> Path:
 
 
 def serve_policy(model: str = "tiny", port: int = 8000, served_model_name: str | None = None,
-                 max_tokens: int = 256, threads: int | None = None) -> None:
-    """Run the CPU policy server on 127.0.0.1 in the foreground (`serve`)."""
+                 max_tokens: int = 256, threads: int | None = None,
+                 **limits: int | None) -> None:
+    """Run the CPU policy server on 127.0.0.1 in the foreground (`serve`). `limits`:
+    the server's `kv_cache_mb`, `max_n`, `max_body_bytes` (None: its default)."""
     from trace_lib.runtime.policy_server import ServerConfig, serve
 
     serve(ServerConfig(model=model, host="127.0.0.1", port=port,
                        served_model_name=served_model_name, default_max_tokens=max_tokens,
-                       torch_threads=threads))
+                       torch_threads=threads,
+                       **{k: v for k, v in limits.items() if v is not None}))
 
 
 # ----------------------------------------------------------------------------- launch
@@ -228,13 +242,129 @@ def follow_log(db: Db, job_id: str, poll_s: float = 1.0) -> Iterator[str]:
         time.sleep(poll_s)
 
 
-def live_status(job_id: str) -> dict[str, Any]:
+def live_status(job: str | jobs.JobStatus) -> dict[str, Any]:
     """What the page's live panel redraws every two seconds, from the run directory only
-    (no database: it must never hold the store's lock)."""
-    status = jobs.job_status(job_id)
-    return {"status": status, "metrics": jobs.read_metrics(status.run_dir),
-            "samples": jobs.read_samples(status.run_dir),
-            "log": jobs.read_log(status.run_dir, tail=60)}
+    (no database: it must never hold the store's lock): status, metrics, samples, log,
+    the learning signal and the phase. Given a JobStatus (the page's `job_views`
+    snapshot), that status is used as it is, so the panel and the table agree."""
+    status = job if isinstance(job, jobs.JobStatus) else jobs.job_status(job)
+    rows = jobs.read_metrics(status.run_dir)
+    log = jobs.read_log(status.run_dir, tail=60)
+    return {"status": status, "metrics": rows, "samples": jobs.read_samples(status.run_dir),
+            "log": log, "signal": learning_signal(status, rows),
+            "phase": phase(status, rows, log)}
+
+
+def job_views(kind: str | None = JOB_KIND) -> list[dict[str, Any]]:
+    """One snapshot of every job (of `kind`; None: all) for a page's table and selector,
+    from the run directories only: id, state (as a person should read it), steps, config."""
+    out = []
+    for st in jobs.list_jobs():
+        if kind is not None and st.kind != kind:
+            continue
+        rows = jobs.read_metrics(st.run_dir)
+        out.append({"status": st, "state": learning_signal(st, rows)["state"],
+                    "steps": f"{st.steps_done}/{st.config.get('steps') or '?'}"})
+    return out
+
+
+def learning_signal(status: jobs.JobStatus, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did the job learn anything? From its metrics rows: `steps` (GRPO steps run),
+    `no_signal_steps` (steps where every group had constant reward, so GRPO had nothing to
+    learn from), `learned` (False when none had a signal, or a gate run's gates did not
+    move; None while unknown), `state` (the job state a person should read: a succeeded job
+    that learned nothing is "succeeded — no learning signal") and `warning`."""
+    finished = status.state in jobs.TERMINAL
+    if status.kind == GATES_KIND:
+        from trace_lib.compose.movement import gate_movement
+
+        moved = gate_movement(rows, finished=finished)
+        learned, warning = moved["moved"], moved["warning"]
+        steps, quiet = moved["steps"], moved["steps"] - moved["informative_steps"]
+        if finished and learned is None:
+            learned = False
+    else:
+        grpo = [r for r in rows if "no_signal" in r]
+        steps, quiet = len(grpo), sum(bool(r["no_signal"]) for r in grpo)
+        learned = None if not grpo else quiet < len(grpo)
+        warning = None
+        if learned is False:
+            warning = (f"No learning signal: in all {steps} GRPO steps every group's rollouts "
+                       "got the same reward, so the adapter learned nothing. Try SFT "
+                       "warm-start steps, hints, a lower difficulty or a larger group.")
+    state = status.state
+    if state == "succeeded" and learned is False:
+        state = NO_SIGNAL_STATE
+    return {"steps": steps, "no_signal_steps": quiet, "learned": learned, "state": state,
+            "warning": warning}
+
+
+_EVAL_LINE = re.compile(r"\[eval (before|after)\] (\d+)/(\d+) held-out seeds")
+
+
+def phase(status: jobs.JobStatus, rows: list[dict[str, Any]], log: str) -> dict[str, Any]:
+    """Where an active training job is: `name` (starting | eval before | training | eval
+    after | ended), `done`/`total` for a progress bar and a `text` for it. The held-out
+    evaluation before the first step can take minutes: without this a page says "0/N
+    steps" the whole time."""
+    total_steps = int(status.config.get("steps") or 0)
+    eval_seeds = int(status.config.get("eval_seeds") or 0)
+    if status.state in jobs.TERMINAL:
+        return {"name": "ended", "done": status.steps_done, "total": total_steps,
+                "text": f"{status.steps_done}/{total_steps} steps"}
+    grpo = [r for r in rows if "no_signal" in r]
+    evals = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _EVAL_LINE.finditer(log)}
+    if eval_seeds and not grpo:
+        if "before" not in evals and status.state == "queued":
+            return {"name": "starting", "done": 0, "total": eval_seeds,
+                    "text": "starting: loading the model"}
+        done, total = evals.get("before", (0, eval_seeds))
+        return {"name": "eval before", "done": done, "total": total,
+                "text": f"evaluating before training: {done}/{total} held-out seeds"}
+    if eval_seeds and status.steps_done >= total_steps > 0:
+        done, total = evals.get("after", (0, eval_seeds))
+        return {"name": "eval after", "done": done, "total": total,
+                "text": f"evaluating the adapter: {done}/{total} held-out seeds"}
+    return {"name": "training", "done": status.steps_done, "total": total_steps,
+            "text": f"training: {status.steps_done}/{total_steps} steps"}
+
+
+def context_check(db: Db, env: str, model: str, options: dict[str, Any] | None = None,
+                  max_tokens: int = 0) -> dict[str, Any] | None:
+    """Does the environment's prompt fit the model's context? `prompt_tokens` (in the
+    model's tokenizer and chat template), `context` (the model's max positions) and a
+    `warning` when prompt + `max_tokens` is longer. None when the model is not built yet or
+    has no recorded context (nothing to compare; training would build it)."""
+    from trace_lib.runtime.base_models import list_models, resolve_model
+
+    ready = {m["name"]: m["ready"] for m in list_models()}
+    if model in ready and not ready[model]:
+        return None
+    try:
+        path = Path(resolve_model(model))
+    except UserInputError:
+        return None
+    config = path / "config.json"
+    if not config.is_file():
+        return None
+    context = json.loads(config.read_text()).get("max_position_embeddings")
+    if not context:
+        return None
+    if environments.resolve(env, db=db).source != "builtin":
+        options = None  # build options (tools, policy, difficulty) are the built-ins' only
+    # One at a time: a page rerun starts a new script thread while the old one may still be
+    # importing transformers, and its lazy module is not safe to import from two threads.
+    with _TOKENIZER_LOCK:
+        sample = environments.sample(env, seed=0, db=db, options=options, model=str(path))
+    prompt = int(sample["prompt_tokens"]["total"])
+    warning = None
+    if prompt + max_tokens > int(context):
+        warning = (f"The prompt of {env} is {prompt} tokens in {model}'s tokenizer"
+                   + (f" (+{max_tokens} to generate)" if max_tokens else "")
+                   + f", longer than the model's context of {context} tokens: every rollout "
+                   "would be refused. Choose a model with a longer context, or the "
+                   "capability tools and the policy excerpt.")
+    return {"prompt_tokens": prompt, "context": int(context), "warning": warning}
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

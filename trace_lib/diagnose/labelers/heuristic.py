@@ -101,8 +101,10 @@ def expected_belongs(t: Transcript) -> bool:
             if (k.endswith("_id") or k == "email") and isinstance(v, str | int)]
     if not keys:
         return True
-    text = " ".join(m["content"] or "" for m in t.messages) + " ".join(
-        json.dumps(c.arguments) for c in t.calls)
+    text = " ".join(m["content"] or "" for m in t.messages)
+    if any(k in text for k in keys):  # the usual case: no need to serialise the calls
+        return True
+    text += " ".join(json.dumps(c.arguments) for c in t.calls)
     return any(k in text for k in keys)
 
 
@@ -136,6 +138,9 @@ class HeuristicLabeler:
     name = "heuristic"
     model = None
     concurrency = 1
+    # In-process and fast (hundreds of trajectories/s): the run holds one store connection
+    # and writes large Arrow batches (see labeling.py).
+    fast = True
 
     def prompt_sha256(self, capabilities: list[Capability]) -> str | None:
         return None

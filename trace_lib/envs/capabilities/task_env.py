@@ -185,7 +185,7 @@ class TaskEnvironment:
     def reset(self, seed: int) -> None:
         self.seed = int(seed)
         rng = random.Random(f"{self.name}:{self.seed}:{self.config.difficulty}")
-        db = self._domain.make_db(self.seed, **self.config.db_size)
+        db = self._fresh_db()
         task = self._builder(db, rng, self.config.difficulty)
         expected = copy_db(db)
         kit = self._domain.tools(expected)
@@ -203,6 +203,15 @@ class TaskEnvironment:
         self.calls = []
         self.final_answer = None
         self._done = False
+
+    def _fresh_db(self) -> Any:
+        """The instance's starting database (a subclass may start from a fixed one)."""
+        return self._domain.make_db(self.seed, **self.config.db_size)
+
+    def _tool_error(self, name: str) -> str | None:
+        """An error observation for a call to `name` that this environment refuses; None
+        answers every domain tool (a tool the prompt does not show included)."""
+        return None
 
     @property
     def system_prompt(self) -> str:
@@ -261,13 +270,10 @@ class TaskEnvironment:
             self.calls.append({"name": "", "arguments": {}, "observation": obs, "write": False})
             self._check_budget()
             return obs
-        if "function" in act and isinstance(act["function"], dict):  # OpenAI tool_call shape
-            act = {"name": act["function"].get("name"), "arguments":
-                   act["function"].get("arguments") or {}}
-        if "name" in act and act["name"]:
+        if "name" in act and act["name"]:  # parse_action unwraps OpenAI's function shape
             name = str(act["name"])
             arguments = tool_arguments(act)
-            obs = invoke(self.toolkit, name, arguments)
+            obs = self._tool_error(name) or invoke(self.toolkit, name, arguments)
             write = name in self._domain.write_tools() and not is_error(obs)
             self.calls.append({"name": name, "arguments": arguments, "observation": obs,
                                "write": write})

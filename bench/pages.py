@@ -1,0 +1,296 @@
+"""Page settle times in a real browser: `streamlit run` + headless Chromium (Playwright).
+
+    nice -n 10 python bench/pages.py [--sizes 10000,100000] [--runs 1] [--repeats 2]
+
+For each size the bench builds its own store: bench/ingest.py's synthetic OpenAI-messages
+file (`write_dataset`: 4 domains, one tool call each, ~10% tool errors) imported with
+`ingest_paths` (the real importer: derived columns and the full-text index included),
+then `--runs` finished label runs over the built-in capabilities (lacking more often on
+failures, as bench/rank.py draws them). One `streamlit run app.py` serves it.
+
+What is timed (each in a fresh browser context, median of `--repeats`):
+- navigation to settled for Trajectories, Labels and Rankings: from `page.goto` to the
+  end of the script run it triggered, read from the `data-test-script-state` attribute
+  Streamlit puts on `.stApp` (a MutationObserver records each transition with
+  `performance.now()`); the first visit after the server started is reported apart
+  ("cold": every cache empty), then warm visits;
+- on Trajectories: a filter change (Outcome -> failures) and a text search ("not found",
+  words mode, the index) and the same text as an exact substring (the scan), each from
+  the action to the end of the rerun it triggered;
+- the server process's CPU time (user + system from /proc) over each measurement.
+
+Nothing here is a pass/fail threshold; the figures go into bench/README.md ("Pages").
+The query-level before/after of the same paths (old subquery scan vs index, computed vs
+derived columns) is bench/explore.py's `--paths` part: the page can only run the new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PAGES = ("Trajectories", "Labels", "Rankings")
+TIMEOUT_MS = 600_000  # per step; a step past it is reported as "> limit", not retried
+
+# Records every change of the script-run state with its time (ms since navigation start).
+OBSERVER = """
+window.__runs = [];
+const watch = () => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app) { requestAnimationFrame(watch); return; }
+  const note = () => window.__runs.push([app.getAttribute('data-test-script-state'),
+                                         performance.now()]);
+  note();
+  new MutationObserver(note).observe(app, {attributes: true,
+                                           attributeFilter: ['data-test-script-state']});
+};
+watch();
+"""
+# Settled: a run started after `since` and the state is back to notRunning.
+SETTLED = """(since) => {
+  const r = window.__runs || [];
+  const started = r.findIndex(([s, t]) => s === 'running' && t >= since);
+  if (started < 0) return null;
+  const last = r[r.length - 1];
+  return last[0] === 'notRunning' && r.length - 1 > started ? last[1] : null;
+}"""
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build(db: Path, n: int, runs: int) -> float:
+    """The store for one size; returns the import's wall seconds."""
+    from trace_lib import store
+    from trace_lib.diagnose.capabilities import BUILTIN, ensure_builtin
+    from trace_lib.ingest import ingest_paths
+
+    data = db.with_suffix(".jsonl")
+    _bench_module("ingest").write_dataset(data, n)
+    t0 = time.perf_counter()
+    ingest_paths([data], db=db)
+    took = time.perf_counter() - t0
+    data.unlink()
+    caps = [b.name for b in BUILTIN]
+    with store.connect(db) as con:
+        ensure_builtin(con)
+        con.execute("SELECT setseed(0.42)")
+        for r in range(runs):
+            con.execute("INSERT INTO label_runs (id, labeler, finished_at, status) "
+                        "VALUES (?, 'bench', now(), 'finished')", [f"r{r}"])
+        con.execute(f"""
+            INSERT INTO labels (run_id, trajectory_id, capability, value)
+            SELECT 'r' || r.i, t.id, c.name,
+                   CASE WHEN random() < CASE WHEN c.k < 4 AND NOT t.success THEN 0.5 ELSE 0.15
+                        END THEN 'lacking' WHEN random() < 0.3 THEN 'na' ELSE 'present' END
+            FROM trajectories t, range({runs}) r(i),
+                 (SELECT unnest(?::VARCHAR[]) AS name,
+                         generate_subscripts(?::VARCHAR[], 1) - 1 AS k) c
+        """, [caps, caps])
+        con.execute("CHECKPOINT")
+    return took
+
+
+class Server:
+    def __init__(self, db: Path, log: Path):
+        port = _free_port()
+        env = {**os.environ, "TRACE_DB": str(db), "HF_HUB_OFFLINE": "1",
+               "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        with open(log, "wb") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"),
+                 "--server.port", str(port), "--server.address", "127.0.0.1",
+                 "--server.headless", "true", "--server.fileWatcherType", "none",
+                 "--browser.gatherUsageStats", "false"],
+                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(self.url + "/_stcore/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.3)  # polling a starting server, not synchronising a test
+        self.stop()
+        raise RuntimeError(f"streamlit did not start:\n{log.read_text()[-3000:]}")
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _settle(page, since: float) -> float:
+    """The time (page clock, ms) the run started after `since` ended; inf past the limit."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        handle = page.wait_for_function(SETTLED, arg=since, timeout=TIMEOUT_MS, polling=100)
+    except PlaywrightTimeout:
+        return float("inf")
+    return float(handle.json_value())
+
+
+def navigate(browser, server: Server, name: str) -> tuple[float, float, object]:
+    """(seconds to settled, server CPU seconds, the open page) for one fresh visit."""
+    ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
+    ctx.add_init_script(OBSERVER)
+    page = ctx.new_page()
+    page.set_default_timeout(TIMEOUT_MS)  # clicks wait for the widget as long as a settle
+    cpu0 = server.cpu_s()
+    page.goto(f"{server.url}/{name}", timeout=TIMEOUT_MS)
+    end = _settle(page, 0.0)  # performance.now() counts from this navigation's start
+    return end / 1000, server.cpu_s() - cpu0, page
+
+
+def act(page, server: Server, action) -> tuple[float, float]:
+    """(seconds from the action to the end of its rerun, server CPU seconds)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    since = page.evaluate("performance.now()")
+    cpu0 = server.cpu_s()
+    try:
+        action(page)
+    except PlaywrightTimeout:
+        return float("inf"), server.cpu_s() - cpu0
+    end = _settle(page, since)
+    return (end - since) / 1000, server.cpu_s() - cpu0
+
+
+def _failures(page) -> None:
+    side = page.get_by_test_id("stSidebar")
+    side.get_by_test_id("stRadio").first.get_by_text("failures", exact=True).click()
+
+
+def _search(text: str, exact: bool):
+    def run(page) -> None:
+        side = page.get_by_test_id("stSidebar")
+        box = side.get_by_test_id("stCheckbox").filter(has_text="Exact substring")
+        if box.locator("input").is_checked() != exact:
+            since = page.evaluate("performance.now()")
+            box.locator("label").click()
+            _settle(page, since)
+        field = side.get_by_role("textbox", name="Text contains")
+        field.fill(text)
+        field.press("Enter")
+    return run
+
+
+def _clear_search(page) -> None:
+    field = page.get_by_test_id("stSidebar").get_by_role("textbox", name="Text contains")
+    field.fill("")
+    field.press("Enter")
+
+
+def _report(out: dict, key: str, value: tuple[float, float]) -> None:
+    out.setdefault(key, []).append(value)
+    print(f"    {key:<55} {_fmt(value[0])}   server CPU {value[1]:6.2f} s", flush=True)
+
+
+def _fmt(seconds: float) -> str:
+    return f"> {TIMEOUT_MS / 1000:.0f} s" if seconds == float("inf") else f"{seconds:.2f} s"
+
+
+def measure(server: Server, repeats: int, pages: tuple[str, ...]
+            ) -> dict[str, tuple[float, float]]:
+    from playwright.sync_api import sync_playwright
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=CHROMIUM_ARGS)
+        for name in pages:  # the first visit of each page after the server started
+            s, cpu, page = navigate(browser, server, name)
+            _report(out, f"{name}: first visit (cold caches)", (s, cpu))
+            page.context.close()
+        for _ in range(repeats):
+            for name in pages:
+                s, cpu, page = navigate(browser, server, name)
+                _report(out, f"{name}: visit (warm)", (s, cpu))
+                if name == "Trajectories" and s != float("inf"):
+                    steps = [("filter change (outcome -> failures)", _failures),
+                             ("text search, words (index)", _search("not found", False)),
+                             ("text search, exact substring (scan)", _search("not found", True))]
+                    for label, action in steps:
+                        _report(out, f"Trajectories: {label}", act(page, server, action))
+                        if label.startswith("text"):
+                            act(page, server, _clear_search)
+                page.context.close()
+        browser.close()
+    return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+            for k, v in out.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--runs", type=int, default=1, help="label runs per store")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--pages", default=",".join(PAGES),
+                    help="comma-separated subset of " + ", ".join(PAGES))
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per step")
+    args = ap.parse_args()
+    global TIMEOUT_MS
+    TIMEOUT_MS = int(args.timeout * 1000)
+    pages = tuple(p for p in args.pages.split(",") if p)
+    random.seed(0)
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    results: dict[int, dict[str, tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.sizes.split(",")):
+            db = Path(tmp) / f"pages-{n}.duckdb"
+            took = build(db, n, args.runs)
+            print(f"{n:,} trajectories x {args.runs} label run(s): imported in {took:.0f} s",
+                  flush=True)
+            server = Server(db, Path(tmp) / f"streamlit-{n}.log")
+            try:
+                results[n] = measure(server, args.repeats, pages)
+            finally:
+                server.stop()
+    sizes = list(results)
+    print("\n| what | " + " | ".join(f"{n:,}: settle / server CPU" for n in sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    for k in results[sizes[0]]:
+        cells = [f"{_fmt(results[n][k][0])} / {results[n][k][1]:.1f} s" if k in results[n]
+                 else "" for n in sizes]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Bootstrap stability (seeded, stratified, K of B) and the keep rule's sensitivity,
+checked by really applying the predicted flip and re-ranking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from synthetic import make_store
+from test_agreement import _one_run_store, _outcomes
+
+from trace_lib import store
+from trace_lib.diagnose import stability as ag
+from trace_lib.diagnose.labels import edit_label, undo_edit
+from trace_lib.diagnose.ranking import RankConfig
+from trace_lib.errors import UserInputError
+
+
+def test_bootstrap_used_for_one_run_seeded_and_stratified(db_path: Path) -> None:
+    _one_run_store(db_path)
+    with store.connect(db_path) as con:
+        sr = ag.stable_ranking(con, RankConfig(), ag.StabilityConfig(b=100, seed=1))
+        again = ag.stable_ranking(con, RankConfig(), ag.StabilityConfig(b=100, seed=1))
+        other = ag.stable_ranking(con, RankConfig(), ag.StabilityConfig(b=100, seed=2))
+        runs = ag.stable_ranking(con, RankConfig(), ag.StabilityConfig(method="runs"))
+    assert sr.info.method == "bootstrap" and "1 label run" in sr.info.reason
+    assert "stability from 100 bootstrap resamples, not independent label runs" in (
+        sr.ranking.note or "")
+    assert sr.ranking.k_effective == 80 and sr.ranking.n_runs == 100
+    rows = {r.capability: r for r in sr.ranking.rows}
+    clear, edge = rows["tool_calling_precision"], rows["precondition_verification"]
+    assert clear.selected and clear.n_runs_passed == 100 and clear.std_delta == 0.0
+    assert 0 < edge.n_runs_passed < 100 and edge.std_delta > 0  # a real spread
+    assert len(edge.runs) == 100 and edge.runs[0].run == "boot-001"
+    # Stratified: every resample keeps 20 failures and 20 passes.
+    assert all(f.lf + f.pf + f.nf == 20 and f.lp + f.pp + f.np == 20 for f in edge.runs)
+    assert [f.delta for f in edge.runs] == [
+        f.delta for f in {r.capability: r for r in again.ranking.rows}[edge.capability].runs]
+    assert [f.delta for f in edge.runs] != [
+        f.delta for f in {r.capability: r for r in other.ranking.rows}[edge.capability].runs]
+    # Pooled figures (Fisher, intervals) are the run ranking's.
+    assert edge.pooled == {r.capability: r for r in runs.ranking.rows}[edge.capability].pooled
+    assert runs.info.method == "runs" and runs.ranking.n_runs == 1
+
+
+def test_auto_uses_runs_when_they_differ_and_bootstrap_when_identical(db_path: Path) -> None:
+    same = ["lacking"] * 4 + ["present"] * 4
+    flipped = ["present"] + ["lacking"] * 3 + ["present"] * 4
+    make_store(db_path, _outcomes(4, 4), {"r1": {"tool_calling_precision": same},
+                                          "r2": {"tool_calling_precision": same}})
+    with store.connect(db_path) as con:
+        info = ag.stable_ranking(con).info
+        assert info.method == "bootstrap" and "identical" in info.reason
+        con.execute("INSERT INTO label_runs (id, labeler) VALUES ('r3', 'test')")
+        for i, v in enumerate(flipped):
+            tid = f"f{i:02d}" if i < 4 else f"p{i - 4:02d}"
+            con.execute("INSERT INTO labels VALUES ('r3', ?, 'tool_calling_precision', ?, "
+                        "NULL, NULL, NULL)", [tid, v])
+        sr = ag.stable_ranking(con)
+    assert sr.info.method == "runs" and sr.ranking.n_runs == 3
+    with pytest.raises(UserInputError, match="expected one of"):
+        with store.connect(db_path) as con:
+            ag.stable_ranking(con, st=ag.StabilityConfig(method="magic"))
+
+
+# ---------------------------------------------------------------------- sensitivity
+
+def _kept(db: Path, cap: str, cfg: RankConfig, st: ag.StabilityConfig) -> bool:
+    with store.connect(db) as con:
+        return {r.capability: r for r in ag.stable_ranking(con, cfg, st).ranking.rows
+                }[cap].selected
+
+
+@pytest.mark.parametrize("method", ["bootstrap", "runs"])
+def test_sensitivity_predicts_what_an_edit_does(db_path: Path, method: str) -> None:
+    _one_run_store(db_path)
+    # B = 10 makes K of 10 exactly K of B; K is put at the edge capability's pass count so
+    # that it sits on the keep boundary and single flips can cross it.
+    st = ag.StabilityConfig(method=method, b=10, seed=0)
+    cap = "precondition_verification"
+    cfg = RankConfig()
+    with store.connect(db_path) as con:
+        first = ag.stable_ranking(con, cfg, st)
+        cfg.k = max(1, {r.capability: r for r in first.ranking.rows}[cap].n_runs_passed)
+        sr = ag.stable_ranking(con, cfg, st)
+        sens = ag.sensitivity(con, sr, cfg)
+    mine = sens[sens["capability"] == cap]
+    assert len(mine) == 40 and mine["sensitivity"].between(0, 1).all()
+    flips = mine[mine["flips_keep"]]
+    assert not flips.empty
+    stays = mine[~mine["flips_keep"]]
+    before = _kept(db_path, cap, cfg, st)
+    # Really apply a predicted flip, and a non-flip, and re-rank.
+    pred = flips.iloc[0]
+    eid = edit_label(db_path, pred["trajectory_id"], cap, pred["flip_to"], editor="t")
+    assert _kept(db_path, cap, cfg, st) != before
+    undo_edit(db_path, editor="t", edit_id=eid)
+    assert _kept(db_path, cap, cfg, st) == before
+    if not stays.empty:
+        row = stays.iloc[0]
+        other = row["flip_to"] if isinstance(row["flip_to"], str) else next(
+            v for v in ag.VALUES if v != row["value"])
+        edit_label(db_path, row["trajectory_id"], cap, other, editor="t")
+        assert _kept(db_path, cap, cfg, st) == before
+    # The clear capability is not moved by any single flip.
+    clear = sens[sens["capability"] == "tool_calling_precision"]
+    assert not clear["flips_keep"].any()

@@ -1,0 +1,108 @@
+"""Columns derived at import: equal to computing them from the raw tables, backfilled on a
+store written before they existed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from trace_lib import store
+from trace_lib.explore import clusters, derived, embeddings, queries, search
+from trace_lib.explore.queries import TrajectoryFilter as F
+
+
+def _computed_signatures(con) -> pd.DataFrame:
+    """The signature of every failure from the raw tables (the definition)."""
+    sql = clusters.signature_parts_sql(con, "TRUE") + """
+        SELECT id AS trajectory_id, sig_error_tool AS error_tool, sig_error_kind AS error_kind,
+               sig_deviation AS deviation FROM sig ORDER BY id"""
+    return con.execute(sql).df()
+
+
+def _derived_signatures(con) -> pd.DataFrame:
+    return con.execute(
+        f"SELECT d.trajectory_id, d.error_tool, d.error_kind, d.deviation "
+        f"FROM {derived.TABLE} d JOIN trajectories t ON t.id = d.trajectory_id "
+        f"WHERE NOT t.success ORDER BY d.trajectory_id").df()
+
+
+def _computed_kinds(con) -> dict[str, list[str]]:
+    rows = con.execute(
+        f"SELECT trajectory_id, list(DISTINCT k ORDER BY k) FROM (SELECT trajectory_id, "
+        f"{queries.error_kind_sql('error')} AS k FROM tool_calls WHERE error IS NOT NULL) "
+        f"WHERE k IS NOT NULL GROUP BY 1").fetchall()
+    return dict(rows)
+
+
+def _assert_equal_to_definition(con) -> None:
+    assert derived.ready(con)
+    pd.testing.assert_frame_equal(_derived_signatures(con), _computed_signatures(con))
+    kinds = {tid: sorted(k) for tid, k in con.execute(
+        f"SELECT trajectory_id, error_kinds FROM {derived.TABLE} "
+        f"WHERE len(error_kinds) > 0").fetchall()}
+    assert kinds == _computed_kinds(con)
+    texts = embeddings.trajectory_texts(con, failures_only=False)
+    stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {derived.TABLE}"
+                              ).fetchall())
+    assert stored == dict(zip(texts.trajectory_id, texts.text_sha256, strict=True))
+
+
+def test_import_derives_every_trajectory(real_db: Path):
+    with store.connect(real_db, read_only=True) as con:
+        _assert_equal_to_definition(con)
+
+
+def _old_store(src: Path, dst: Path) -> None:
+    """`src`'s data in a store at the schema version before `trajectory_derived`."""
+    before = store.MIGRATIONS.index(store._EXPLORE_DERIVED)
+    con = duckdb.connect(str(dst))
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for v in range(before):
+        con.execute(store.MIGRATIONS[v])
+        con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
+    con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
+    for table in ("datasets", "trajectories", "messages", "tool_calls", "expected_actions"):
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = "
+            "current_database() AND table_name = ? ORDER BY ordinal_position", [table]).fetchall()]
+        names = ", ".join(cols)
+        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM src.{table}")
+    con.close()
+
+
+def _answers(con) -> tuple:
+    kinds = queries.filter_options(con).query("field == 'error_kind'").value.tolist()
+    flt = F(error_kinds=tuple(kinds[:2]))
+    return (queries.filter_options(con), clusters.signature_counts(con),
+            clusters.signature_members(con, path=["user_stop"], limit=10**6),
+            queries.list_trajectories(con, flt, limit=10**6),
+            embeddings.missing_embeddings(con, failures_only=False))
+
+
+def test_backfill_on_an_old_store(real_db: Path, tmp_path: Path):
+    old = tmp_path / "old.duckdb"
+    _old_store(real_db, old)
+    with store.connect(real_db, read_only=True) as con:
+        want = _answers(con)
+    with store.connect(old, read_only=True) as con:  # not migrated: computed path
+        assert not derived.table_exists(con) and not derived.ready(con)
+        got = _answers(con)
+    with store.connect(old) as con:  # migrated: the table exists, still empty
+        assert derived.table_exists(con) and not derived.ready(con)
+        report = derived.rebuild(con, old)
+        n = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
+        assert report == {"derived": n, "indexed": n}
+        _assert_equal_to_definition(con)
+        assert derived.rebuild(con, old)["derived"] == 0  # nothing left to backfill
+    with store.connect(old, read_only=True) as con:
+        assert search.index_state(con).fresh
+        after = _answers(con)
+    for a, b, c in zip(want, got, after, strict=True):
+        if isinstance(a, pd.DataFrame):
+            a, b, c = (x.drop(columns=["examples"], errors="ignore") for x in (a, b, c))
+            pd.testing.assert_frame_equal(a, b)
+            pd.testing.assert_frame_equal(a, c)
+        else:
+            assert a == b == c

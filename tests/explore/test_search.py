@@ -1,0 +1,172 @@
+"""The full-text side index: same answers as a reference over the real store, all or
+nothing with the import, stale detection and rebuild."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from trace_lib import store
+from trace_lib.errors import UserInputError
+from trace_lib.explore import derived, search
+from trace_lib.explore.queries import TrajectoryFilter as F
+from trace_lib.explore.queries import list_trajectories
+
+TOKEN = re.compile(r"[^\W_]+")
+
+
+def _docs(con) -> dict[str, list[str]]:
+    rows = con.execute(
+        "SELECT t.id, list(m.content ORDER BY m.idx) FILTER (WHERE m.content IS NOT NULL) "
+        "FROM trajectories t LEFT JOIN messages m ON m.trajectory_id = t.id GROUP BY t.id"
+    ).fetchall()
+    return {tid: [TOKEN.findall(c.lower()) for c in (contents or [])] for tid, contents in rows}
+
+
+def _reference(docs: dict[str, list[list[str]]], word: str) -> set[str]:
+    """Trajectories where `word` starts a token (the `words` mode of one word)."""
+    return {tid for tid, msgs in docs.items() if any(t.startswith(word) for m in msgs for t in m)}
+
+
+def _scan(con, text: str) -> set[str]:
+    return {r[0] for r in con.execute(search.SCAN_SQL, [text.lower()]).fetchall()}
+
+
+def test_index_matches_reference_and_substring_scan(real_db: Path):
+    with store.connect(real_db, read_only=True) as con:
+        state = search.index_state(con)
+        assert state.fresh and state.n_documents == state.n_trajectories > 100
+        docs = _docs(con)
+        vocab = sorted({t for msgs in docs.values() for m in msgs for t in m if t.isascii()})
+        # frequent, rare and identifier-like words, plus prefixes of them
+        words = vocab[:: max(len(vocab) // 40, 1)] + ["reservation", "cancel", "not", "refund",
+                                                       "xss", "onerror", "window"]
+        words += [w[:3] for w in words[:10] if len(w) > 3]
+        for w in words:
+            found = search.hits(con, w)
+            assert found.source == "index"
+            assert set(found.ids) == _reference(docs, w), w
+            assert set(found.ids) <= _scan(con, w), w  # a token prefix is a substring
+        # several words: every one somewhere in the trajectory
+        both = search.hits(con, "reservation cancel")
+        assert set(both.ids) == _reference(docs, "reservation") & _reference(docs, "cancel")
+        # the filter uses the same ids in every query of a page
+        ids = set(list_trajectories(con, F(text="reservation cancel"), limit=10**6).id)
+        assert ids == set(both.ids)
+
+
+def test_words_and_substring_agree_on_whole_words(real_db: Path):
+    with store.connect(real_db, read_only=True) as con:
+        for w in ("window", "reservation", "sorry"):
+            sub = set(list_trajectories(con, F(text=w, text_mode="substring"), limit=10**6).id)
+            assert sub == _scan(con, w)
+            words = set(list_trajectories(con, F(text=w), limit=10**6).id)
+            assert words <= sub
+
+
+def _record(i: int, text: str) -> dict:
+    return {"id": f"r{i}", "task_id": str(i), "domain": "airline", "agent_model": "m",
+            "reward": 1.0, "messages": [{"role": "user", "content": text},
+                                         {"role": "assistant", "content": "ok"}]}
+
+
+def _write(path: Path, records: list[dict], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail, encoding="utf-8")
+    return path
+
+
+def _n_docs(db: Path) -> int:
+    with sqlite3.connect(search.index_path(db)) as lite:
+        return lite.execute("SELECT count(*) FROM docs").fetchone()[0]
+
+
+def test_aborted_import_leaves_no_index_rows(tmp_path: Path):
+    from trace_lib.ingest import ingest_paths
+
+    db = tmp_path / "s.duckdb"
+    ingest_paths([_write(tmp_path / "a.jsonl", [_record(i, f"alpha {i}") for i in range(3)])],
+                 db=db)
+    assert _n_docs(db) == 3
+    # a bad last record after rows were flushed (batch_size=1): the import fails
+    bad = _write(tmp_path / "b.jsonl", [_record(i, f"bravo {i}") for i in range(10, 14)],
+                 tail='{"id": "broken", "messages": "not a list"}\n')
+    with pytest.raises(UserInputError):
+        ingest_paths([bad], db=db, batch_size=1)
+    assert _n_docs(db) == 3
+    # the commit itself failing: the index rows written for it are rolled back
+    with store.connect(db) as con:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
+                    "VALUES ('t_new', 'd', 'sha_new')")
+        with pytest.raises(RuntimeError), derived.on_import(con, db):
+            assert con.execute(f"SELECT count(*) FROM {derived.TABLE} "
+                               "WHERE trajectory_id = 't_new'").fetchall()[0][0] == 1
+            raise RuntimeError("commit failed")
+        con.execute("ROLLBACK")
+        assert search.index_state(con).fresh
+        assert con.execute(f"SELECT count(*) FROM {derived.TABLE}").fetchall()[0][0] == 3
+    assert _n_docs(db) == 3
+
+
+def test_failed_first_import_removes_the_index_file(tmp_path: Path):
+    db = tmp_path / "fresh.duckdb"
+    with store.connect(db) as con:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
+                    "VALUES ('t1', 'd', 'sha1')")
+        with pytest.raises(RuntimeError), derived.on_import(con, db):
+            assert search.index_path(db).exists()
+            raise RuntimeError("commit failed")
+        con.execute("ROLLBACK")
+    assert not search.index_path(db).exists()
+
+
+def test_stale_index_falls_back_to_scan_and_reindex_repairs(tmp_path: Path):
+    from trace_lib.ingest import ingest_paths
+
+    db = tmp_path / "s.duckdb"
+    ingest_paths([_write(tmp_path / "a.jsonl",
+                         [_record(i, f"charlie ZFA04Y-{i} delta") for i in range(4)])], db=db)
+    with store.connect(db) as con:  # rows written by hand: neither derived nor indexed
+        con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256, success) "
+                    "VALUES ('t_hand', 'd', 'sha_hand', false)")
+        con.execute("INSERT INTO messages (trajectory_id, idx, role, content) "
+                    "VALUES ('t_hand', 0, 'user', 'Charlie by hand')")
+    with store.connect(db, read_only=True) as con:
+        assert not search.index_state(con).fresh and not derived.ready(con)
+        found = search.hits(con, "charlie")
+        assert found.source == "scan" and len(found.ids) == 5
+        assert set(search.hits(con, "zfa04y").ids) == set(search.hits(con, "charlie").ids) - {
+            "t_hand"}
+    with store.connect(db) as con:
+        assert derived.rebuild(con, db) == {"derived": 1, "indexed": 5}
+    with store.connect(db, read_only=True) as con:
+        assert search.index_state(con).fresh and derived.ready(con)
+        found = search.hits(con, "charlie")
+        assert found.source == "index" and len(found.ids) == 5
+
+
+def test_fts_query_quotes_everything():
+    assert search.fts_query('cancel "not found" AND x-1') == (
+        '"cancel"* AND "not found" AND "AND"* AND "x-1"*')
+    assert search.fts_query('--- "" ') is None
+    assert search.fts_query('say "hi"" there') is not None
+
+
+def test_page_use_case_reads_once_and_reports_status(real_db: Path, tmp_path: Path):
+    from trace_lib.workbench import explore
+
+    flt = F(text="reservation cancel")
+    page = explore.trajectories_page(real_db, flt, limit=10**6)
+    with store.connect(real_db, read_only=True) as con:
+        want = set(search.hits(con, "reservation cancel").ids)
+    assert set(page.overview.listing.id) == want
+    assert int(page.overview.summary.n_trajectories.iloc[0]) == len(want)
+    assert page.status.ok and explore.search_status(real_db).ok
+    assert explore.store_version(real_db) == explore.store_version(real_db)
+    with pytest.raises(UserInputError, match="no database here yet"):
+        explore.reindex(tmp_path / "none.duckdb")

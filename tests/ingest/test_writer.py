@@ -1,0 +1,102 @@
+"""The batch writer: duplicates across batches without an import-wide set, batches that do
+not outlive their INSERT, and the orjson fast path reading exactly what `json` reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from trace_lib import store
+from trace_lib.ingest import ingest_paths
+from trace_lib.ingest.formats import ParseContext, load
+from trace_lib.ingest.source import Source, fast_loads
+from trace_lib.ingest.writer import Writer
+
+
+def rec(i: int, source_id: str | None = None, tool: bool = False) -> dict:
+    messages = [{"role": "user", "content": f"question {i} " + "x" * 200}]
+    if tool:
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": f"c{i}", "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"k": i})}}]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "ok"},
+        ]
+    messages.append({"role": "assistant", "content": f"answer {i}"})
+    return {"id": source_id or f"r{i}", "reward": 1.0, "messages": messages}
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_repeats_inside_one_import_are_duplicates_in_any_batch(
+    tmp_path: Path, db_path: Path
+) -> None:
+    # Record 0 again at 3 (same batch of 7) and at 10 and 20 (later batches): the later
+    # ones are found in the store by the transaction's own earlier inserts.
+    records = [rec(i) for i in range(25)]
+    for at in (3, 10, 20):
+        records[at] = rec(0)
+    report = ingest_paths([write_jsonl(tmp_path / "rep.jsonl", records)], db=db_path,
+                          batch_size=7)
+    assert (report.trajectories, report.duplicates) == (22, 3)
+    with store.connect(db_path, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 22
+    assert not report.warnings  # same id, same content: a duplicate, not a conflict
+
+
+def test_same_source_id_with_other_content_across_batches_is_warned(
+    tmp_path: Path, db_path: Path
+) -> None:
+    records = [rec(i) for i in range(20)]
+    records[15] = rec(15, source_id="r2")  # r2 again, other content, two batches later
+    report = ingest_paths([write_jsonl(tmp_path / "ids.jsonl", records)], db=db_path,
+                          batch_size=5)
+    assert report.trajectories == 20
+    assert len(report.warnings) == 1 and "1 source id(s)" in report.warnings[0]
+    assert "'r2'" in report.warnings[0]
+
+
+def test_batches_are_not_held_until_commit(tmp_path: Path, db_path: Path) -> None:
+    # With `con.register`, DuckDB kept every batch's Arrow table until COMMIT: Arrow's
+    # allocation grew by a batch per batch. Now each batch is gone once inserted.
+    path = write_jsonl(tmp_path / "many.jsonl", [rec(i, tool=True) for i in range(400)])
+    parsed = load(Source.from_path(path), "auto", ParseContext())
+    parsed.sha256 = "0" * 64
+    base = pa.total_allocated_bytes()
+    held: list[int] = []
+    with store.connect(db_path) as con, store.transaction(con):
+        writer = Writer(lambda: con, {parsed.name: parsed.name}, batch_size=50)
+        writer.write_file(parsed, on_batch=lambda: held.append(pa.total_allocated_bytes() - base))
+        writer.finish()
+        assert con.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 400
+    assert len(held) == 8 and max(held) == 0, held
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": 1, "b": [1.5, -0.0, 1e300, "x"], "c": {"d": null, "e": true}}',
+    '{"big": 123456789012345678901234567890}',  # past 64 bits: orjson would give a float
+    '{"edge": 18446744073709551616, "neg": -9223372036854775809}',
+    '{"id": "12345678901234567890123"}',  # a long digit run in a string: slow path, same
+    '{"n": NaN, "i": -Infinity}',  # not JSON, but json.loads reads it (and the writer
+    '{"s": "\\ud800 lone"}',  # reports it), as it reads a lone surrogate
+    '{"a": 1, "a": 2}',
+    '"\u00e9t\u00e9 \\u00e9"',
+])
+def test_fast_loads_reads_what_json_reads(text: str) -> None:
+    want = json.loads(text)
+    for raw in (text, text.encode("utf-8")):
+        got = fast_loads(raw)
+        assert json.dumps(got) == json.dumps(want) and type(got) is type(want)
+
+
+def test_fast_loads_errors_are_json_errors() -> None:
+    with pytest.raises(json.JSONDecodeError, match="Expecting"):
+        fast_loads(b'{"a": }')
+    with pytest.raises(RecursionError):
+        fast_loads("[" * 100_000 + "]" * 100_000)

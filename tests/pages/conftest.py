@@ -1,0 +1,33 @@
+"""Browser fixtures for the page tests: the same `streamlit_server`, `browser`,
+`browser_page` and `wait_for_app` as tests/e2e (one harness, loaded from its file: the test
+folders are not packages)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "_e2e_harness", Path(__file__).resolve().parents[1] / "e2e" / "conftest.py")
+_harness = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _harness  # dataclasses look their module up there
+_spec.loader.exec_module(_harness)
+
+streamlit_server = _harness.streamlit_server
+browser = _harness.browser
+browser_page = _harness.browser_page
+wait_for_app = _harness.wait_for_app
+
+
+@pytest.fixture(autouse=True)
+def _patient_expect():
+    """Pages are slow on a loaded machine: browser assertions here wait up to 60 s for the
+    state the app exposes (Playwright's default is 5 s), then restore the default."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
+    yield
+    expect.set_options(timeout=5_000)

@@ -1,0 +1,344 @@
+"""Text search over message content: a SQLite FTS5 side index, and the exact substring scan.
+
+Design decisions
+- Which index. Three candidates were tried on this machine (no network at run time):
+  * DuckDB's `fts` extension is not in the `duckdb` wheel (`LOAD fts` wants
+    `~/.duckdb/extensions/v2.0.1/...`, `INSTALL fts` needs extensions.duckdb.org). The
+    PyPI package `duckdb-ext-fts` ships the 1.4.4 build, which DuckDB 2.0.1 refuses to
+    load (extensions must match the engine's exact version), and `PRAGMA create_fts_index`
+    rebuilds the whole index: it is not updated by inserts, so every import would re-index
+    the store.
+  * `tantivy` (Python bindings) is fast, but a new compiled dependency with its own
+    writer lock and commit protocol next to DuckDB's.
+  * SQLite FTS5 is in the standard library (`sqlite3`, SQLite 3.40 here), indexes
+    incrementally, has its own transactions, and a prefix query over 100k documents is a
+    B-tree range walk (milliseconds). It is the one chosen.
+- The index is a side file next to the store, `<store>.search.sqlite` (WAL mode: the page
+  reads while an import writes). One document per trajectory: the content of its
+  messages joined by newlines, in a *contentless* FTS5 table (`content=''`: only the
+  postings are kept, the text stays in DuckDB). `docs` maps FTS rowids to trajectory ids.
+- All or nothing with the import. `pending_index` writes the new trajectories' documents
+  inside a SQLite transaction while DuckDB's import transaction is still open (it reads
+  the uncommitted rows), commits SQLite only after DuckDB committed, and rolls back (and
+  removes a side file it created) on any failure. A crash between the two commits leaves
+  the index *behind* the store, never ahead: `index_state` compares the document count
+  with the store's trajectories, and a stale index is not used (the scan answers, the
+  page says to run `explore reindex`, which rebuilds it from the store).
+- Query semantics (mode `words`, the default): every word of the query must start a token
+  somewhere in the trajectory's messages (`"word"*`, AND), case- and accent-insensitive,
+  tokens split at anything that is not a letter or digit (FTS5 `unicode61`); a "quoted
+  phrase" must appear as consecutive tokens. Mode `substring` is the exact,
+  case-insensitive substring scan over `messages.content` (for identifiers and
+  fragments a token index cannot see, like `ZFA0` inside `xZFA04Y`): seconds at 100k.
+- The matching ids are computed once per (store version, query, mode) and cached in the
+  process (`hits`); every aggregate of a page then semi-joins the same registered Arrow
+  table (`bind`) instead of re-running the scan as a subquery in each of them.
+- Hits are highlighted by the transcript renderer (`transcript.Highlighter`, the one
+  escaping highlighter): the page passes the query to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+MODES: tuple[str, ...] = ("words", "substring")
+INDEX_SUFFIX = ".search.sqlite"
+TOKENIZER = "unicode61 remove_diacritics 2"
+_CHUNK = 50_000  # trajectories per document query
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS docs (rowid INTEGER PRIMARY KEY, trajectory_id TEXT NOT NULL UNIQUE);
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, content='', tokenize='{TOKENIZER}');
+"""
+# The old query path, kept as the named peer (bench/explore.py) and as the `substring` mode.
+SCAN_SQL = ("SELECT DISTINCT trajectory_id FROM messages "
+            "WHERE contains(lower(content), ?)")
+_WORD = re.compile(r'"([^"]*)"|(\S+)')
+_HAS_TOKEN = re.compile(r"[^\W_]")
+
+
+def index_path(db: str | Path) -> Path:
+    """The side index of the store file `db`."""
+    p = Path(db)
+    return p.with_name(p.name + INDEX_SUFFIX)
+
+
+def store_file(con: duckdb.DuckDBPyConnection) -> Path | None:
+    """The file behind a store connection (None for an in-memory database)."""
+    row = con.execute("SELECT path FROM duckdb_databases() "
+                      "WHERE database_name = current_database()").fetchall()[0]
+    return Path(row[0]) if row and row[0] else None
+
+
+def fts_query(text: str) -> str | None:
+    """The FTS5 expression for a `words` query, None when it holds no letter or digit.
+
+    Every word becomes a quoted string (so FTS5 operators and punctuation are literal)
+    with a prefix star; a quoted phrase stays a phrase. Terms are ANDed.
+    """
+    parts = []
+    for phrase, word in _WORD.findall(text):
+        term = phrase or word
+        if not _HAS_TOKEN.search(term):
+            continue
+        quoted = '"' + term.replace('"', '""') + '"'
+        parts.append(quoted if phrase else quoted + "*")
+    return " AND ".join(parts) or None
+
+
+# ------------------------------------------------------------------------- writing
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: transactions are explicit (BEGIN/COMMIT below).
+    con = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(_SCHEMA)
+    return con
+
+
+def _documents_sql(scope: str) -> str:
+    return f"""
+        SELECT t.id, coalesce(string_agg(m.content, chr(10) ORDER BY m.idx), '')
+        FROM trajectories t LEFT JOIN messages m
+          ON m.trajectory_id = t.id AND m.content IS NOT NULL
+        WHERE {scope} GROUP BY t.id
+    """
+
+
+def _add_missing(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> int:
+    """Index every store trajectory the index lacks; returns how many. Caller holds the
+    SQLite transaction. Documents are built `_CHUNK` trajectories at a time, so memory
+    is bounded by a chunk's text whatever the store's size."""
+    # from_arrow(...).query, not register: a registered table stays referenced until the
+    # import's transaction commits, so every chunk would be held to the end.
+    indexed = pa.table({"id": pa.array(
+        [r[0] for r in lite.execute("SELECT trajectory_id FROM docs")], pa.string())})
+    todo = [r[0] for r in duck.from_arrow(indexed).query(
+        "_search_indexed",
+        "SELECT t.id FROM trajectories t WHERE t.id NOT IN (SELECT id FROM _search_indexed)",
+    ).fetchall()]
+    del indexed
+    next_row = lite.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchall()[0][0] + 1
+    for start in range(0, len(todo), _CHUNK):
+        chunk = todo[start:start + _CHUNK]
+        rows = duck.from_arrow(pa.table({"id": pa.array(chunk, pa.string())})).query(
+            "_search_chunk", _documents_sql("t.id IN (SELECT id FROM _search_chunk)")
+        ).fetchall()
+        ids = range(next_row, next_row + len(rows))
+        lite.executemany("INSERT INTO docs (rowid, trajectory_id) VALUES (?, ?)",
+                         zip(ids, (r[0] for r in rows), strict=True))
+        lite.executemany("INSERT INTO fts (rowid, body) VALUES (?, ?)",
+                         zip(ids, (r[1] for r in rows), strict=True))
+        next_row += len(rows)
+    return len(todo)
+
+
+@contextlib.contextmanager
+def pending_index(duck: duckdb.DuckDBPyConnection, db: str | Path) -> Iterator[int]:
+    """Index the store's unindexed trajectories (those of the open import transaction
+    included) in a SQLite transaction that commits only if the body (DuckDB's commit)
+    succeeds; yields how many documents were added."""
+    path = index_path(db)
+    existed = path.exists()
+    lite = _open(path)
+    try:
+        lite.execute("BEGIN IMMEDIATE")
+        try:
+            n = _add_missing(duck, lite)
+            yield n
+        except BaseException:
+            lite.execute("ROLLBACK")
+            raise
+        lite.execute("COMMIT")
+    except BaseException:
+        lite.close()
+        if not existed:
+            for p in (path, path.with_name(path.name + "-wal"),
+                      path.with_name(path.name + "-shm")):
+                p.unlink(missing_ok=True)
+        raise
+    lite.close()
+    clear_cache()
+
+
+def rebuild(duck: duckdb.DuckDBPyConnection, db: str | Path) -> int:
+    """Drop and rebuild the index from the store (`explore reindex`); returns documents."""
+    path = index_path(db)
+    lite = _open(path)
+    try:
+        lite.execute("BEGIN IMMEDIATE")
+        try:
+            lite.execute("DROP TABLE docs")
+            lite.execute("DROP TABLE fts")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                lite.execute(statement)  # executescript would commit first
+            n = _add_missing(duck, lite)
+        except BaseException:
+            lite.execute("ROLLBACK")
+            raise
+        lite.execute("COMMIT")
+        lite.execute("INSERT INTO fts(fts) VALUES ('optimize')")
+    finally:
+        lite.close()
+    clear_cache()
+    return n
+
+
+# ------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class IndexState:
+    path: Path | None
+    n_documents: int
+    n_trajectories: int
+    n_unindexed: int  # store trajectories without a document
+
+    @property
+    def fresh(self) -> bool:
+        return self.path is not None and self.n_unindexed == 0
+
+
+def index_state(con: duckdb.DuckDBPyConnection) -> IndexState:
+    """Documents in the side index vs trajectories in the store."""
+    n_traj = int(con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0])
+    db = store_file(con)
+    path = index_path(db) if db else None
+    if path is None or not path.exists():
+        return IndexState(None, 0, n_traj, n_traj)
+    lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    try:
+        n_docs = int(lite.execute("SELECT count(*) FROM docs").fetchall()[0][0])
+        missing = max(n_traj - n_docs, 0)
+        if n_docs > n_traj:
+            # More documents than trajectories: a dataset was deleted after indexing. Its
+            # documents never match (hits semi-join the store); check nothing is missing.
+            ids = [r[0] for r in lite.execute("SELECT trajectory_id FROM docs")]
+            con.register("_search_docs", pa.table({"id": pa.array(ids, pa.string())}))
+            try:
+                missing = int(con.execute(
+                    "SELECT count(*) FROM trajectories "
+                    "WHERE id NOT IN (SELECT id FROM _search_docs)").fetchall()[0][0])
+            finally:
+                con.unregister("_search_docs")
+    except sqlite3.Error:
+        n_docs, missing = 0, n_traj
+    finally:
+        lite.close()
+    return IndexState(path, n_docs, n_traj, missing)
+
+
+def file_version(path: Path | None) -> tuple[float, ...]:
+    """(mtime, size) of the store, its WAL, the index and its WAL: a cache key."""
+    if path is None:
+        return ()
+    out = []
+    for p in (path, path.with_name(path.name + ".wal"), index_path(path),
+              index_path(path).with_name(index_path(path).name + "-wal")):
+        try:
+            st = p.stat()
+            out += [st.st_mtime, float(st.st_size)]
+        except FileNotFoundError:
+            out += [0.0, 0.0]
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Hits:
+    ids: tuple[str, ...]
+    source: str  # "index" | "scan"
+
+
+def hits(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words") -> Hits:
+    """The ids of the trajectories matching `text`, cached per (store version, query)."""
+    if mode not in MODES:
+        raise ValueError(f"text search mode {mode!r}; expected one of {MODES}")
+    db = store_file(con)
+    text = text.strip()
+    if db is None:  # an in-memory store has no version to key a cache on
+        return _hits_uncached(con, text, mode)
+    key = (str(db), file_version(db), text, mode)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    found = _CACHE[key] = _hits_uncached(con, text, mode)
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return found
+
+
+_CACHE: OrderedDict[tuple, Hits] = OrderedDict()
+_CACHE_SIZE = 64
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def _hits_uncached(con: duckdb.DuckDBPyConnection, text: str, mode: str) -> Hits:
+    query = fts_query(text) if mode == "words" else None
+    if query is not None:
+        state = index_state(con)
+        if state.fresh and state.path is not None:
+            lite = sqlite3.connect(f"file:{state.path}?mode=ro", uri=True, timeout=30.0)
+            try:
+                rows = lite.execute(
+                    "SELECT d.trajectory_id FROM fts JOIN docs d ON d.rowid = fts.rowid "
+                    "WHERE fts MATCH ?", [query]).fetchall()
+            finally:
+                lite.close()
+            return Hits(tuple(r[0] for r in rows), "index")
+        # No fresh index (a store written without the importer, an interrupted index):
+        # the same meaning by regular expressions over the same documents, in DuckDB.
+        return Hits(_word_scan(con, text), "scan")
+    if mode == "words":  # no letter or digit in the query: nothing a token can match
+        return Hits((), "index")
+    rows = con.execute(SCAN_SQL, [text.lower()]).fetchall()
+    return Hits(tuple(r[0] for r in rows), "scan")
+
+
+def word_patterns(text: str) -> list[str]:
+    """One case-insensitive regular expression per term of a `words` query (RE2 and
+    Python): a word starts a token, a phrase is its tokens separated by non-tokens."""
+    out = []
+    for phrase, word in _WORD.findall(text):
+        tokens = re.findall(r"[^\W_]+", (phrase or word).lower())
+        if not tokens:
+            continue
+        body = r"[\W_]+".join(re.escape(t) for t in tokens)
+        out.append(r"(?i)(^|[\W_])" + body + (r"([\W_]|$)" if phrase else ""))
+    return out
+
+
+def _word_scan(con: duckdb.DuckDBPyConnection, text: str) -> tuple[str, ...]:
+    patterns = word_patterns(text)
+    if not patterns:
+        return ()
+    conds = " AND ".join("regexp_matches(doc, ?)" for _ in patterns)
+    rows = con.execute(
+        f"SELECT id FROM ({_documents_sql('TRUE')}) d(id, doc) WHERE {conds}",
+        patterns).fetchall()
+    return tuple(r[0] for r in rows)
+
+
+def view_name(text: str, mode: str) -> str:
+    """The name under which `bind` registers a query's hits on a connection."""
+    return "_text_hits_" + hashlib.sha1(f"{mode}\x00{text.strip()}".encode()).hexdigest()[:12]
+
+
+def bind(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words") -> str:
+    """Register the hits of `text` on `con` as a one-column table; returns its name."""
+    name = view_name(text, mode)
+    found = hits(con, text, mode)
+    con.register(name, pa.table({"trajectory_id": pa.array(found.ids, pa.string())}))
+    return name
