@@ -193,13 +193,32 @@ sigs = page.signatures
 open_key = "open_trajectory"
 
 
-def _open_on_change(source: str, tid: str | None) -> None:
+def _open_on_change(source: str, tid: str | None, *, scroll: bool = False) -> None:
     # Selections persist across reruns; apply one only when it changes, so a later pick in
     # the Trajectory selectbox is not overridden by a stale chart or table selection.
     last = f"_last_{source}"
     if tid and st.session_state.get(last) != tid:
         st.session_state[open_key] = tid
+        if scroll:  # the transcript is far below the chart: bring it into view, say so
+            st.session_state["_scroll_to_transcript"] = tid
     st.session_state[last] = tid
+
+
+def _treemap_paths(sigs) -> dict[str, str]:
+    """Treemap box id -> cluster key (`PATH_SEP`-joined levels, "" for all failures).
+
+    A click on a box sends Plotly's id for it (`failures/<level>/...`, the HTML-escaped
+    values joined by "/", as `charts.signature_treemap` builds them), not our levels, so
+    every prefix of every signature is keyed the same way (a level that itself holds "/"
+    could clash with another: the first, largest, signature wins)."""
+    import html
+
+    out: dict[str, str] = {"failures": ""}
+    for row in sigs[list(explore.SIGNATURE_LEVELS)].itertuples(index=False):
+        for depth in range(1, len(row) + 1):
+            ids = "/".join(["failures", *(html.escape(str(v)) for v in row[:depth])])
+            out.setdefault(ids, explore.PATH_SEP.join(str(v) for v in row[:depth]))
+    return out
 
 
 tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic clusters"])
@@ -220,10 +239,29 @@ with tab_sig:
     if sigs.empty:
         st.info("No failures in this filter.")
     else:
-        st.plotly_chart(figs["treemap"], width="stretch")
+        # Streamlit (1.67) sends a treemap click as a one-point selection carrying the
+        # box's `id`: the click selects that cluster (any level) besides zooming into it.
+        tree = st.plotly_chart(figs["treemap"], width="stretch", key="sig_tree",
+                               on_select="rerun", selection_mode="points")
+        tree_pts = (tree.selection.points if tree and tree.selection else []) or []
+        box = tree_pts[0].get("id") if tree_pts else None
+        if box != st.session_state.get("_last_tree"):  # a new click, not a stale one
+            st.session_state["_last_tree"] = box
+            clicked = _treemap_paths(sigs).get(box) if box else None
+            if clicked is not None:
+                st.session_state["sig_pick"] = clicked
         labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
+        chosen = st.session_state.get("sig_pick")
+        if chosen is not None and chosen not in labels:  # a box above the leaves
+            parts = chosen.split(explore.PATH_SEP) if chosen else []
+            n = int(sigs.n[(sigs[list(explore.SIGNATURE_LEVELS[:len(parts)])]
+                            == parts).all(axis=1)].sum()) if parts else int(sigs.n.sum())
+            labels = {chosen: f"{chosen or 'all failures'}  ({n}, every signature below)",
+                      **labels}
+        st.caption("Click a box of the treemap to select its cluster (and zoom into it).")
         pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
-        members = _members(str(DB), VERSION, flt, tuple(pick.split(explore.PATH_SEP)))
+        members = _members(str(DB), VERSION, flt,
+                           tuple(pick.split(explore.PATH_SEP)) if pick else ())
         st.caption("Select a row to open its transcript below.")
         ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
                           on_select="rerun", selection_mode="single-row")
@@ -268,7 +306,7 @@ with tab_sem:
                                 selection_mode="points", key="sem_map", width="stretch")
         pts = (event.selection.points if event and event.selection else []) or []
         _open_on_change("map", pts[0]["customdata"][0] if pts and pts[0].get("customdata")
-                        else None)
+                        else None, scroll=True)
         st.dataframe(smap.clusters, hide_index=True, width="stretch")
         cid = st.selectbox("Typical members of cluster", smap.clusters.cluster.tolist(),
                            key="sem_cluster")
@@ -288,7 +326,7 @@ rows_sel = picked.selection.rows if picked and picked.selection else []
 _open_on_change("listing", listing.id.iloc[rows_sel[0]] if rows_sel else None)
 
 # ------------------------------------------------------------------ transcript viewer
-st.subheader("Transcript")
+st.subheader("Transcript", anchor="transcript")
 ids = listing.id.tolist()
 wanted = st.session_state.get(open_key)
 if "_deep_link_done" not in st.session_state:  # ?trajectory=ID opens it once
@@ -336,6 +374,12 @@ except UserInputError as exc:
 
 tr = view.transcript
 meta = tr.trajectory
+if st.session_state.get("_scroll_to_transcript") == tid:
+    # Once per map click: the script (no trajectory text) scrolls to the heading above.
+    st.session_state["_scroll_to_transcript"] = None
+    st.toast(transcript.markdown_literal(f"Opened the transcript of {tid}"))
+    st.html(transcript.scroll_into_view_script("#transcript", tid, "map"),
+            unsafe_allow_javascript=True)
 query = flt.text or None  # the search: its hits are marked in the transcript
 mode = flt.text_mode
 st.caption(transcript.markdown_literal(

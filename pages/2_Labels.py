@@ -86,8 +86,24 @@ with st.sidebar:
     if labeler == "openai":
         base_url = st.text_input("Base URL (blank: TRACE_OPENAI_BASE_URL)",
                                  key="base_url") or None
+    background = st.checkbox("Run in background", key="label_background",
+                             help="as a `label` job (see `job status`); its labels are "
+                                  "recorded here once it ended")
+    # Ended background runs are recorded (once) before anything below reads the labels.
+    recorded = [r for r in _guard(wb.sync_label_jobs, DB) or [] if r["outcome"] == "recorded"]
+    if recorded:
+        st.success("recorded " + ", ".join(f"{r['run_id']} ({r['n_labels']} labels)"
+                                           for r in recorded))
+        ss.grid_version += 1
     what = "all trajectories" if scope.is_empty() else "the trajectories in scope"
-    if st.button(f"Label {what}", key="run_labeler"):
+    clicked = st.button(f"Label {what}", key="run_labeler")
+    if clicked and background:
+        specs = _guard(wb.label_background, DB, labeler, runs=int(n_runs), model=model,
+                       base_url=base_url, scope=scope)
+        if specs:
+            st.info("started " + ", ".join(f"job {s.id} (run {s.config['run_id']})"
+                                           for s in specs))
+    elif clicked:
         bar = st.progress(0.0, text="labeling")
         out = _guard(wb.label, DB, labeler, runs=int(n_runs), model=model, base_url=base_url,
                      scope=scope,

@@ -13,7 +13,12 @@ Design decisions
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trace_lib.data_model import Capability
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,18 @@ def description(name: str) -> str:
     """The catalog's description of a capability ("" for one outside the built-in menu)."""
     b = BY_NAME.get(name)
     return b.description if b else ""
+
+
+def capability_block(caps: list[Capability]) -> str:
+    """The fixed capability menu text shared by the LLM labeler prompts (cached block).
+    Here, not in diagnose.capabilities, so a label job builds prompts without the store."""
+    lines = []
+    for c in caps:
+        lines.append(f"- {c.name}: {c.description}")
+        if c.applies_when:
+            lines.append(f"  Applies when: {c.applies_when}")
+    return "\n".join(lines)
+
+
+def prompt_sha256(*texts: str) -> str:
+    return hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()

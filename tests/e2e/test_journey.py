@@ -2,7 +2,8 @@
 
 `make demo` (the CLI, on a fresh store) -> the app: import a real tau2-bench results file
 through the upload widget -> label offline -> correct a label -> the ranking moves ->
-export the selection -> open and play an environment -> validate and approve it -> launch a
+export the selection -> scope Labels and Rankings to the imported dataset: label it, rank it,
+export only its qualified examples -> open and play an environment -> validate and approve it -> launch a
 short adapter training -> watch it finish -> compose -> per-token routing.
 
 Every page visited leaves a screenshot in `artifacts/journey/` (CI keeps them). State the
@@ -12,7 +13,9 @@ what the previous stage produced in the browser.
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -36,6 +39,16 @@ ENV_NAME = "airline/precondition_verification"
 DEMO_N = 48
 
 
+def choose_scope(page, dataset: str, wait_for_app) -> None:
+    """Pick `dataset` in the sidebar's scope picker (Labels and Rankings share it)."""
+    picker = page.get_by_test_id("stSidebar").get_by_test_id("stMultiSelect").filter(
+        has_text="Datasets")
+    picker.get_by_role("combobox").click()
+    page.get_by_role("option", name=dataset, exact=True).click()
+    page.keyboard.press("Escape")
+    wait_for_app(page)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path: Path,
@@ -47,6 +60,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     from trace_lib.diagnose import labels as lb
     from trace_lib.diagnose.ranking import rank
     from trace_lib.envs import is_approved
+    from trace_lib.workbench import diagnose as wb_diagnose
     from trace_lib.workbench import training as records
 
     expect.set_options(timeout=30_000)  # 2 shared cores: reruns can take seconds
@@ -115,9 +129,15 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     expect(grid).to_be_visible()
     edit_grid_cell(page, grid, row=0, col=GRID_ID_COLUMNS, value=corrected)
     wait_for_app(page)
-    with store.connect(db_path, read_only=True) as con:
-        edits = con.execute("SELECT trajectory_id, capability, old, new FROM label_edits"
-                            ).fetchall()
+
+    def label_edits() -> list:
+        with store.connect(db_path, read_only=True) as con:
+            return con.execute("SELECT trajectory_id, capability, old, new FROM label_edits"
+                               ).fetchall()
+
+    # the grid commits the edit on its own rerun, which can start after the wait above
+    screenshot(page, shots, "02_labels_edited")
+    edits = wait_until(label_edits, 90, "the grid edit in label_edits")
     assert edits == [(grid_before.iloc[0]["trajectory_id"], first_cap, current, corrected)]
     screenshot(page, shots, "02_labels")
 
@@ -139,6 +159,75 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     else:  # one offline run on a small store can keep nothing: export is then disabled
         expect(export).to_be_disabled()
     screenshot(page, shots, "03_rankings")
+
+    # ---- 3b. Scope -> label -> rank -> export over the imported dataset only.
+    theirs = Path(TAU2_FILE).name  # a dataset is named after its file
+    with store.connect(db_path, read_only=True) as con:
+        their_ids = {r[0] for r in con.execute(
+            "SELECT t.id FROM trajectories t JOIN datasets d ON d.id = t.dataset_id "
+            "WHERE d.name = ?", [theirs]).fetchall()}
+        runs_before = {r[0] for r in con.execute("SELECT id FROM label_runs").fetchall()}
+    assert len(their_ids) == 20
+    goto(page, server.url + "/Labels", wait_for_app)
+    choose_scope(page, theirs, wait_for_app)
+    label_scoped = page.get_by_test_id("stSidebar").get_by_role(
+        "button", name="Label the trajectories in scope", exact=True)
+    expect(label_scoped).to_be_visible(timeout=60_000)  # the scope reached the page
+    label_scoped.click()
+    wait_for_app(page)
+    expect(page.get_by_test_id("stAlertContentSuccess").filter(has_text="failed")
+           ).to_be_visible(timeout=120_000)
+    wait_for_app(page)
+    with store.connect(db_path, read_only=True) as con:
+        [new_run] = {r[0] for r in con.execute("SELECT id FROM label_runs").fetchall()
+                     } - runs_before
+        labeled = {r[0] for r in con.execute(
+            "SELECT DISTINCT trajectory_id FROM labels WHERE run_id = ?", [new_run]
+        ).fetchall()}
+    assert labeled == their_ids  # the scoped run labeled that dataset, nothing else
+    page.get_by_role("tab", name="Import / export", exact=True).click()
+    csv_button = page.get_by_role(
+        "button", name=f"Export effective labels (CSV) · dataset {theirs}", exact=True)
+    with page.expect_download() as dl:
+        csv_button.click()
+    saved = tmp_path / "labels_scoped.csv"
+    dl.value.save_as(saved)
+    with open(saved, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and {r["dataset"] for r in rows} == {theirs}
+    assert {r["trajectory_id"] for r in rows} == their_ids
+    screenshot(page, shots, "03b_labels_scoped")
+
+    goto(page, server.url + "/Rankings", wait_for_app)
+    choose_scope(page, theirs, wait_for_app)
+    main = page.get_by_test_id("stMain")
+    expect(main.get_by_text(f"Scope: dataset {theirs}", exact=True)).to_be_visible(
+        timeout=120_000)
+    # what the page ranks with its defaults (rho 0.10, delta 0.20, K 8, every run, B 200)
+    scoped = wb_diagnose.rankings(
+        db_path, wb_diagnose.RankConfig(rho=0.10, delta=0.20, k=8), details=False,
+        stability=wb_diagnose.StabilityConfig(method="auto", b=200),
+        scope=wb_diagnose.Scope(datasets=(theirs,)))
+    kept_there = {d["skill"] for d in scoped.document}
+    assert kept_there, "the scoped ranking keeps nothing: no examples to check"
+    expect(main.get_by_test_id("stMetric").filter(has_text="Kept capabilities")
+           ).to_contain_text(f"{len(kept_there)} of {len(scoped.ranking.rows)}",
+                             timeout=60_000)
+    export = page.get_by_role("button", name="Export selected_capabilities.json",
+                              exact=True)
+    expect(export).to_be_enabled()
+    with page.expect_download() as dl:
+        export.click()
+    saved = tmp_path / "selected_scoped.json"
+    dl.value.save_as(saved)
+    doc = json.loads(saved.read_text())
+    assert {d["skill"] for d in doc} == kept_there
+    examples = [e for d in doc for e in d["example_failed_trajectories"]]
+    assert examples, doc
+    assert {e["dataset"] for e in examples} == {theirs}
+    assert {e["trajectory_id"] for e in examples} <= their_ids
+    assert all(c.startswith(f"{theirs}/task ") for d in doc for c in d["example_failed_cases"])
+    screenshot(page, shots, "03b_rankings_scoped")
 
     # ---- 4. Environments: open one, play it to the end, validate, approve.
     goto(page, server.url + "/Environments", wait_for_app)
@@ -213,7 +302,9 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     fill_number(page, "Output folder (under the runs directory by default)", tmp_path / "moe")
     page.get_by_role("button", name="Compose").click()
     wait_for_app(page)
-    expect(page.get_by_text("gate parameters")).to_be_visible(timeout=120_000)
+    # the Compose result, not the model summary that also counts gate parameters
+    expect(page.get_by_text(re.compile(r"^composed \d+ experts?, \d+ gate parameters"))
+           ).to_be_visible(timeout=120_000)
     assert (tmp_path / "moe" / "gates.safetensors").is_file()
     goto(page, server.url + "/Routing", wait_for_app)  # a fresh visit picks the new model
     page.get_by_role("tab", name="Route").click()

@@ -99,6 +99,28 @@ def test_failure_cluster_lists_its_members(page_db, monkeypatch):
     assert (members.deviation == second.deviation).all()
 
 
+def test_a_box_above_the_leaves_selects_every_signature_below(page_db, monkeypatch):
+    # A treemap click on a termination box sets the picker to that one level (the browser
+    # test clicks; here the picker's state is set as the click sets it).
+    from trace_lib.explore import clusters
+
+    with store.connect(page_db, read_only=True) as con:
+        sigs = clusters.signature_counts(con)
+    top = sigs.groupby("termination").n.sum().sort_values(ascending=False)
+    term, n = top.index[0], int(top.iloc[0])
+    monkeypatch.setenv("TRACE_DB", str(page_db))
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.session_state["sig_pick"] = term
+    at.run()
+    assert not at.exception, at.exception
+    pick = at.selectbox(key="sig_pick")
+    assert pick.value == term
+    assert pick.options[0] == f"{term}  ({n}, every signature below)"
+    members = [d.value for d in at.dataframe if "deviation" in d.value.columns][0]
+    assert len(members) == min(n, 100) and (members.termination == term).all()
+    assert members.deviation.nunique() > 1  # more than one leaf
+
+
 def test_transcript_shows_markup_as_text(page_db, monkeypatch):
     at = run(page_db, monkeypatch)
     with store.connect(page_db, read_only=True) as con:

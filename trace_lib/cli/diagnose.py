@@ -6,6 +6,7 @@
                                      | propose --provider anthropic|openai
     python -m trace_lib label --labeler heuristic|anthropic|openai [--runs N]
                               [--capabilities a,b]
+                              [--background [--backend local|ray] [--wait]] | --record JOB
     python -m trace_lib labels export FILE.csv | import FILE.csv --run NAME
                               | edit TRAJ CAP VALUE | undo ... | history | queue | runs
                               | evaluate
@@ -112,6 +113,8 @@ def _label(args: argparse.Namespace) -> int:
 
     from trace_lib.workbench import diagnose as wb
 
+    if args.background or args.record:
+        return _label_background(args)
     labeler = args.labeler or (None if args.resume else "heuristic")
     what = f"resume {args.resume}" if args.resume else labeler
     bar = tqdm(total=None, desc=f"label ({what})", unit="traj", file=sys.stderr)
@@ -137,6 +140,40 @@ def _label(args: argparse.Namespace) -> int:
             print(f"run {s.run_id}: {s.n_trajectories} trajectories, {s.n_labels} labels, "
                   f"{s.n_failed} failed pairs")
     return 0
+
+
+def _label_background(args: argparse.Namespace) -> int:
+    """`label --background` submits one `label` job per run; `--wait` waits and records
+    them; `label --record JOB` records an ended job's labels into the store (once)."""
+    from trace_lib.errors import UserInputError
+    from trace_lib.workbench import diagnose as wb
+
+    if args.resume:
+        raise UserInputError("label --resume runs in-process; rerun a label job with "
+                             "`job run RUN_DIR/spec.json` (it labels only missing shards)")
+    if args.record:
+        out: Any = wb.record_label_job(args.db, args.record)
+    else:
+        options = {"address": args.ray_address} if args.ray_address else {}
+        specs = wb.label_background(
+            args.db, args.labeler or "heuristic", runs=args.runs,
+            capabilities=_csv(args.capabilities), run_prefix=args.run, model=args.model,
+            base_url=args.base_url, concurrency=args.concurrency,
+            temperature=args.temperature, scope=_scope(args), backend=args.backend,
+            backend_options=options, shard_size=args.shard_size)
+        out = [{"job_id": s.id, "run_id": s.config["run_id"], "run_dir": s.run_dir,
+                "backend": s.backend} for s in specs]
+        if args.wait:
+            for o in out:
+                o.update(wb.wait_label_job(args.db, o["job_id"]))
+    if args.json:
+        print_json(out)
+    else:
+        for o in out if isinstance(out, list) else [out]:
+            print("  ".join(f"{k}={v}" for k, v in o.items()))
+    failed = [o for o in (out if isinstance(out, list) else [out])
+              if o.get("outcome") == "failed"]
+    return 1 if failed else 0
 
 
 # ------------------------------------------------------------------------- labels
@@ -246,6 +283,17 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--temperature", type=float)
     p.add_argument("--batch", action="store_true", help="anthropic: use Message Batches")
+    p.add_argument("--background", action="store_true",
+                   help="run as a `label` job (see `job status`); --wait records it")
+    p.add_argument("--backend", default="local", choices=("local", "ray"),
+                   help="--background: where the job runs (ray: one task per shard)")
+    p.add_argument("--ray-address", default=None, help="Ray dashboard URL (else RAY_ADDRESS)")
+    p.add_argument("--shard-size", type=int, default=None,
+                   help="--background: trajectories per shard (default 500)")
+    p.add_argument("--wait", action="store_true",
+                   help="--background: wait for the jobs and record their labels")
+    p.add_argument("--record", metavar="JOB",
+                   help="record an ended label job's labels into the store (once)")
     p.add_argument("--json", action="store_true")
     _add_scope(p)
     p.set_defaults(func=_label)

@@ -21,7 +21,6 @@ Design decisions
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from trace_lib.capabilities import (  # noqa: F401  (re-exported: the menu as be
     CORE,
     DISTRACTORS,
     BuiltinCapability,
+    capability_block,
+    prompt_sha256,
 )
 from trace_lib.data_model import Capability
 from trace_lib.errors import UserInputError
@@ -51,6 +52,14 @@ PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
     """Insert the built-in menu where missing (never overwrites a user's edits)."""
     before = con.execute("SELECT count(*) FROM capabilities").fetchone()[0]
+    present = {r[0] for r in con.execute(
+        "SELECT name FROM capabilities WHERE name IN (SELECT unnest(?))",
+        [[b.name for b in BUILTIN]]).fetchall()}
+    if len(present) == len(BUILTIN):
+        # Read before writing: every page render and label run calls this, and two
+        # connections of one process inserting the same rows at once conflict at commit
+        # in DuckDB (ON CONFLICT does not cover a concurrent transaction's rows).
+        return 0
     con.executemany(
         "INSERT INTO capabilities (name, description, applies_when, source, status) "
         "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
@@ -132,16 +141,6 @@ def update_capability(db: str | Path | None, name: str, *, description: str | No
             con.execute("UPDATE capabilities SET applies_when = ?, updated_at = current_timestamp "
                         "WHERE name = ?", [applies_when, name])
         return _get(con, name)
-
-
-def capability_block(caps: list[Capability]) -> str:
-    """The fixed capability menu text shared by the LLM labeler prompts (cached block)."""
-    lines = []
-    for c in caps:
-        lines.append(f"- {c.name}: {c.description}")
-        if c.applies_when:
-            lines.append(f"  Applies when: {c.applies_when}")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------ proposals
@@ -253,7 +252,3 @@ def propose_capabilities(db: str | Path | None, provider: Any, *, max_pairs: int
             existing.add(item["name"])
             added.append(_get(con, item["name"]))
     return added
-
-
-def prompt_sha256(*texts: str) -> str:
-    return hashlib.sha256("\x00".join(texts).encode("utf-8")).hexdigest()

@@ -527,10 +527,23 @@ def jump_to_first_hit_script(*key: str) -> str:
     no trajectory text: `key` (trajectory id, query) only enters as a digest, which makes
     the script differ, and so run again, when either changes. The code has no `<`:
     the page's sanitizer drops a script whose text looks like markup (`n<40`)."""
-    token = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+    return scroll_into_view_script("mark.trace-hit", *key)
+
+
+# The only selectors a scroll script may name: fixed page markup, never trajectory text.
+SCROLL_TARGETS = {"mark.trace-hit": "center", "#transcript": "start"}
+
+
+def scroll_into_view_script(selector: str, *key: str) -> str:
+    """The static scroll script behind `jump_to_first_hit_script`, for any of the fixed
+    `SCROLL_TARGETS` (the page's "#transcript" heading: a map click opens the transcript
+    in view). `key` only enters as a digest, as there."""
+    if selector not in SCROLL_TARGETS:
+        raise ValueError(f"scroll target {selector!r} is not one of {sorted(SCROLL_TARGETS)}")
+    token = hashlib.sha256("\0".join((selector, *key)).encode()).hexdigest()[:16]
     return ("<script>/* " + token + " */(function(){var n=0;function go(){"
-            "var el=document.querySelector('mark.trace-hit');"
-            "if(el){el.scrollIntoView({block:'center'});return;}"
+            "var el=document.querySelector('" + selector + "');"
+            "if(el){el.scrollIntoView({block:'" + SCROLL_TARGETS[selector] + "'});return;}"
             "n+=1;if(n>=40){return;}setTimeout(go,100);}go();})();</script>")
 
 

@@ -61,7 +61,11 @@ def submit(spec: JobSpec) -> JobSpec:
     if spec.kind not in JOB_KINDS:
         raise UserInputError(f"job kind {spec.kind!r}: expected one of {sorted(JOB_KINDS)}")
     backend = get_backend(spec.backend)
-    spec.path.mkdir(parents=True, exist_ok=False)
+    # The directory may already hold the job's inputs (a label job's exported transcripts),
+    # staged by the submitter; it must not hold a job.
+    spec.path.mkdir(parents=True, exist_ok=True)
+    if (spec.path / SPEC).exists():
+        raise UserInputError(f"job {spec.id}: {spec.path} already holds a job")
     write_json_atomic(spec.path / SPEC, spec.to_dict())
     update_status(spec.path, state="queued", backend=spec.backend, kind=spec.kind,
                   submitted_at=now_iso())

@@ -35,6 +35,7 @@ JOB_KINDS: Registry[JobFn] = Registry("job kind", builtins={
     "train_adapter": "trace_lib.jobs.kinds:train_adapter",
     "train_gates": "trace_lib.compose.gate_training:run_job",
     "evaluate": "trace_lib.evaluate.runner:run_job",
+    "label": "trace_lib.diagnose.label_job:run_job",
 })
 
 

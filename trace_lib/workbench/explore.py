@@ -22,6 +22,7 @@ from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.explore import charts  # noqa: F401  (pure plotly figures for the page)
 from trace_lib.explore import transcript as transcript_views  # noqa: F401  (pure renderers)
+from trace_lib.explore.clusters import LEVELS as SIGNATURE_LEVELS  # noqa: F401
 from trace_lib.explore.clusters import PATH_SEP  # noqa: F401
 from trace_lib.explore.queries import TrajectoryFilter
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from trace_lib.capabilities import capability_block, prompt_sha256
 from trace_lib.data_model import LABEL_VALUES, Capability
-from trace_lib.diagnose.capabilities import capability_block, prompt_sha256
 from trace_lib.diagnose.labelers.protocol import LabelerUnavailable, PairLabel, TrajectoryLabels
 from trace_lib.diagnose.transcript import Transcript, render_transcript
 from trace_lib.llm import LLMError, LLMProvider, MalformedOutputError, Usage, get_provider
