@@ -90,16 +90,37 @@ def pick_option(page: Any, selectbox_label: str, option: str, wait_for_app: Any)
 
 
 def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None:
-    """Type `value` into the data editor's cell (row, col), 0-based over all columns."""
-    box = grid.bounding_box()
-    page.mouse.click(box["x"] + 40, box["y"] + GRID_HEADER_PX + GRID_ROW_PX * row + 17)
-    for _ in range(col):
-        page.keyboard.press("ArrowRight")
-    page.keyboard.press("Enter")
-    page.wait_for_timeout(400)
+    """Type `value` into the data editor's cell (row, col), 0-based over all columns.
+
+    Waits on the grid's own editor state, not on fixed pauses: the cell's overlay editor
+    (a combobox in Streamlit's #portal) must be open before typing, the typed option must
+    be listed before Enter picks it, and the overlay must close (the value committed)
+    before the next key. On a loaded machine the editor can take seconds to open, and
+    keystrokes typed before it did were lost."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    overlay = page.locator("#portal .gdg-clip-region")
+    editor = overlay.locator("input[role='combobox']")
+    for attempt in range(4):
+        # A rerun can remount the grid between the click and Enter (the click then
+        # selected nothing): open the editor again until it is open.
+        box = grid.bounding_box()
+        page.mouse.click(box["x"] + 40, box["y"] + GRID_HEADER_PX + GRID_ROW_PX * row + 17)
+        for _ in range(col):
+            page.keyboard.press("ArrowRight")
+        page.keyboard.press("Enter")
+        try:
+            editor.wait_for(state="visible", timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 3:
+                raise
+            page.keyboard.press("Escape")
     page.keyboard.type(value)
+    page.locator("#portal").get_by_role("option", name=value, exact=True).wait_for(
+        timeout=60_000)
     page.keyboard.press("Enter")
-    page.wait_for_timeout(400)
+    overlay.wait_for(state="detached", timeout=60_000)
     page.keyboard.press("Escape")
 
 

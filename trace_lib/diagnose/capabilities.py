@@ -50,21 +50,32 @@ PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 # ----------------------------------------------------------------------------- CRUD
 
 def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
-    """Insert the built-in menu where missing (never overwrites a user's edits)."""
-    before = con.execute("SELECT count(*) FROM capabilities").fetchone()[0]
-    present = {r[0] for r in con.execute(
-        "SELECT name FROM capabilities WHERE name IN (SELECT unnest(?))",
-        [[b.name for b in BUILTIN]]).fetchall()}
-    if len(present) == len(BUILTIN):
-        # Read before writing: every page render and label run calls this, and two
-        # connections of one process inserting the same rows at once conflict at commit
-        # in DuckDB (ON CONFLICT does not cover a concurrent transaction's rows).
+    """Insert the built-in menu where missing (never overwrites a user's edits).
+
+    Every page render and label run calls this, and two connections of one process (two
+    reruns, two sessions) can insert the same rows at once: DuckDB commits one and fails
+    the other with a duplicate key (ON CONFLICT does not see a concurrent transaction's
+    rows). So read first (nothing to write once the menu is in), and treat a conflict
+    as done when the rows are then all there. Call it outside an explicit transaction."""
+    names = [b.name for b in BUILTIN]
+
+    def present() -> int:
+        return con.execute("SELECT count(*) FROM capabilities WHERE name IN (SELECT unnest(?))",
+                           [names]).fetchone()[0]
+
+    before = present()
+    if before == len(names):
         return 0
-    con.executemany(
-        "INSERT INTO capabilities (name, description, applies_when, source, status) "
-        "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
-        [[b.name, b.description, b.applies_when] for b in BUILTIN])
-    return con.execute("SELECT count(*) FROM capabilities").fetchone()[0] - before
+    try:
+        con.executemany(
+            "INSERT INTO capabilities (name, description, applies_when, source, status) "
+            "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
+            [[b.name, b.description, b.applies_when] for b in BUILTIN])
+    except (duckdb.ConstraintException, duckdb.TransactionException):
+        if present() != len(names):
+            raise
+        return 0
+    return present() - before
 
 
 def list_capabilities(db: str | Path | None = None, *, status: str | None = None

@@ -38,7 +38,9 @@ Design decisions
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,21 +290,35 @@ class SyncReport:
     patched_edits: int
 
 
+_SYNC_ATTEMPTS = 5
+
+
 def sync(con: duckdb.DuckDBPyConnection, *, force_rebuild: bool = False) -> SyncReport:
     """Bring the materialised tables up to date with labels, runs and edits (one
     transaction). Cheap when nothing changed: four counts and the run list."""
-    fp = _fingerprint(con)
-    stored = _stored(con)
-    if not force_rebuild and stored is not None and stored[1] == fp:
-        return SyncReport("fresh", [], 0)
-    con.execute("BEGIN TRANSACTION")
-    try:
-        report = _sync_locked(con, fp, stored, force_rebuild)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return report
+    for attempt in range(_SYNC_ATTEMPTS):
+        fp = _fingerprint(con)
+        stored = _stored(con)
+        if not force_rebuild and stored is not None and stored[1] == fp:
+            return SyncReport("fresh", [], 0)
+        con.execute("BEGIN TRANSACTION")
+        try:
+            report = _sync_locked(con, fp, stored, force_rebuild)
+            con.execute("COMMIT")
+            return report
+        except duckdb.TransactionException:
+            # Two connections of the app (two browser sessions) synced the same change at
+            # once: DuckDB lets one commit and aborts the other. Re-read: the other one's
+            # work is usually all there is to do.
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            if attempt == _SYNC_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    raise AssertionError("unreachable")
 
 
 def _sync_locked(con: duckdb.DuckDBPyConnection, fp: Fingerprint,
