@@ -217,6 +217,9 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     expect(main.get_by_test_id("stMetric").filter(has_text="Kept capabilities")
            ).to_contain_text(f"{len(kept_there)} of {len(scoped.ranking.rows)}",
                              timeout=60_000)
+    # The metric is drawn before the export button: let the rerun finish, or the click
+    # downloads the previous (unscoped) render's document.
+    wait_for_app(page)
     export = page.get_by_role("button", name="Export selected_capabilities.json",
                               exact=True)
     expect(export).to_be_enabled()
