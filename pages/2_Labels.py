@@ -1,4 +1,4 @@
-"""Labels: trajectories x capabilities, with the transcript and its evidence beside them.
+"""Labels: trajectories x capabilities, with the transcript and its evidence below them.
 
 Thin page: every read and action is a use case of `trace_lib.workbench.diagnose` (the
 `label`, `labels` and `capabilities` verbs call the same functions). An edit in the grid is
@@ -25,6 +25,15 @@ from trace_lib.workbench import diagnose as wb
 from trace_lib.workbench.errors import ActionError, LLMError, UserInputError
 
 LABEL_VALUES = wb.LABEL_VALUES
+ID_COLUMNS = ("trajectory_id", "task_id", "domain", "success")  # the grid's read-only columns
+# A colour emoji per label value: the grid's cells are drawn on a canvas, so a glyph that
+# carries its own colour is what colours an editable cell (see the grid below).
+GLYPHS = {"present": "🟢", "lacking": "🔴", "na": "⚪"}
+
+
+def _glyph(value: str) -> str:
+    return f"{GLYPHS.get(value, '')} {value}".strip()
+
 
 st.set_page_config(page_title="Labels · TRACE", page_icon="🧭", layout="wide")
 st.title("Labels")
@@ -134,57 +143,62 @@ with tab_grid:
     if grid is None or grid.empty:
         st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
     else:
-        left, right = st.columns([3, 2])
-        with left:
-            cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES))
-                    for c in grid.columns if c not in ("trajectory_id", "task_id", "domain",
-                                                       "success")}
-            edited = st.data_editor(
-                grid, column_config=cols, hide_index=True, width="stretch",
-                disabled=["trajectory_id", "task_id", "domain", "success"],
-                key=f"grid_{ss.grid_version}")
-            changes = wb.grid_changes(grid, edited)
-            if changes:
-                ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit")
+        # The grid spans the page (the transcript sits below it), and its label cells carry
+        # a colour glyph: a data editor is a canvas, and a pandas Styler colours only its
+        # non-editable columns. The glyph is the option's label (`format_func`); the cell's
+        # value, and so every saved edit, stays exactly present/lacking/na.
+        st.caption(" · ".join(_glyph(v) for v in LABEL_VALUES)
+                   + " — click a label cell and type or pick a value; each edit is saved "
+                     "at once (History tab: who, when, undo).")
+        cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES),
+                                                    format_func=_glyph)
+                for c in grid.columns if c not in ID_COLUMNS}
+        edited = st.data_editor(
+            grid, column_config=cols, hide_index=True, width="stretch",
+            disabled=list(ID_COLUMNS), key=f"grid_{ss.grid_version}")
+        changes = wb.grid_changes(grid, edited)
+        if changes:
+            ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit")
+            if ids:
+                st.toast(f"saved {len(ids)} edit(s)")
+                ss.grid_version += 1
+                st.rerun()
+        with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):
+            b1, b2 = st.columns(2)
+            bulk_value = b1.selectbox("Set every shown label to", LABEL_VALUES,
+                                      key="bulk_value")
+            bulk_note = b2.text_input("Note", key="bulk_note")
+            if st.button("Apply bulk edit", key="bulk_go"):
+                ids = _guard(wb.bulk_edit, DB, flt, bulk_value, editor=editor,
+                             note=bulk_note or "bulk edit")
                 if ids:
-                    st.toast(f"saved {len(ids)} edit(s)")
+                    st.success(f"{len(ids)} edits saved")
                     ss.grid_version += 1
                     st.rerun()
-            with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):
-                b1, b2 = st.columns(2)
-                bulk_value = b1.selectbox("Set every shown label to", LABEL_VALUES,
-                                          key="bulk_value")
-                bulk_note = b2.text_input("Note", key="bulk_note")
-                if st.button("Apply bulk edit", key="bulk_go"):
-                    ids = _guard(wb.bulk_edit, DB, flt, bulk_value, editor=editor,
-                                 note=bulk_note or "bulk edit")
-                    if ids:
-                        st.success(f"{len(ids)} edits saved")
-                        ss.grid_version += 1
-                        st.rerun()
-        with right:
-            tid = st.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
-            cap = st.selectbox("Evidence for", shown or all_caps, key="t_cap")
-            view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
-            if view:
-                # Everything from the trajectory or a labeler goes through st.text/st.code.
-                st.text(f"task {view['task_id']} · "
-                        f"{'passed' if view['success'] else 'failed'} · evidence at "
-                        f"{view['highlight'] or 'no message'}")
-                for e in view["evidence"]:
-                    if e["error"]:
-                        _show_error(f"{e['run']}: labeler failed: {e['error']}")
-                with st.container(height=620):
-                    for m in view["messages"]:
-                        head = f"[{m['idx']}] {m['role']}" + (f" · {m['name']}" if m["name"] else "")
-                        if m["evidence"]:
-                            st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
-                            st.code("\n".join(m["evidence"]), language=None)
-                        st.text(head)
-                        if m["content"]:
-                            st.text(m["content"][:4000])
-                        for c in m["calls"]:
-                            st.code(c, language=None)
+        st.subheader("Transcript and evidence")
+        p1, p2 = st.columns(2)
+        tid = p1.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
+        cap = p2.selectbox("Evidence for", shown or all_caps, key="t_cap")
+        view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
+        if view:
+            # Everything from the trajectory or a labeler goes through st.text/st.code.
+            st.text(f"task {view['task_id']} · "
+                    f"{'passed' if view['success'] else 'failed'} · evidence at "
+                    f"{view['highlight'] or 'no message'}")
+            for e in view["evidence"]:
+                if e["error"]:
+                    _show_error(f"{e['run']}: labeler failed: {e['error']}")
+            with st.container(height=620):
+                for m in view["messages"]:
+                    head = f"[{m['idx']}] {m['role']}" + (f" · {m['name']}" if m["name"] else "")
+                    if m["evidence"]:
+                        st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
+                        st.code("\n".join(m["evidence"]), language=None)
+                    st.text(head)
+                    if m["content"]:
+                        st.text(m["content"][:4000])
+                    for c in m["calls"]:
+                        st.code(c, language=None)
 
 # ------------------------------------------------------------------------- queue
 with tab_queue:

@@ -32,6 +32,10 @@ PAGES = (("home", ""), ("trajectories", "Trajectories"), ("labels", "Labels"),
          ("training", "Training"), ("routing", "Routing"))
 # Shots of a part of a page: name -> (page path, CSS selector scrolled into view first).
 PARTS = {"transcript": ("Trajectories", ".trace-transcript")}
+# What a page shows once drawn, waited for before its shot (on a loaded machine the script
+# can start after `_settle`'s first grace, and the shot would show a bare title).
+READY = {"trajectories": ".js-plotly-plot .main-svg", "rankings": ".js-plotly-plot .main-svg",
+         "labels": '[data-testid="stDataFrame"] table td'}
 
 
 def _free_port() -> int:
@@ -75,6 +79,11 @@ def _start_app(db: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
 
 def _settle(page) -> None:
     page.wait_for_selector('[data-testid="stMain"] h1', timeout=120_000)
+    # The sidebar first lists the pages/ folder ("app" first) until the script's
+    # st.navigation replaces it with Home first: wait for that, as a person would see it.
+    page.wait_for_function(
+        "() => { const a = document.querySelector('[data-testid=\"stSidebarNav\"] a');"
+        " return a && a.textContent.includes('Home'); }", timeout=120_000)
     page.wait_for_timeout(500)
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')",
                            timeout=120_000)
@@ -101,6 +110,8 @@ def take(out: Path, n: int, runs: int, only: set[str] | None = None) -> list[Pat
                     if only and name not in only:
                         continue
                     page.goto(f"{url}/{path}")
+                    if name in READY:
+                        page.wait_for_selector(READY[name], state="attached", timeout=180_000)
                     _settle(page)
                     if head:
                         part = page.locator(head).first
@@ -112,7 +123,7 @@ def take(out: Path, n: int, runs: int, only: set[str] | None = None) -> list[Pat
                     target = out / f"{name}.png"
                     page.screenshot(path=str(target), full_page=False)
                     saved.append(target)
-                    print(f"saved {target.relative_to(REPO_ROOT)}")
+                    print(f"saved {target}")
                 browser.close()
         finally:
             proc.terminate()

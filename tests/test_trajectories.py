@@ -15,6 +15,7 @@ from trace_lib.trajectories import (
     excerpt,
     load_trajectories,
     load_trajectory,
+    load_transcripts,
 )
 from trace_lib.workbench import data
 
@@ -74,3 +75,28 @@ def test_many_at_once_in_order_and_unknown_ids_named(db_path, stored):
         assert load_trajectories(con, []) == []
         with pytest.raises(UserInputError, match="nope"):
             load_trajectories(con, [stored, "nope"])
+
+
+def test_transcripts_and_trajectories_are_one_reading_of_the_rows(db_path, stored):
+    """The labelers' and the viewer's `Transcript` and the pydantic `Trajectory` come from
+    the same rows: same messages, calls (paired with their answers) and expected actions."""
+    from trace_lib.diagnose.transcript import load_transcript as diagnose_transcript
+    from trace_lib.explore.transcript import load_transcript as viewer_transcript
+
+    with store.connect(db_path, read_only=True) as con:
+        st = load_trajectory(con, stored)
+        (t,) = load_transcripts(con, [stored])
+        labeler, viewer = diagnose_transcript(con, stored), viewer_transcript(con, stored)
+        with pytest.raises(UserInputError, match="'nope': not in the store"):
+            load_transcripts(con, ["nope"])
+    for tr in (t, labeler, viewer):
+        assert tr.id == stored and tr.trajectory["dataset"] and tr.task_id == "t1"
+        assert [m["role"] for m in tr.messages] == [m.role for m in st.trajectory.messages]
+        assert [m["content"] for m in tr.messages] == [m.content for m in st.trajectory.messages]
+        assert [(c.name, c.arguments, c.call_id, c.result) for c in tr.calls] == [
+            ("get_order", {"id": 12}, "c1", "not found")]
+        assert [(e.name, e.arguments) for e in tr.expected] == [
+            (a.name, a.arguments) for a in st.expected_actions]
+    # the viewer's extras sit on top of the same messages
+    assert [len(m["tool_calls"]) for m in viewer.messages] == [0, 0, 1, 0, 0]
+    assert viewer.messages[2]["tool_calls"][0] is viewer.calls[0]

@@ -8,6 +8,10 @@ Design decisions
 - One loader, set-based: `load_trajectories(con, ids)` reads any number of trajectories
   with four queries (heads, messages, tool calls, expected actions), not four per id, so
   labelers over thousands of trajectories and a page opening one use the same code.
+- One reading of the rows (`read_rows`), two shapes built from it: the pydantic
+  `Trajectory` (`load_trajectories`, for replay and prompts) and the `Transcript` the
+  labelers and the viewer read (`load_transcripts`, no pydantic objects: labeling reads
+  thousands). No other module queries messages or tool calls to rebuild a trajectory.
 - What the store knows beyond the file's record (the row id, the dataset, the benchmark's
   expected actions) travels beside the pydantic `Trajectory` in `StoredTrajectory`, so the
   model stays the importers' normalised shape.
@@ -25,6 +29,7 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, Message, ToolCall, Trajectory, outcome_of
 from trace_lib.errors import UserInputError
+from trace_lib.transcript_model import Call, Transcript, pair_results
 
 
 @dataclass
@@ -67,6 +72,65 @@ def resolve_ids(con: Any, ids: list[str]) -> dict[str, str]:
     return out
 
 
+def _missing_error(missing: list[str]) -> UserInputError:
+    if len(missing) == 1:
+        return UserInputError(f"trajectory {missing[0]!r}: not in the store")
+    return UserInputError(f"trajectory id(s) not in the store: {', '.join(missing[:5])}")
+
+
+@dataclass
+class TrajectoryRows:
+    """The store's rows of some trajectories, keyed by store id: what every loader builds on."""
+
+    heads: dict[str, dict[str, Any]]  # every trajectories column, `meta` parsed, + `dataset`
+    messages: dict[str, list[dict[str, Any]]]  # idx, role, content, tool_call_id, name, turn_idx
+    calls: dict[str, list[dict[str, Any]]]  # message_idx, call_idx, call_id, name, arguments, ...
+    expected: dict[str, list[dict[str, Any]]]  # name, arguments, requestor (file order)
+
+
+def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
+    """The four set-based queries (heads, messages, tool calls, expected actions) for
+    `store_ids`; unknown ids are simply absent from `heads`."""
+    wanted = sorted(set(store_ids))
+    cur = con.execute(
+        "SELECT t.*, d.name AS dataset FROM trajectories t "
+        "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
+        "LEFT JOIN datasets d ON d.id = t.dataset_id", [wanted])
+    cols = [c[0] for c in cur.description]
+    heads = {}
+    for row in cur.fetchall():
+        head = dict(zip(cols, row, strict=True))
+        head["meta"] = _as_dict(head.get("meta"))
+        heads[head["id"]] = head
+    msgs: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, idx, role, content, tcid, name, turn in con.execute(
+            "SELECT m.trajectory_id, m.idx, m.role, m.content, m.tool_call_id, m.name, "
+            "m.turn_idx FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
+            "ON w.id = m.trajectory_id ORDER BY m.trajectory_id, m.idx", [wanted]).fetchall():
+        msgs[tid].append({"idx": idx, "role": role, "content": content, "tool_call_id": tcid,
+                          "name": name, "turn_idx": turn})
+    calls: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, midx, cidx, cid, name, args, req, err in con.execute(
+            "SELECT c.trajectory_id, c.message_idx, c.call_idx, c.call_id, c.name, c.arguments, "
+            "c.requestor, c.error FROM tool_calls c JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
+            "ON w.id = c.trajectory_id ORDER BY c.trajectory_id, c.message_idx, c.call_idx",
+            [wanted]).fetchall():
+        calls[tid].append({"message_idx": midx, "call_idx": cidx, "call_id": cid, "name": name,
+                           "arguments": _as_dict(args), "requestor": req, "error": err})
+    # A store opened read-only is not migrated: older files have no expected requestor.
+    req_col = "e.requestor" if con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
+        "AND column_name = 'requestor'").fetchone()[0] else "NULL"
+    expected: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, name, args, requestor in con.execute(
+            f"SELECT t.id, e.name, e.arguments, {req_col} FROM trajectories t "
+            "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
+            "JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id "
+            "ORDER BY t.id, e.idx", [wanted]).fetchall():
+        expected[tid].append({"name": name, "arguments": _as_dict(args), "requestor": requestor})
+    return TrajectoryRows(heads, msgs, calls, expected)
+
+
 def load_trajectories(con: Any, ids: list[str]) -> list[StoredTrajectory]:
     """The trajectories `ids` (store or source ids), in that order."""
     if not ids:
@@ -74,49 +138,49 @@ def load_trajectories(con: Any, ids: list[str]) -> list[StoredTrajectory]:
     mapping = resolve_ids(con, list(ids))
     missing = [i for i in ids if i not in mapping]
     if missing:
-        raise UserInputError(f"trajectory id(s) not in the store: {', '.join(missing[:5])}")
-    wanted = sorted(set(mapping.values()))
-    heads = con.execute(
-        "SELECT t.id, t.dataset_id, t.source_id, t.task_id, t.trial, t.agent_model, t.domain, "
-        "t.reward, t.success, t.outcome, t.termination, t.meta "
-        "FROM trajectories t JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id)",
-        [wanted]).fetchall()
-    msgs: dict[str, list[dict[str, Any]]] = {h[0]: [] for h in heads}
-    for tid, idx, role, content, tcid, name, turn in con.execute(
-            "SELECT m.trajectory_id, m.idx, m.role, m.content, m.tool_call_id, m.name, "
-            "m.turn_idx FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
-            "ON w.id = m.trajectory_id ORDER BY m.trajectory_id, m.idx", [wanted]).fetchall():
-        msgs[tid].append({"idx": idx, "role": role, "content": content, "tool_call_id": tcid,
-                          "name": name, "turn_idx": turn, "tool_calls": []})
-    by_idx = {tid: {m["idx"]: m for m in ms} for tid, ms in msgs.items()}
-    for tid, midx, cid, name, args, req, err in con.execute(
-            "SELECT c.trajectory_id, c.message_idx, c.call_id, c.name, c.arguments, "
-            "c.requestor, c.error FROM tool_calls c JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
-            "ON w.id = c.trajectory_id ORDER BY c.trajectory_id, c.message_idx, c.call_idx",
-            [wanted]).fetchall():
-        msg = by_idx[tid].get(midx)
-        if msg is not None:
-            msg["tool_calls"].append(ToolCall(name=name, arguments=_as_dict(args), call_id=cid,
-                                              requestor=req, error=err))
-    expected: dict[str, list[ExpectedAction]] = {h[0]: [] for h in heads}
-    for tid, name, args, requestor in con.execute(
-            "SELECT t.id, e.name, e.arguments, e.requestor FROM trajectories t "
-            "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
-            "JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id "
-            "ORDER BY t.id, e.idx", [wanted]).fetchall():
-        expected[tid].append(ExpectedAction(name=name, arguments=_as_dict(args),
-                                            requestor=requestor))
+        raise _missing_error(missing)
+    rows = read_rows(con, list(mapping.values()))
     loaded: dict[str, StoredTrajectory] = {}
-    for tid, dsid, sid, task, trial, agent, domain, reward, success, outcome, term, meta in heads:
-        messages = [Message(role=m["role"], content=m["content"], tool_calls=m["tool_calls"],
+    for tid, h in rows.heads.items():
+        calls_at: dict[int, list[ToolCall]] = {}
+        for c in rows.calls[tid]:
+            calls_at.setdefault(c["message_idx"], []).append(ToolCall(
+                name=c["name"], arguments=c["arguments"], call_id=c["call_id"],
+                requestor=c["requestor"], error=c["error"]))
+        messages = [Message(role=m["role"], content=m["content"],
+                            tool_calls=calls_at.get(m["idx"], []),
                             tool_call_id=m["tool_call_id"], name=m["name"],
-                            turn_idx=m["turn_idx"]) for m in msgs[tid]]
-        traj = Trajectory(source_id=sid, task_id=task, trial=trial, agent_model=agent,
-                          domain=domain, reward=reward, success=success,
-                          outcome=outcome or outcome_of(success), termination=term,
-                          messages=messages, meta=_as_dict(meta))
-        loaded[tid] = StoredTrajectory(tid, dsid, traj, expected[tid])
+                            turn_idx=m["turn_idx"]) for m in rows.messages[tid]]
+        traj = Trajectory(source_id=h["source_id"], task_id=h["task_id"], trial=h["trial"],
+                          agent_model=h["agent_model"], domain=h["domain"], reward=h["reward"],
+                          success=h["success"],
+                          outcome=h.get("outcome") or outcome_of(h["success"]),
+                          termination=h["termination"], messages=messages, meta=h["meta"])
+        loaded[tid] = StoredTrajectory(tid, h["dataset_id"], traj, [
+            ExpectedAction(**e) for e in rows.expected[tid]])
     return [loaded[mapping[i]] for i in ids]
+
+
+def load_transcripts(con: Any, store_ids: list[str]) -> list[Transcript]:
+    """`Transcript`s (the labelers' and the viewer's model) for store ids, in that order:
+    the same rows as `load_trajectories`, without building pydantic objects (labeling reads
+    thousands), each call paired with the tool message answering it."""
+    if not store_ids:
+        return []
+    rows = read_rows(con, list(store_ids))
+    missing = [i for i in store_ids if i not in rows.heads]
+    if missing:
+        raise _missing_error(missing)
+    out: dict[str, Transcript] = {}
+    for tid, head in rows.heads.items():
+        t = Transcript(trajectory=head, messages=rows.messages[tid],
+                       calls=[Call(**c) for c in rows.calls[tid]],
+                       expected=[Call(**e) for e in rows.expected[tid]])
+        contents = {m["idx"]: m["content"] for m in t.messages}
+        for i, idx in pair_results(t.messages, t.calls).items():
+            t.calls[i].result_idx, t.calls[i].result = idx, contents[idx]
+        out[tid] = t
+    return [out[i] for i in store_ids]
 
 
 def load_trajectory(con: Any, trajectory_id: str) -> StoredTrajectory:

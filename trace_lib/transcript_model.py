@@ -6,12 +6,12 @@
     t.expected_agent, t.expected_user                      # the benchmark's expected actions
 
 Design decisions
-- One `Call` and one `Transcript` for every stage. Loading stays with the stage that needs
-  its own shape of the row set (`diagnose.transcript` loads many at once for labelers;
-  `explore.transcript` loads one with the viewer's extras such as `is_error` and each
-  message's `tool_calls`), and so does rendering (plain text for prompts, escaped HTML for
-  the page); the data classes are shared, so a labeler's evidence and the page's view
-  speak of the same calls.
+- One `Call` and one `Transcript` for every stage, read from the store by the one reader
+  (`trace_lib.trajectories.load_transcripts`, the same four queries that build the pydantic
+  `Trajectory`). Stages add only their extras (`explore.transcript` puts each message's
+  `tool_calls` and `is_error` on for the viewer) and their rendering (plain text for
+  prompts, escaped HTML for the page); so a labeler's evidence and the page's view speak
+  of the same calls.
 - `trajectory` is the stored row as a dict (whatever columns the loader read), and the
   header fields are properties over it, so a loader that reads more columns needs no new
   field here.

@@ -24,6 +24,38 @@ def test_builtin_menu_has_core_and_distractors(db_path: Path) -> None:
     assert all(c.source == "builtin" and c.applies_when for c in listed.values())
 
 
+def test_builtin_menu_survives_concurrent_first_writers(tmp_path: Path) -> None:
+    """Two sessions' first page renders insert the menu at once (the journey hit a
+    duplicate key here): every writer returns, and the menu is there exactly once."""
+    import threading
+
+    for k in range(4):
+        db = tmp_path / f"race{k}.duckdb"
+        with store.connect(db):
+            pass  # schema only, no menu yet
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+
+        def first_render(db: Path = db, start: threading.Barrier = start,
+                         errors: list[BaseException] = errors) -> None:
+            try:
+                with store.connect(db) as con:
+                    start.wait()
+                    caps.ensure_builtin(con)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first_render) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        with store.connect(db, read_only=True) as con:
+            assert con.execute("SELECT count(*), count(DISTINCT name) FROM capabilities "
+                               "WHERE source = 'builtin'").fetchone() == (14, 14)
+
+
 def test_add_accept_reject_edit(db_path: Path) -> None:
     c = caps.add_capability(db_path, "refund_math", "Computes refunds from fare rules.",
                             status="proposed")

@@ -17,6 +17,7 @@ Design decisions
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -117,8 +118,10 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
                 raise
             page.keyboard.press("Escape")
     page.keyboard.type(value)
-    page.locator("#portal").get_by_role("option", name=value, exact=True).wait_for(
-        timeout=60_000)
+    # An option's text is the value, or the value after the Labels grid's colour glyph
+    # ("🔴 lacking"): match the whole value as the last word, so "na" never matches another.
+    option = re.compile(rf"^(\S+ )?{re.escape(value)}$")
+    page.locator("#portal").get_by_role("option", name=option).wait_for(timeout=60_000)
     page.keyboard.press("Enter")
     overlay.wait_for(state="detached", timeout=60_000)
     page.keyboard.press("Escape")

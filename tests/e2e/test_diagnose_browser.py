@@ -4,9 +4,13 @@ moves -> export selected_capabilities.json, all in the app."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import GRID_ID_COLUMNS, edit_grid_cell, wait_until  # noqa: E402
 
 
 @pytest.mark.e2e
@@ -40,22 +44,16 @@ def test_label_edit_rank_export(streamlit_server, browser_page, wait_for_app, db
     target = "na" if first[CORE[0]] != "na" else "present"
     grid = page.get_by_test_id("stDataFrame").first
     expect(grid).to_be_visible(timeout=60_000)
-    page.wait_for_timeout(1000)  # the grid canvas paints after the element appears
-    box = grid.bounding_box()
-    page.mouse.click(box["x"] + 40, box["y"] + 35 + 17)  # header row is ~35 px
-    for _ in range(4):
-        page.keyboard.press("ArrowRight")
-    page.keyboard.press("Enter")
-    page.wait_for_timeout(500)
-    page.keyboard.type(target)
-    page.keyboard.press("Enter")
-    page.wait_for_timeout(500)
-    page.keyboard.press("Escape")
+    # the shared helper waits on the cell editor's own state (no fixed pauses)
+    edit_grid_cell(page, grid, row=0, col=GRID_ID_COLUMNS, value=target)
     wait_for_app(page)
 
-    with store.connect(db_path) as con:
-        edits = con.execute("SELECT trajectory_id, capability, new, note FROM label_edits"
-                            ).fetchall()
+    def label_edits() -> list:
+        with store.connect(db_path, read_only=True) as con:
+            return con.execute("SELECT trajectory_id, capability, new, note FROM label_edits"
+                               ).fetchall()
+
+    edits = wait_until(label_edits, 90, "the grid edit in label_edits")
     assert len(edits) == 1, edits
     tid, cap, new, note = edits[0]
     assert (tid, cap, new, note) == (first["trajectory_id"], CORE[0], target, "grid edit")

@@ -106,3 +106,49 @@ def test_backfill_on_an_old_store(real_db: Path, tmp_path: Path):
             pd.testing.assert_frame_equal(a, c)
         else:
             assert a == b == c
+
+
+def test_text_hash_in_sql_matches_the_python_definition(tmp_path: Path):
+    """`derived` computes the embedding text's hash in SQL: the same text as
+    `embeddings.compose_text` on strings where SQL and Python could differ (whitespace
+    that `str.strip` removes, cuts through multi-byte and combining characters, sort
+    order of non-ASCII errors, empty and missing parts)."""
+    import json
+
+    from trace_lib.ingest import ingest_paths
+
+    req_n, err_n, turn_n = embeddings.TEXT_CHARS
+    odd_space = "\u3000\x1c\x1f\x0b\x85\xa0\u2028\u202f \t\n"
+    texts = [
+        odd_space + "héllo" + odd_space,
+        "é" * (req_n - 1) + "e\u0301" + "😀" * 5,
+        "😀" * (req_n + 3),
+        "\u200b zero width is not space \u200b",
+        "x" * (turn_n + 50),
+        "ab",
+    ]
+    lines = []
+    for i, text in enumerate(texts):
+        messages = [{"role": "user", "content": text},
+                    {"role": "assistant", "content": None, "tool_calls": [
+                        {"id": f"c{i}", "type": "function",
+                         "function": {"name": "zeta" if i % 2 else "Ärger", "arguments": "{}"}},
+                        {"id": f"d{i}", "type": "function",
+                         "function": {"name": "alpha", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": f"c{i}", "content": f"Error: {text}"},
+                    {"role": "tool", "tool_call_id": f"d{i}", "content": "Error: é" * 60},
+                    {"role": "assistant", "content": text[::-1] + odd_space},
+                    {"role": "assistant", "content": odd_space},
+                    {"role": "assistant", "content": "done " + text}]
+        lines.append({"id": f"r{i}", "reward": 0.0, "messages": messages[: 3 + i]})
+    lines.append({"id": "bare", "reward": 1.0, "messages": [{"role": "system", "content": "s"}]})
+    data = tmp_path / "hard.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in lines) + "\n", encoding="utf-8")
+    db = tmp_path / "hard.duckdb"
+    ingest_paths([data], db=db)
+    with store.connect(db, read_only=True) as con:
+        texts_df = embeddings.trajectory_texts(con, failures_only=False)
+        stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {derived.TABLE}"
+                                  ).fetchall())
+    assert len(stored) == len(lines)
+    assert stored == dict(zip(texts_df.trajectory_id, texts_df.text_sha256, strict=True))

@@ -100,3 +100,28 @@ def test_fast_loads_errors_are_json_errors() -> None:
         fast_loads(b'{"a": }')
     with pytest.raises(RecursionError):
         fast_loads("[" * 100_000 + "]" * 100_000)
+
+
+def test_dumps_writes_what_the_json_encoder_writes():
+    """The writer's `_dumps` reuses one C encoder; its text must stay `JSONEncoder.encode`'s
+    (content hashes cover it), also after a call that failed half-way."""
+    import datetime
+
+    from trace_lib.ingest import writer
+
+    reference = json.JSONEncoder(ensure_ascii=False, default=str, allow_nan=False).encode
+    shared = {"k": [1, 2]}
+    values = ["plain", "é\n\"\\\u2028😀", {"a": 1, "b": [1.5, None, True, "x"], "c": {}},
+              [], {}, 3, -0.0, 1e300, None, False, {"d": datetime.date(2026, 12, 3)},
+              {"one": shared, "two": shared}, [shared, shared], {"\ud800": "\udfff"}]
+    for value in values:
+        assert writer._dumps(value) == reference(value)
+    loop: dict = {}
+    loop["self"] = loop
+    for bad in ({"x": [float("nan")]}, loop, {"y": {"z": float("inf")}}):
+        with pytest.raises(ValueError):
+            writer._dumps(bad)
+        with pytest.raises(ValueError):
+            reference(bad)
+        for value in values:  # a failed call leaves nothing behind
+            assert writer._dumps(value) == reference(value)

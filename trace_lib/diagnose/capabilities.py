@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,9 @@ def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
     Every page render and label run calls this, and two connections of one process (two
     reruns, two sessions) can insert the same rows at once: DuckDB commits one and fails
     the other with a duplicate key (ON CONFLICT does not see a concurrent transaction's
-    rows). So read first (nothing to write once the menu is in), and treat a conflict
-    as done when the rows are then all there. Call it outside an explicit transaction."""
+    rows, and until the other transaction commits its rows are not visible either). So
+    read first (nothing to write once the menu is in), and after a conflict wait briefly
+    and recheck until the rows are there. Call it outside an explicit transaction."""
     names = [b.name for b in BUILTIN]
 
     def present() -> int:
@@ -64,18 +66,22 @@ def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
                            [names]).fetchone()[0]
 
     before = present()
-    if before == len(names):
-        return 0
-    try:
-        con.executemany(
-            "INSERT INTO capabilities (name, description, applies_when, source, status) "
-            "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
-            [[b.name, b.description, b.applies_when] for b in BUILTIN])
-    except (duckdb.ConstraintException, duckdb.TransactionException):
-        if present() != len(names):
-            raise
-        return 0
-    return present() - before
+    for attempt in range(6):
+        if present() == len(names):
+            return 0
+        try:
+            con.executemany(
+                "INSERT INTO capabilities (name, description, applies_when, source, status) "
+                "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
+                [[b.name, b.description, b.applies_when] for b in BUILTIN])
+            return present() - before
+        except (duckdb.ConstraintException, duckdb.TransactionException):
+            # The other writer may not have committed yet: wait for its rows, then recheck.
+            time.sleep(0.05 * 2 ** attempt)
+    if present() != len(names):
+        raise store.StoreError("the built-in capabilities could not be written: another "
+                               "session kept conflicting; retry")
+    return 0
 
 
 def list_capabilities(db: str | Path | None = None, *, status: str | None = None

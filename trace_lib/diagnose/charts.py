@@ -7,6 +7,10 @@ Design decisions
   the table says how many runs were defined; a point at 0 would be a lie.
 - Threshold lines are drawn where the selection rule puts them, so moving a slider
   moves the line and the colours together.
+- Every figure ends with `explore.charts.readable` (the one label-fitting rule): long
+  capability names and cluster signatures are cut on the axis, whole in the hover. Point
+  labels (capability names beside markers, "+n" on the cover curve) are drawn over the
+  axes' edge (`cliponaxis=False`) rather than cut off there.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from trace_lib.diagnose.ranking import Ranking
+from trace_lib.explore.charts import readable
 
 KEPT, DROPPED = "#d62728", "#7f7f7f"
 
@@ -31,6 +36,7 @@ def coverage_contrast(ranking: Ranking) -> go.Figure:
             error_x={"type": "data", "array": [r.std_cov or 0 for r in rows], "thickness": 1},
             error_y={"type": "data", "array": [r.std_delta or 0 for r in rows], "thickness": 1},
             mode="markers+text", text=[r.capability for r in rows], textposition="top center",
+            cliponaxis=False,
             marker={"size": 12 if kept else 9, "color": KEPT if kept else DROPPED,
                     "symbol": "star" if kept else "circle"},
             name="kept" if kept else "not kept",
@@ -41,7 +47,7 @@ def coverage_contrast(ranking: Ranking) -> go.Figure:
     fig.update_layout(xaxis_title="coverage of failures (mean Cov)",
                       yaxis_title="contrast (mean Delta = ER- - ER+)", height=460,
                       margin={"t": 30})
-    return fig
+    return readable(fig)
 
 
 def delta_per_run(ranking: Ranking) -> go.Figure:
@@ -58,7 +64,7 @@ def delta_per_run(ranking: Ranking) -> go.Figure:
             showlegend=False))
     fig.add_hline(y=ranking.config.delta, line_dash="dash")
     fig.update_layout(yaxis_title="Delta per run", height=380, margin={"t": 30})
-    return fig
+    return readable(fig)
 
 
 def k_of_n_bars(ranking: Ranking) -> go.Figure:
@@ -70,23 +76,25 @@ def k_of_n_bars(ranking: Ranking) -> go.Figure:
     fig.add_hline(y=ranking.k_effective, line_dash="dash",
                   annotation_text=f"K = {ranking.k_effective} of {ranking.n_runs}")
     fig.update_layout(yaxis_title="runs passing both thresholds", height=340, margin={"t": 30})
-    return fig
+    return readable(fig)
 
 
 def cover_curve(curve: list[dict[str, Any]]) -> go.Figure:
     fig = go.Figure(go.Scatter(
         x=[c["capability"] for c in curve], y=[c["fraction"] for c in curve],
         mode="lines+markers+text", text=[f"+{c['new']}" for c in curve],
-        textposition="top center"))
+        textposition="top center", cliponaxis=False,
+        hovertemplate="%{x}: %{y:.0%} of failures explained<extra></extra>"))
     fig.update_layout(yaxis_title="share of failures explained", yaxis_range=[0, 1.05],
                       xaxis_title="capability added (greedy order)", height=340,
                       margin={"t": 30})
-    return fig
+    return readable(fig)
 
 
 def cluster_bars(clusters: list[dict[str, Any]]) -> go.Figure:
     fig = go.Figure(go.Bar(y=[c["signature"] for c in clusters][::-1],
-                           x=[c["n"] for c in clusters][::-1], orientation="h"))
+                           x=[c["n"] for c in clusters][::-1], orientation="h",
+                           hovertemplate="%{y}: %{x} failed<extra></extra>"))
     fig.update_layout(xaxis_title="failed trajectories", height=80 + 28 * len(clusters),
                       margin={"t": 30, "l": 10})
-    return fig
+    return readable(fig)

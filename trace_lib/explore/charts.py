@@ -11,6 +11,12 @@ Design decisions
   previews, termination reasons, model names) goes through `html.escape` before it
   reaches a figure; plotly shows the entities as the characters they stand for. Previews
   are cut short so a 4 kB message does not cover the chart.
+- `readable` is the one place that keeps labels inside a figure (every chart of the
+  explore and diagnose stages ends with it): axes make room for their tick labels and
+  titles (`automargin`, whatever template draws them: Streamlit's or plotly's), and a
+  category longer than `LABEL_CHARS` is shown cut in the middle on its axis (start and end
+  stay, so "a + b + c" signatures stay told apart) while the bar, its hover and its value
+  keep the full text. Cutting the tick text, not the data, never merges two categories.
 """
 
 from __future__ import annotations
@@ -22,6 +28,35 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 OUTCOME_COLORS = {"success": "#16a34a", "failure": "#dc2626", "unknown": "#9ca3af"}
+LABEL_CHARS = 36  # longest category label shown whole on an axis
+
+
+def short_label(text: str, limit: int = LABEL_CHARS) -> str:
+    """`text` cut in the middle to at most `limit` characters ("multi_ste…_reasoning")."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
+
+
+def readable(fig: go.Figure, limit: int = LABEL_CHARS) -> go.Figure:
+    """Keep `fig`'s axis labels inside it (see the module docstring); returns `fig`."""
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    categories: dict[str, list[str]] = {}  # layout axis name -> its category values
+    for trace in fig.data:
+        for letter in ("x", "y"):
+            values = getattr(trace, letter, None) if hasattr(trace, f"{letter}axis") else None
+            if values is None or not all(isinstance(v, str) for v in values):
+                continue
+            axis = letter + "axis" + (getattr(trace, f"{letter}axis") or letter)[1:]
+            seen = categories.setdefault(axis, [])
+            seen.extend(v for v in values if v not in seen)
+    for axis, values in categories.items():
+        if any(len(v) > limit for v in values):
+            fig.update_layout({axis: {"tickmode": "array", "tickvals": values,
+                                      "ticktext": [short_label(v, limit) for v in values]}})
+    return fig
 
 
 def _safe(df: pd.DataFrame, *cols: str) -> pd.DataFrame:
@@ -55,8 +90,8 @@ def success_rate_chart(df: pd.DataFrame) -> go.Figure:
                              "err_minus": False},
                  title=title, range_y=[0, 1])
     fig.update_layout(yaxis_tickformat=".0%", height=420, legend_title_text="agent",
-                      legend={"orientation": "h", "y": -0.25})
-    return fig
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2})
+    return readable(fig)
 
 
 def termination_chart(df: pd.DataFrame) -> go.Figure:
@@ -67,7 +102,7 @@ def termination_chart(df: pd.DataFrame) -> go.Figure:
                  orientation="h",
                  color_discrete_map=OUTCOME_COLORS, title=title)
     fig.update_layout(height=350, yaxis={"categoryorder": "total ascending"})
-    return fig
+    return readable(fig)
 
 
 def tool_calls_chart(df: pd.DataFrame) -> go.Figure:
@@ -78,7 +113,7 @@ def tool_calls_chart(df: pd.DataFrame) -> go.Figure:
                  color_discrete_map=OUTCOME_COLORS, title=title,
                  labels={"n_tool_calls": "tool calls", "n": "trajectories"})
     fig.update_layout(height=350, bargap=0.1)
-    return fig
+    return readable(fig)
 
 
 def tool_errors_chart(df: pd.DataFrame, top: int = 15) -> go.Figure:
@@ -91,7 +126,7 @@ def tool_errors_chart(df: pd.DataFrame, top: int = 15) -> go.Figure:
                  hover_data={"example": True, "n_trajectories": True})
     fig.update_layout(height=max(300, 28 * len(d) + 120), showlegend=False,
                       yaxis={"categoryorder": "total ascending", "title": None})
-    return fig
+    return readable(fig)
 
 
 def signature_treemap(df: pd.DataFrame) -> go.Figure:
@@ -124,4 +159,4 @@ def semantic_map(points: pd.DataFrame) -> go.Figure:
                      title=title)
     fig.update_traces(marker={"size": 9, "line": {"width": 0.5, "color": "#374151"}})
     fig.update_layout(height=480, xaxis_title=None, yaxis_title=None, legend_title_text="")
-    return fig
+    return readable(fig)

@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 
 TABLE = "trajectory_derived"
 _NEW = "_derive_new"
@@ -94,21 +93,70 @@ def derive_missing(con: duckdb.DuckDBPyConnection) -> int:
         con.execute(f"DROP TABLE IF EXISTS {_NEW_CHUNK}")
 
 
+# Python's `str.strip()` strips exactly the characters for which `str.isspace()` holds;
+# DuckDB's `trim(s, chars)` strips the given ones, so the same set is spelt out.
+_PY_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+
+
+def _text_sha256_sql(scope: str) -> str:
+    """`trajectory_id, text_sha256` of the trajectories matching `scope`, in SQL.
+
+    The text is `embeddings.compose_text` over `embeddings.trajectory_texts_sql`'s parts
+    (the definition; `tests/explore/test_derived.py` checks both agree on hard strings:
+    code points, not bytes, are cut; `strip()`'s whitespace set; code-point sort order).
+    Computing it here instead of fetching every trajectory's parts into Python to join
+    and hash them: 0.4 s of CPU instead of 1.0 s per 100k trajectories at import
+    (bench/ingest.py's file, measured side by side).
+    """
+    from trace_lib.explore.embeddings import TEXT_CHARS
+
+    req_n, err_n, turn_n = TEXT_CHARS
+    ws = "(" + " || ".join(f"chr({ord(c)})" for c in _PY_WHITESPACE) + ")"
+
+    def strip(x: str) -> str:
+        # trim() with a character set costs per row; most texts neither start nor end
+        # with whitespace, and then stripping them changes nothing (~0.2 s per 100k).
+        return (f"(CASE WHEN {x} = '' OR contains({ws}, left({x}, 1)) "
+                f"OR contains({ws}, right({x}, 1)) THEN trim({x}, {ws}) ELSE {x} END)")
+
+    return f"""
+        WITH f AS (SELECT t.id FROM trajectories t WHERE {scope}),
+        u AS (
+            SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
+            FROM messages m JOIN f ON f.id = m.trajectory_id
+            WHERE m.role = 'user' AND coalesce(m.content, '') <> '' GROUP BY 1
+        ),
+        a AS (
+            SELECT m.trajectory_id, list(m.content ORDER BY m.idx DESC)[1:3] AS last_turns
+            FROM messages m JOIN f ON f.id = m.trajectory_id
+            WHERE m.role = 'assistant' AND coalesce(m.content, '') <> '' GROUP BY 1
+        ),
+        e AS (
+            SELECT c.trajectory_id, list(DISTINCT c.name || ': ' || c.error) AS errors
+            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
+            WHERE c.error IS NOT NULL GROUP BY 1
+        )
+        SELECT f.id AS trajectory_id, sha256(
+            'User request: ' || left({strip("coalesce(u.request, '')")}, {req_n})
+            || CASE WHEN coalesce(len(e.errors), 0) = 0 THEN '' ELSE chr(10) || 'Tool errors: '
+                    || left(array_to_string(list_sort(e.errors, 'ASC'), ' | '), {err_n}) END
+            || CASE WHEN coalesce(len(a.last_turns), 0) = 0 THEN ''
+                    ELSE chr(10) || 'Agent''s last turns: ' || left(array_to_string(
+                        list_transform(list_reverse(a.last_turns), lambda x: {strip('x')}), ' | '),
+                        {turn_n}) END
+        ) AS text_sha256
+        FROM f LEFT JOIN u ON u.trajectory_id = f.id
+        LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
+    """
+
+
 def _derive_chunk(con: duckdb.DuckDBPyConnection, scope: str) -> None:
     from trace_lib.explore.clusters import signature_parts_sql
-    from trace_lib.explore.embeddings import trajectory_texts_sql
     from trace_lib.explore.queries import error_kind_sql
 
-    texts = trajectory_texts_sql(con, scope, [])
-    hashes = pa.table({
-        "trajectory_id": pa.array(texts.trajectory_id.tolist(), pa.string()),
-        "text_sha256": pa.array(texts.text_sha256.tolist(), pa.string()),
-    })
-    del texts
-    # A temp table copied from the Arrow table, not con.register: a registered table stays
+    # A temp table, not con.register of an Arrow table: a registered table stays
     # referenced until the transaction commits, so every chunk would be held to the end.
-    con.from_arrow(hashes).create("_derive_texts")
-    del hashes
+    con.execute(f"CREATE TEMP TABLE _derive_texts AS {_text_sha256_sql(scope)}")
     sql = f"""
         INSERT INTO {TABLE} (trajectory_id, error_kinds, error_tool, error_kind,
                              deviation, text_sha256)

@@ -45,8 +45,8 @@ from typing import Any
 import duckdb
 import pandas as pd
 
-from trace_lib.errors import UserInputError
-from trace_lib.transcript_model import Call, Transcript, canonical_json, pair_results
+from trace_lib.trajectories import load_transcripts
+from trace_lib.transcript_model import Call, Transcript, canonical_json
 
 
 @dataclass(frozen=True)
@@ -56,79 +56,27 @@ class AlignedRow:
     right: Call | None
 
 
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
 # --------------------------------------------------------------------------- loading
 
 
 def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Transcript:
-    """Everything the viewer shows about one trajectory."""
-    head = con.execute(
-        "SELECT t.*, d.name AS dataset FROM trajectories t "
-        "LEFT JOIN datasets d ON d.id = t.dataset_id WHERE t.id = ?",
-        [trajectory_id],
-    ).df()
-    if head.empty:
-        raise UserInputError(f"trajectory {trajectory_id!r}: not in the store")
-    traj = {k: (None if pd.isna(v) else v) if not isinstance(v, list | dict) else v
-            for k, v in head.iloc[0].to_dict().items()}
-    msgs = con.execute(
-        "SELECT idx, role, content, name, tool_call_id, turn_idx FROM messages "
-        "WHERE trajectory_id = ? ORDER BY idx",
-        [trajectory_id],
-    ).fetchall()
-    calls = con.execute(
-        "SELECT message_idx, name, arguments, error, requestor, call_id FROM tool_calls "
-        "WHERE trajectory_id = ? ORDER BY message_idx, call_idx",
-        [trajectory_id],
-    ).fetchall()
-    by_msg: dict[int, list[Call]] = {}
-    errors_by_call_id: dict[str, str] = {}
-    for midx, name, args, err, req, call_id in calls:
-        by_msg.setdefault(midx, []).append(
-            Call(name=name, arguments=_loads(args), error=err, message_idx=midx, requestor=req,
-                 call_id=call_id)
-        )
-        if err is not None and call_id:
-            errors_by_call_id[call_id] = err
-    error_texts = {c.error for cs in by_msg.values() for c in cs if c.error}
-    messages = [
-        {
-            "idx": idx,
-            "role": role,
-            "content": content,
-            "name": name,
-            "tool_call_id": tcid,
-            "turn_idx": turn,
-            "tool_calls": by_msg.get(idx, []),
-            # A tool message is an error when the call it answers carries one; files without
-            # call ids are matched on the error text itself.
-            "is_error": role == "tool" and (
-                tcid in errors_by_call_id if tcid else (content or "") in error_texts),
-        }
-        for idx, role, content, name, tcid, turn in msgs
-    ]
-    requestor = "requestor" if _has_column(con, "expected_actions", "requestor") else "NULL"
-    expected = [
-        Call(name=n, arguments=_loads(a), requestor=r)
-        for n, a, r in con.execute(
-            f"SELECT name, arguments, {requestor} FROM expected_actions "
-            "WHERE dataset_id = ? AND task_id = ? ORDER BY idx",
-            [traj["dataset_id"], traj["task_id"]],
-        ).fetchall()
-    ]
-    all_calls = [c for cs in by_msg.values() for c in cs]
-    by_idx = {m["idx"]: m for m in messages}
-    for i, idx in pair_results(messages, all_calls).items():
-        all_calls[i].result_idx, all_calls[i].result = idx, by_idx[idx]["content"]
-    return Transcript(trajectory=traj, messages=messages, calls=all_calls, expected=expected)
+    """Everything the viewer shows about one trajectory: the one store reader's transcript
+    (`trace_lib.trajectories.load_transcripts`) plus the viewer's extras on each message,
+    its `tool_calls` and `is_error`."""
+    t = load_transcripts(con, [trajectory_id])[0]
+    by_msg: dict[int | None, list[Call]] = {}
+    for c in t.calls:
+        by_msg.setdefault(c.message_idx, []).append(c)
+    errors_by_call_id = {c.call_id: c.error for c in t.calls if c.error is not None and c.call_id}
+    error_texts = {c.error for c in t.calls if c.error}
+    for m in t.messages:
+        tcid = m["tool_call_id"]
+        m["tool_calls"] = by_msg.get(m["idx"], [])
+        # A tool message is an error when the call it answers carries one; files without
+        # call ids are matched on the error text itself.
+        m["is_error"] = m["role"] == "tool" and (
+            tcid in errors_by_call_id if tcid else (m["content"] or "") in error_texts)
+    return t
 
 
 def task_trials(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> pd.DataFrame:
@@ -216,13 +164,6 @@ def expected_vs_actual(t: Transcript) -> list[AlignedRow]:
         rows += [AlignedRow(f"{r.status} (user)", r.left, r.right)
                  for r in align_calls(user, t.user_calls())]
     return rows
-
-
-def _has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
-    # A store opened read-only is not migrated: an older file may lack a newer column.
-    return bool(con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = ? "
-        "AND column_name = ?", [table, column]).fetchone()[0])
 
 
 def alignment_frame(rows: list[AlignedRow], left: str = "left", right: str = "right"
