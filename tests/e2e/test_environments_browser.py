@@ -3,6 +3,7 @@ and approves it on the Environments page (streamlit run + headless Chromium)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,14 +49,21 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
     wait_for_app(page)
     expect(page.get_by_role("tabpanel", name="Play").get_by_text(
         '[1] {"name": "list_all_product_types"')).to_be_visible()
+    def step_line(k: int):  # the k-th step of the episode shown in the Play tab
+        return page.get_by_role("tabpanel", name="Play").get_by_text(re.compile(rf"^\[{k}\] "))
+
     page.get_by_role("button", name="Restart").click()
+    expect(step_line(1)).to_have_count(0, timeout=90_000)  # the episode starts over
     wait_for_app(page)
-    for _ in range(6):
-        button = page.get_by_role("button", name="Reference step")
-        if button.is_disabled():
-            break
-        button.click()
+    # Each reference step is waited for by its own line (a click during a rerun that has
+    # not started yet would otherwise be lost on a loaded machine), until the episode ends.
+    reward = page.get_by_test_id("stMetric").filter(has_text="Reward")
+    for k in range(1, 13):
+        page.get_by_role("button", name="Reference step").click()
+        expect(step_line(k)).to_have_count(1, timeout=90_000)
         wait_for_app(page)
+        if reward.count():  # drawn in the same run as the step that ended the episode
+            break
     expect(page.get_by_test_id("stMetric").filter(has_text="Reward")).to_contain_text("1.000",
                                                                               timeout=60_000)
 
