@@ -108,7 +108,7 @@ def _text_sha256_sql(scope: str) -> str:
     and hash them: 0.4 s of CPU instead of 1.0 s per 100k trajectories at import
     (bench/ingest.py's file, measured side by side).
     """
-    from trace_lib.explore.embeddings import TEXT_CHARS
+    from trace_lib.explore.embeddings import TEXT_CHARS, text_parts_sql
 
     req_n, err_n, turn_n = TEXT_CHARS
     ws = "(" + " || ".join(f"chr({ord(c)})" for c in _PY_WHITESPACE) + ")"
@@ -119,23 +119,7 @@ def _text_sha256_sql(scope: str) -> str:
         return (f"(CASE WHEN {x} = '' OR contains({ws}, left({x}, 1)) "
                 f"OR contains({ws}, right({x}, 1)) THEN trim({x}, {ws}) ELSE {x} END)")
 
-    return f"""
-        WITH f AS (SELECT t.id FROM trajectories t WHERE {scope}),
-        u AS (
-            SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'user' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        a AS (
-            SELECT m.trajectory_id, list(m.content ORDER BY m.idx DESC)[1:3] AS last_turns
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'assistant' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        e AS (
-            SELECT c.trajectory_id, list(DISTINCT c.name || ': ' || c.error) AS errors
-            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
-            WHERE c.error IS NOT NULL GROUP BY 1
-        )
+    return text_parts_sql(scope) + f"""
         SELECT f.id AS trajectory_id, sha256(
             'User request: ' || left({strip("coalesce(u.request, '')")}, {req_n})
             || CASE WHEN coalesce(len(e.errors), 0) = 0 THEN '' ELSE chr(10) || 'Tool errors: '

@@ -181,11 +181,12 @@ def trajectory_texts(
     return trajectory_texts_sql(con, where, params)
 
 
-def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
-                         ) -> pd.DataFrame:
-    """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
-    importer derives `text_sha256` with it: one definition of the text)."""
-    sql = f"""
+def text_parts_sql(where: str) -> str:
+    """The WITH clause behind a trajectory's embedding text, for the trajectories matching a
+    SQL condition over `t`: `f` (their ids), `u` (first user request), `a` (last three
+    agent turns, newest first), `e` (distinct "tool: error" texts). One definition for the
+    texts (`trajectory_texts_sql`) and for their hash computed at import (`derived`)."""
+    return f"""
         WITH f AS (SELECT t.id FROM trajectories t WHERE {where}),
         u AS (
             SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
@@ -202,6 +203,14 @@ def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: lis
             FROM tool_calls c JOIN f ON f.id = c.trajectory_id
             WHERE c.error IS NOT NULL GROUP BY 1
         )
+    """
+
+
+def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
+                         ) -> pd.DataFrame:
+    """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
+    importer derives `text_sha256` with it: one definition of the text)."""
+    sql = text_parts_sql(where) + """
         SELECT f.id AS trajectory_id, u.request, e.errors, a.last_turns
         FROM f LEFT JOIN u ON u.trajectory_id = f.id
         LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
