@@ -83,10 +83,37 @@ def fill_number(page: Any, label: str, value: Any, wait_for_app: Any | None = No
         wait_for_app(page)
 
 
+def choose_option(page: Any, box: Any, option: Any, *, timeout_s: float = 180) -> None:
+    """Open the select or multiselect `box` (a locator) and click its option `option` (a
+    name matched exactly, or a compiled pattern).
+
+    The list can close between the click that opens it and the click on the option: a
+    script or fragment rerun that lands in between re-renders the widget (seen once in a
+    CI run under load, the option never appeared in 60 s). So wait a short while for the
+    option; when it is not listed, close whatever is open and open the list again, until
+    `timeout_s`. The option is clicked only once it is listed, so it is never chosen twice.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    listed = page.get_by_role("option", name=option, exact=isinstance(option, str))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if not listed.first.is_visible():
+                box.click(timeout=30_000)
+            listed.first.wait_for(state="visible", timeout=10_000)
+            listed.first.click(timeout=10_000)
+            return
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise
+            page.keyboard.press("Escape")
+
+
 def pick_option(page: Any, selectbox_label: str, option: str, wait_for_app: Any) -> None:
     """Open the selectbox whose label is `selectbox_label` and choose `option`."""
-    page.get_by_test_id("stSelectbox").filter(has_text=selectbox_label).first.click()
-    page.get_by_role("option", name=option, exact=True).click()
+    choose_option(page, page.get_by_test_id("stSelectbox").filter(
+        has_text=selectbox_label).first, option)
     wait_for_app(page)
 
 

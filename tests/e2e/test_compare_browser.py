@@ -19,6 +19,9 @@ from trace_lib.evaluate.tasks import load_task_set
 from trace_lib.workbench import evaluation
 from trace_lib.workbench.data import import_files
 
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import choose_option  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "evaluate"))
 from reference_policy import (  # noqa: E402
     ReferencePolicyServer,
@@ -74,8 +77,7 @@ def test_compare_page_in_chromium(compare_store, streamlit_server, browser_page,
     box = page.locator('[data-testid="stSelectbox"]').filter(
         has=page.get_by_text("Task", exact=True))
     assert box.count() == 1
-    box.click()
-    page.get_by_role("option", name=f"{other} (flipped)", exact=True).click()
+    choose_option(page, box, f"{other} (flipped)")
     wait_for_app(page)
     page.locator(f'div.trace-pair[data-task="{other}"]').wait_for()
     assert page.locator("table.trace-compare tr").count() >= 2

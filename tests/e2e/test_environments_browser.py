@@ -4,9 +4,13 @@ and approves it on the Environments page (streamlit run + headless Chromium)."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import choose_option  # noqa: E402
 
 
 @pytest.mark.e2e
@@ -23,8 +27,8 @@ def test_inspect_play_validate_approve(streamlit_server, browser_page, wait_for_
     wait_for_app(page)
 
     # choose the environment
-    page.get_by_test_id("stSelectbox").filter(has_text="Environment").click()
-    page.get_by_role("option", name=name, exact=True).click()
+    choose_option(page, page.get_by_test_id("stSelectbox").filter(has_text="Environment"),
+                  name)
     wait_for_app(page)
     expect(page.get_by_text("capability structured_data_reasoning · domain retail")
            ).to_be_visible()

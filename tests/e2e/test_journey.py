@@ -24,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from journey_helpers import (  # noqa: E402
     GRID_ID_COLUMNS,
+    choose_option,
     edit_grid_cell,
     fill_number,
     goto,
@@ -43,8 +44,7 @@ def choose_scope(page, dataset: str, wait_for_app) -> None:
     """Pick `dataset` in the sidebar's scope picker (Labels and Rankings share it)."""
     picker = page.get_by_test_id("stSidebar").get_by_test_id("stMultiSelect").filter(
         has_text="Datasets")
-    picker.get_by_role("combobox").click()
-    page.get_by_role("option", name=dataset, exact=True).click()
+    choose_option(page, picker.get_by_role("combobox"), dataset)
     page.keyboard.press("Escape")
     wait_for_app(page)
 
@@ -303,8 +303,8 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     # ---- 6. Routing: compose the trained adapter, route a prompt, see per-token routing.
     goto(page, server.url + "/Routing", wait_for_app)
     page.get_by_role("tab", name="Compose").click()
-    page.get_by_test_id("stMultiSelect").filter(has_text="Trained adapters").click()
-    page.get_by_role("option").filter(has_text=adapters[0]["id"]).first.click()
+    choose_option(page, page.get_by_test_id("stMultiSelect").filter(
+        has_text="Trained adapters"), re.compile(re.escape(adapters[0]["id"])))
     page.keyboard.press("Escape")
     fill_number(page, "Output folder (under the runs directory by default)", tmp_path / "moe")
     page.get_by_role("button", name="Compose").click()

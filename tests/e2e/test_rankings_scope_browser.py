@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import choose_option  # noqa: E402
 
 
 @pytest.mark.e2e
@@ -45,8 +49,7 @@ def test_rankings_dataset_scope_and_readable_fisher_p(streamlit_server, browser_
     # Choose the dataset in the sidebar's scope picker.
     picker = page.get_by_test_id("stSidebar").get_by_test_id("stMultiSelect").filter(
         has_text="Datasets")
-    picker.get_by_role("combobox").click()
-    page.get_by_role("option", name="theirs", exact=True).click()
+    choose_option(page, picker.get_by_role("combobox"), "theirs")
     page.keyboard.press("Escape")
     wait_for_app(page)
     expect(main.get_by_text("Scope: dataset theirs", exact=True)).to_be_visible(

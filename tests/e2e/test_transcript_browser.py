@@ -9,12 +9,16 @@ single-trial trajectory. The test waits on what the page exposes: the transcript
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from trace_lib import store
 from trace_lib.explore import queries
+
+sys.path.insert(0, str(Path(__file__).parent))
+from journey_helpers import choose_option  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 SCRIPT = "<script>window.__xss=1</script>"
@@ -142,9 +146,7 @@ def test_any_two_trials_and_a_task_run_once(viewer, wait_for_app, artifacts_dir:
     box = page.get_by_test_id("stSelectbox").filter(
         has=page.get_by_text("Compare with", exact=True))
     expect(box).to_have_count(1)
-    box.click()
-    page.get_by_role("option", name=f"trial {other_failed[1]} · failed · {other_failed[0]}",
-                     exact=True).click()
+    choose_option(page, box, f"trial {other_failed[1]} · failed · {other_failed[0]}")
     wait_for_app(page)
     page.locator("table.trace-alignment").filter(has_text=f"({other_failed[0]})").wait_for(
         timeout=90_000)

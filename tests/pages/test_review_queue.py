@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from journey_helpers import choose_option  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -81,8 +84,8 @@ def test_queue_fills_with_heuristic_labels_and_kappa_shows(tmp_path: Path) -> No
             expect(metric).to_contain_text("n/a", timeout=120_000)
 
             # 3. A person decides the first pair against the labeler.
-            page.get_by_test_id("stSelectbox").filter(has_text="Decision").click()
-            page.get_by_role("option", name=decision, exact=True).click()
+            choose_option(page, page.get_by_test_id("stSelectbox").filter(
+                has_text="Decision"), decision)
             page.get_by_role("button", name="Save decision").click()
 
             # 4. Cohen's kappa of the heuristic against people shows once the decision is

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
 from trace_lib.jobs.run_dir import write_json_atomic
 from trace_lib.workbench import training
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from journey_helpers import choose_option  # noqa: E402
 
 TOY_ENV = "trace_lib.train.smoke_envs:TargetLetterEnv"
 
@@ -70,8 +74,7 @@ def _watch(page, job_id: str) -> None:
     watch = page.get_by_test_id("stSelectbox").filter(has_text="Watch job")
     # The first run loads a tokenizer for the context check before the jobs panel.
     expect(watch).to_be_visible(timeout=180_000)
-    watch.click()
-    page.get_by_role("option", name=job_id, exact=True).click()
+    choose_option(page, watch, job_id)
     expect(watch.get_by_role("combobox")).to_have_value(job_id)
 
 
@@ -167,11 +170,11 @@ def test_warns_before_launch_when_the_prompt_does_not_fit(
     expect(page.get_by_label("also offer built-in environments not approved yet (smoke runs)"
                              )).to_be_checked()
     wait_for_app(page)
-    page.get_by_test_id("stSelectbox").filter(has_text="Environment").click()
-    page.get_by_role("option", name="retail/structured_data_reasoning", exact=True).click()
+    choose_option(page, page.get_by_test_id("stSelectbox").filter(has_text="Environment"),
+                  "retail/structured_data_reasoning")
     wait_for_app(page)
-    page.get_by_test_id("stSelectbox").filter(has_text=re.compile(r"^\s*Model")).click()
-    page.get_by_role("option", name="other (folder or hub name)", exact=True).click()
+    choose_option(page, page.get_by_test_id("stSelectbox").filter(
+        has_text=re.compile(r"^\s*Model")), "other (folder or hub name)")
     wait_for_app(page)
     folder = page.get_by_label("Model folder / hub name (for 'other')", exact=True)
     folder.fill(str(short))
