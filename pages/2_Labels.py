@@ -158,9 +158,12 @@ with tab_grid:
             disabled=list(ID_COLUMNS), key=f"grid_{ss.grid_version}")
         changes = wb.grid_changes(grid, edited)
         if changes:
-            ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit")
-            if ids:
-                st.toast(f"saved {len(ids)} edit(s)")
+            ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
+                         skip_unchanged=True)
+            if ids is not None:
+                same = len(changes) - len(ids)
+                st.toast(f"saved {len(ids)} edit(s)"
+                         + (f"; {same} already had that value" if same else ""))
                 ss.grid_version += 1
                 st.rerun()
         with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):

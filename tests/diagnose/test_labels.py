@@ -78,3 +78,26 @@ def test_grid_changes_bulk_edit_and_review_queue(db_path: Path) -> None:
         lb.edit_label(db_path, "a", "tool_calling_precision", "bad", editor="x")
     with pytest.raises(UserInputError, match="unknown trajectory"):
         lb.edit_label(db_path, "nope", "tool_calling_precision", "na", editor="x")
+
+
+def test_grid_save_from_a_stale_grid_records_nothing_twice(db_path: Path) -> None:
+    """Two sessions (or one session's save still in flight when its page reloaded) type the
+    same new value into grids read before either saved: the label changes once, one history
+    row; a different value from the stale grid is still an edit, from the current label."""
+    make_store(db_path, OUT, {"r1": {"tool_calling_precision": ["lacking", "present", "na"]}})
+    cap = "tool_calling_precision"
+    stale = lb.label_grid(db_path, lb.LabelFilter(capabilities=[cap]))
+    edited = stale.copy()
+    edited.loc[edited["trajectory_id"] == "a", cap] = "present"
+    changes = lb.grid_changes(stale, edited)
+    first = lb.edit_labels(db_path, changes, editor="ann", skip_unchanged=True)
+    again = lb.edit_labels(db_path, changes, editor="bob", skip_unchanged=True)
+    assert len(first) == 1 and again == []
+    other = lb.edit_labels(db_path, [("a", cap, "na")], editor="bob", skip_unchanged=True)
+    with store.connect(db_path) as con:
+        rows = con.execute("SELECT old, new, editor FROM label_edits WHERE trajectory_id = 'a' "
+                           "ORDER BY id").fetchall()
+    assert len(other) == 1
+    assert rows == [("lacking", "present", "ann"), ("present", "na", "bob")]
+    # an explicit edit (CLI) records what it is given, even the value the label has
+    assert len(lb.edit_labels(db_path, [("a", cap, "na")], editor="cli")) == 1

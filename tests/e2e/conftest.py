@@ -139,3 +139,15 @@ def _wait_for_app(page, timeout_ms: int = 90_000) -> None:
 def wait_for_app() -> Callable[..., None]:
     """`wait_for_app(page)`: block until the script run the last action triggered is done."""
     return _wait_for_app
+
+
+@pytest.fixture(autouse=True)
+def patient_expect():
+    """Pages are slow on a loaded machine: every browser assertion waits up to 60 s for the
+    state the app exposes (Playwright's default is 5 s, which the Training page's first
+    render alone exceeded in a run beside a CPU hog), then the default is restored."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)
+    yield
+    expect.set_options(timeout=5_000)

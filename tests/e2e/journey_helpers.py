@@ -132,7 +132,13 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
     for attempt in range(4):
         # A rerun can remount the grid between the click and Enter (the click then
         # selected nothing): open the editor again until it is open.
+        # The grid can be mid-remount (detached for a moment, no box): wait for it.
+        grid.wait_for(state="visible", timeout=60_000)
         box = grid.bounding_box()
+        if box is None:
+            if attempt == 3:
+                raise AssertionError("the label grid never stayed on the page")
+            continue
         page.mouse.click(box["x"] + 40, box["y"] + GRID_HEADER_PX + GRID_ROW_PX * row + 17)
         for _ in range(col):
             page.keyboard.press("ArrowRight")

@@ -63,7 +63,6 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     from trace_lib.workbench import diagnose as wb_diagnose
     from trace_lib.workbench import training as records
 
-    expect.set_options(timeout=30_000)  # 2 shared cores: reruns can take seconds
     shots = shot_dir("journey")
     runs = tmp_path / "runs"
     monkeypatch.setenv("TRACE_RUNS_DIR", str(runs))  # the app and its jobs inherit it

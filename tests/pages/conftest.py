@@ -1,5 +1,5 @@
 """Browser fixtures for the page tests: the same `streamlit_server`, `browser`,
-`browser_page` and `wait_for_app` as tests/e2e (one harness, loaded from its file: the test
+`browser_page`, `wait_for_app` and the patient `expect` as tests/e2e (one harness, loaded from its file: the test
 folders are not packages)."""
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-
-import pytest
 
 _spec = importlib.util.spec_from_file_location(
     "_e2e_harness", Path(__file__).resolve().parents[1] / "e2e" / "conftest.py")
@@ -20,14 +18,4 @@ streamlit_server = _harness.streamlit_server
 browser = _harness.browser
 browser_page = _harness.browser_page
 wait_for_app = _harness.wait_for_app
-
-
-@pytest.fixture(autouse=True)
-def _patient_expect():
-    """Pages are slow on a loaded machine: browser assertions here wait up to 60 s for the
-    state the app exposes (Playwright's default is 5 s), then restore the default."""
-    from playwright.sync_api import expect
-
-    expect.set_options(timeout=60_000)
-    yield
-    expect.set_options(timeout=5_000)
+_patient_expect = _harness.patient_expect  # autouse: every browser assertion waits

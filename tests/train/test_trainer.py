@@ -13,7 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from trace_lib.errors import UserInputError  # noqa: E402
-from trace_lib.train.trainer import TrainConfig, latest_checkpoint, train  # noqa: E402
+from trace_lib.train.trainer import (  # noqa: E402
+    TrainConfig,
+    latest_checkpoint,
+    train,
+    write_checkpoint,
+)
 
 # The `tiny` model ties its output layer to embeddings initialised with std 0.02, so LoRA
 # on the blocks alone can move a next-token log-prob only from about -6.9 to -5.6; adding
@@ -100,3 +105,25 @@ def test_unknown_environment_is_a_clear_error(tmp_path):
     cfg = TrainConfig.from_dict({**TOY, "env": "no_such_module:Env", "steps": 1})
     with pytest.raises(UserInputError, match="no_such_module"):
         train(cfg, tmp_path / "run")
+
+
+def test_a_checkpoint_interrupted_while_written_leaves_no_step_folder(tmp_path):
+    """A save that dies half way (here: its trainer state cannot be serialised, after the
+    adapter files were written) leaves no `step_*` folder, so nothing lists or resumes from
+    half a checkpoint; the next save of that step is whole."""
+    from trace_lib.runtime.base_models import load_model
+    from trace_lib.runtime.lora import attach_lora
+    from trace_lib.train.config import LoraSettings
+
+    base, _ = load_model("tiny")
+    model = attach_lora(base, LoraSettings(rank=4, alpha=4, targets=["q_proj", "v_proj"]))
+    first = write_checkpoint(tmp_path, 1, model, "tiny", {"step": 1})
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickling raises
+        write_checkpoint(tmp_path, 2, model, "tiny", {"step": 2, "bad": lambda: None})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_1"]
+    assert latest_checkpoint(tmp_path) == first
+    second = write_checkpoint(tmp_path, 2, model, "tiny", {"step": 2})
+    assert latest_checkpoint(tmp_path) == second
+    assert load_file(str(second / "adapter_model.safetensors"))
+    assert torch.load(second / "trainer_state.pt")["step"] == 2
+    assert not list((tmp_path / "checkpoints").glob(".partial-*"))

@@ -93,8 +93,15 @@ def _current(con: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]
 
 
 def edit_labels(db: str | Path | None, edits: list[tuple[str, str, str]], *, editor: str,
-                note: str | None = None) -> list[int]:
-    """Append one edit per (trajectory_id, capability, new value); all or nothing."""
+                note: str | None = None, skip_unchanged: bool = False) -> list[int]:
+    """Append one edit per (trajectory_id, capability, new value); all or nothing; returns
+    the new edits' ids.
+
+    `skip_unchanged` (the Labels grid's save) records nothing for a pair whose effective
+    label already is the new value: the grid a person typed into can be stale (another
+    session, or this session's own earlier save still in flight when the page reloaded,
+    set that value), and the same value saved twice would be a history row that changes
+    nothing. Explicit edits (CLI, bulk) record every pair they are given."""
     if not editor or not editor.strip():
         raise UserInputError("label edit: editor: expected a non-empty name")
     with store.connect(db) as con:
@@ -109,6 +116,8 @@ def edit_labels(db: str | Path | None, edits: list[tuple[str, str, str]], *, edi
             if tid not in known:
                 raise UserInputError(f"edit of ({tid}, {cap}): unknown trajectory id {tid!r}")
         current = _current(con, [(t, c) for t, c, _ in edits])
+        if skip_unchanged:
+            edits = [(t, c, v) for t, c, v in edits if current.get((t, c)) != v]
         ids: list[int] = []
         with store.transaction(con):
             for tid, cap, new in edits:

@@ -150,6 +150,23 @@ def _batches(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+def write_checkpoint(run_dir: Path, step: int, model: Any, model_path: str,
+                     trainer_state: dict[str, Any]) -> Path:
+    """`checkpoints/step_<step>`: the adapter and `trainer_state.pt`, whole or not at all.
+
+    Written into a hidden `.partial-step_<step>` folder and renamed when complete: a job
+    killed while saving (the OOM killer, SIGKILL) leaves no `step_*` folder with half its
+    files (a reliability run under load once found one whose adapter would not load)."""
+    final = run_dir / "checkpoints" / f"step_{step}"
+    partial = final.with_name(f".partial-{final.name}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by an earlier kill
+    save_adapter(model, partial, model_path)
+    torch.save(trainer_state, partial / "trainer_state.pt")
+    shutil.rmtree(final, ignore_errors=True)  # a resumed run saving this step again
+    partial.rename(final)
+    return final
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = []
     for d in (run_dir / "checkpoints").glob("step_*"):
@@ -369,10 +386,9 @@ def train(
                 last_reward = row["reward_mean"]
                 every = cfg.checkpoint_every
                 if (every and (step + 1) % every == 0) or step + 1 == cfg.steps:
-                    ck = save_adapter(model, run_dir / "checkpoints" / f"step_{step + 1}",
-                                      model_path)
-                    torch.save({"step": step + 1, "optimizer": optimizer.state_dict(),
-                                "config": cfg.to_dict()}, ck / "trainer_state.pt")
+                    write_checkpoint(run_dir, step + 1, model, model_path, {
+                        "step": step + 1, "optimizer": optimizer.state_dict(),
+                        "config": cfg.to_dict()})
                 if on_step:
                     on_step(row)
                 if bar is not None:
