@@ -45,6 +45,7 @@ from trace_lib import store  # noqa: E402
 from trace_lib.data_model import Trajectory  # noqa: E402
 from trace_lib.ingest import ingest_paths  # noqa: E402
 from trace_lib.ingest.formats import ParseContext, load  # noqa: E402
+from trace_lib.ingest.rows import TrajectoryRows  # noqa: E402
 from trace_lib.ingest.source import Source  # noqa: E402
 from trace_lib.ingest.writer import Writer  # noqa: E402
 
@@ -292,7 +293,9 @@ def main() -> int:
         write_dataset(sub, args.baseline_n, seed=1)
         parsed = load(Source.from_path(sub), "auto", ParseContext())
         parsed.sha256 = "0" * 64
-        trajectories = list(parsed.records)
+        # The executemany peer reads models (the OpenAI importer yields rows): one way back.
+        trajectories = [r.to_trajectory() if isinstance(r, TrajectoryRows) else r
+                        for r in parsed.records]
         parsed = load(Source.from_path(sub), "auto", ParseContext())
         parsed.sha256 = "0" * 64
         t_arrow_sub = arrow_write(tmpdir / "arrow_sub.duckdb", parsed)

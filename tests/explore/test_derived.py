@@ -152,3 +152,9 @@ def test_text_hash_in_sql_matches_the_python_definition(tmp_path: Path):
                                   ).fetchall())
     assert len(stored) == len(lines)
     assert stored == dict(zip(texts_df.trajectory_id, texts_df.text_sha256, strict=True))
+
+
+def test_whitespace_set_is_str_isspace():
+    """The spelt-out set `derived` strips in SQL is exactly what `str.strip()` strips."""
+    assert derived._PY_WHITESPACE == "".join(
+        c for c in map(chr, range(0x110000)) if c.isspace())

@@ -95,7 +95,13 @@ def derive_missing(con: duckdb.DuckDBPyConnection) -> int:
 
 # Python's `str.strip()` strips exactly the characters for which `str.isspace()` holds;
 # DuckDB's `trim(s, chars)` strips the given ones, so the same set is spelt out.
-_PY_WHITESPACE = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+# Spelt out, not computed at import: a scan of every code point cost ~0.1 s of CPU in each
+# process that imports the importer (tests/explore/test_derived.py checks it against
+# `str.isspace` over every code point of this Python's Unicode).
+_PY_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def _text_sha256_sql(scope: str) -> str:

@@ -30,7 +30,9 @@ Design decisions
   the import declares `--reward-range LO,HI`) is refused: a reward of 7 is not a success.
 - Integers go into INTEGER columns (`trial`, indices): anything outside 32 bits is refused
   with the field named, rather than failing inside the batch write with no record to name.
-- A `ParsedFile` is streamed: `records` is a generator the writer consumes in batches, and
+- A `ParsedFile` is streamed: `records` is a generator the writer consumes in batches
+  (of `Trajectory` models, or of `rows.TrajectoryRows` where an importer builds rows
+  directly, as the OpenAI-messages importer does for plainly valid records), and
   the importer fills `expected_actions`, `skipped` and `notes` as it goes; the writer reads
   them once the generator is exhausted.
 """
@@ -42,12 +44,15 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.ingest.source import RecordError, fast_loads
+
+if TYPE_CHECKING:
+    from trace_lib.ingest.rows import TrajectoryRows
 
 ROLES = ("system", "user", "assistant", "tool")
 SUCCESS_REWARD = 1.0
@@ -381,7 +386,8 @@ class ParsedFile:
     name: str
     format: str
     sha256: str
-    records: Iterator[Trajectory] = dc_field(default_factory=lambda: iter(()))
+    # Validated models, or the same as writer rows (rows.py: the OpenAI importer's fast route)
+    records: Iterator[Trajectory | TrajectoryRows] = dc_field(default_factory=lambda: iter(()))
     expected_actions: dict[str, list[ExpectedAction]] = dc_field(default_factory=dict)
     given_schemas: list[ToolSchema] = dc_field(default_factory=list)
     skipped: list[Skipped] = dc_field(default_factory=list)

@@ -41,6 +41,7 @@ from trace_lib.errors import UserInputError
 from trace_lib.explore import derived
 from trace_lib.ingest.formats import ParseContext, load
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
+from trace_lib.ingest.rows import TrajectoryRows
 from trace_lib.ingest.source import IngestLimits, Source
 from trace_lib.ingest.swe_agent import load_success_file
 from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
@@ -190,7 +191,9 @@ def _file_sha256(src: Source) -> str:
     return digest.hexdigest()
 
 
-def _overridden(records: Iterator[Trajectory], ctx: ParseContext) -> Iterator[Trajectory]:
+def _overridden(records: Iterator[Trajectory | TrajectoryRows], ctx: ParseContext
+                ) -> Iterator[Trajectory | TrajectoryRows]:
+    # Both shapes name these fields alike (rows.py).
     for t in records:
         if ctx.domain is not None:
             t.domain = ctx.domain

@@ -13,6 +13,10 @@ Design decisions
   module keeps a per-record object for the whole import except one pair of 64-bit hashes
   per source id; the Arrow batches are handed over as relations, because a table given to
   `con.register` stays referenced until COMMIT (it held every batch, ~100 MiB per 100k).
+- Input: what importers yield, validated `Trajectory` models or `TrajectoryRows` (rows.py;
+  the OpenAI importer's fast route builds those without models). Models are turned into
+  rows first (`as_rows`), so the hash and the rows are computed from one shape: the same
+  trajectory gives the same hash and rows whichever shape it came in.
 - Identity: a trajectory is its content hash (`t_` + 16 hex of it is its id). The hash is
   taken over the strings this module builds for the rows anyway (the arguments' JSON,
   the contents, the ids), so no record is serialised twice. Duplicates — already in the
@@ -49,6 +53,7 @@ import pyarrow as pa
 from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.ingest import schemas as schema_mod
 from trace_lib.ingest.normalise import ParsedFile
+from trace_lib.ingest.rows import TrajectoryRows, as_rows
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
 
 BATCH_SIZE = 10_000
@@ -132,6 +137,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _rewritten(traj: TrajectoryRows, fix: Callable[[Any], Any]) -> TrajectoryRows:
+    """`traj` with `fix` applied to every value, validated again (rare records only)."""
+    return TrajectoryRows.from_trajectory(
+        Trajectory.model_validate(fix(traj.to_trajectory().model_dump())))
+
+
 def _scrub(value: Any) -> Any:
     """`value` with every lone surrogate replaced by U+FFFD (dicts and lists walked)."""
     if isinstance(value, str):
@@ -189,17 +200,22 @@ class _Batch:
 
     def __init__(self) -> None:
         self.traj: dict[str, list[Any]] = {k: [] for k in TRAJECTORY_COLUMNS}
-        self.msg: dict[str, list[Any]] = {k: [] for k in MESSAGE_COLUMNS}
+        # Messages as the rows' own tuples (role, content, tool_call_id, name, turn_idx,
+        # calls), extended per trajectory and split into columns once per batch: ~3.5
+        # messages per trajectory made 7 appends each the costliest part of this loop.
+        self.msg_tid: list[str] = []
+        self.msg_idx: list[int] = []
+        self.msg_rows: list[Any] = []
         self.calls: list[tuple[Any, ...]] = []
         self.shas: list[str] = []
-        # traj, sha, tid, arguments JSON per call, meta JSON
-        self.pending: list[tuple[Trajectory, str, str, list[str], str]] = []
+        # rows, sha, tid, arguments JSON per call, meta JSON
+        self.pending: list[tuple[TrajectoryRows, str, str, list[str], str]] = []
 
     def __len__(self) -> int:
         return len(self.pending)
 
 
-def _digest(traj: Trajectory) -> tuple[str, list[str]]:
+def _digest(traj: TrajectoryRows) -> tuple[str, list[str]]:
     """(content sha256, the arguments' JSON per call in order): one serialisation each."""
     args_json: list[str] = []
     parts: list[str] = [
@@ -210,22 +226,22 @@ def _digest(traj: Trajectory) -> tuple[str, list[str]]:
         traj.source_id or _NONE,
     ]  # fmt: skip
     add = parts.append
-    for m in traj.messages:
+    for role, content, tool_call_id, name, turn_idx, calls in traj.messages:
         add("\x1e")
-        add(m.role)
-        add(_NONE if m.content is None else m.content)
-        add(m.tool_call_id or _NONE)
-        add(m.name or _NONE)
-        add(_NONE if m.turn_idx is None else str(m.turn_idx))
-        for c in m.tool_calls:
-            a = _dumps(c.arguments)
+        add(role)
+        add(_NONE if content is None else content)
+        add(tool_call_id or _NONE)
+        add(name or _NONE)
+        add(_NONE if turn_idx is None else str(turn_idx))
+        for c_name, arguments, call_id, requestor, error in calls:
+            a = _dumps(arguments)
             args_json.append(a)
             add("\x1d")
-            add(c.name)
+            add(c_name)
             add(a)
-            add(c.call_id or _NONE)
-            add(c.requestor or _NONE)
-            add(_NONE if c.error is None else c.error)
+            add(call_id or _NONE)
+            add(requestor or _NONE)
+            add(_NONE if error is None else error)
     # A lone surrogate makes this encode fail: the caller scrubs the record and retries.
     blob = _SEP.join(parts).encode("utf-8")
     return hashlib.sha256(blob).hexdigest(), args_json
@@ -264,8 +280,8 @@ class Writer:
 
     @staticmethod
     def _digest_finite(
-        traj: Trajectory, f: ParsedFile, index: int, result: FileResult
-    ) -> tuple[Trajectory, str, list[str], str]:
+        traj: TrajectoryRows, f: ParsedFile, index: int, result: FileResult
+    ) -> tuple[TrajectoryRows, str, list[str], str]:
         """Digest a record whose meta or tool arguments hold NaN/Infinity (not JSON): those
         values are stored as null, and the import's summary says so for that record."""
         try:
@@ -273,7 +289,7 @@ class Writer:
             return traj, sha, args_json, _dumps(traj.meta)
         except ValueError:
             pass
-        traj = Trajectory.model_validate(_finite(traj.model_dump()))
+        traj = _rewritten(traj, _finite)
         result.warnings.append(
             f"{f.name}: record {traj.source_id or index}: NaN/Infinity in meta or tool "
             f"arguments (not valid JSON) stored as null"
@@ -291,12 +307,13 @@ class Writer:
         by_source: dict[int, int] = {}
         dup_ids: list[str] = []
         batch = _Batch()
-        for index, traj in enumerate(f.records):
+        for index, record in enumerate(f.records):
+            traj = as_rows(record)
             try:
                 sha, args_json = _digest(traj)
                 meta_json = _dumps(traj.meta)
             except UnicodeEncodeError:
-                traj = Trajectory.model_validate(_scrub(traj.model_dump()))
+                traj = _rewritten(traj, _scrub)
                 result.warnings.append(
                     f"{f.name}: record {traj.source_id or index}: lone UTF-16 surrogate(s) "
                     f"replaced with U+FFFD"
@@ -367,9 +384,7 @@ class Writer:
         # (`ParsedFile.sha256` set before the first record) so rows can name the dataset.
         ds = dataset_id(f.sha256)
         in_store = self._existing([sha for _, sha, _, _, _ in batch.pending])
-        m_tid, m_idx, m_role, m_content, m_call_id, m_name, m_turn = (
-            batch.msg[k].append for k in MESSAGE_COLUMNS
-        )
+        m_tid, m_idx, m_rows = batch.msg_tid.extend, batch.msg_idx.extend, batch.msg_rows.extend
         c_row = batch.calls.append
         t_cols = [batch.traj[k].append for k in TRAJECTORY_COLUMNS]
         # Earlier batches of this import are in the store already (same transaction), so
@@ -384,24 +399,23 @@ class Writer:
             result.count(traj.outcome or "unknown")
             domain = traj.domain or DEFAULT_DOMAIN
             n_calls = n_errors = 0
-            for idx, m in enumerate(traj.messages):
-                m_tid(tid)
-                m_idx(idx)
-                m_role(m.role)
-                m_content(m.content)
-                m_call_id(m.tool_call_id)
-                m_name(m.name)
-                m_turn(m.turn_idx)
-                for ci, c in enumerate(m.tool_calls):
-                    c_row((tid, idx, ci, c.call_id, c.name, args_json[n_calls], c.requestor,
-                           c.error))
-                    observe(domain, c.name, c.arguments)
-                    n_calls += 1
-                    n_errors += c.error is not None
+            messages = traj.messages
+            n_messages = len(messages)
+            m_tid([tid] * n_messages)
+            m_idx(range(n_messages))
+            m_rows(messages)
+            if args_json:  # only then has any message calls
+                for idx, m in enumerate(messages):
+                    for ci, (c_name, arguments, call_id, requestor, error) in enumerate(m[5]):
+                        c_row((tid, idx, ci, call_id, c_name, args_json[n_calls], requestor,
+                               error))
+                        observe(domain, c_name, arguments)
+                        n_calls += 1
+                        n_errors += error is not None
             row = (
                 tid, ds, traj.source_id, traj.task_id, traj.trial, traj.agent_model,
                 traj.domain, traj.reward, traj.success, traj.outcome, traj.termination,
-                len(traj.messages), n_calls, n_errors, sha, meta_json,
+                n_messages, n_calls, n_errors, sha, meta_json,
             )  # fmt: skip
             for append, v in zip(t_cols, row, strict=True):
                 append(v)
@@ -409,8 +423,10 @@ class Writer:
         self._insert("trajectories",
                      {k: pa.array(v, _TYPES.get(k, _STR)) for k, v in batch.traj.items()},
                      ("meta",))
-        self._insert("messages",
-                     {k: pa.array(v, _TYPES.get(k, _STR)) for k, v in batch.msg.items()})
+        split = list(zip(*batch.msg_rows, strict=True)) if batch.msg_rows else [()] * 6
+        self._insert("messages", {
+            k: pa.array(list(v), _TYPES.get(k, _STR)) for k, v in zip(
+                MESSAGE_COLUMNS, (batch.msg_tid, batch.msg_idx, *split[:5]), strict=True)})
         columns = list(zip(*batch.calls, strict=True)) if batch.calls else [[]] * len(
             TOOL_CALL_COLUMNS)
         self._insert("tool_calls",
