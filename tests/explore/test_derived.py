@@ -39,10 +39,11 @@ def _computed_kinds(con) -> dict[str, list[str]]:
 def _assert_equal_to_definition(con) -> None:
     assert derived.ready(con)
     pd.testing.assert_frame_equal(_derived_signatures(con), _computed_signatures(con))
-    kinds = {tid: sorted(k) for tid, k in con.execute(
+    kinds = dict(con.execute(
         f"SELECT trajectory_id, error_kinds FROM {derived.TABLE} "
-        f"WHERE len(error_kinds) > 0").fetchall()}
+        f"WHERE len(error_kinds) > 0").fetchall())
     assert kinds == _computed_kinds(con)
+    assert all(k == sorted(k) for k in kinds.values())  # stored sorted: same run to run
     texts = embeddings.trajectory_texts(con, failures_only=False)
     stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {derived.TABLE}"
                               ).fetchall())

@@ -153,7 +153,9 @@ def _derive_chunk(con: duckdb.DuckDBPyConnection, scope: str) -> None:
         {signature_parts_sql(con, scope, failures_only=False)},
         kinds AS (
             SELECT c.trajectory_id,
-                   list(DISTINCT {error_kind_sql("c.error")}) FILTER (
+                   -- sorted: DISTINCT alone gives the kinds in any order, run to run
+                   list(DISTINCT {error_kind_sql("c.error")}
+                        ORDER BY {error_kind_sql("c.error")}) FILTER (
                        WHERE {error_kind_sql("c.error")} IS NOT NULL) AS kinds
             FROM tool_calls c JOIN trajectories t ON t.id = c.trajectory_id
             WHERE c.error IS NOT NULL AND {scope}
