@@ -129,6 +129,7 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
 
     overlay = page.locator("#portal .gdg-clip-region")
     editor = overlay.locator("input[role='combobox']")
+    target = grid.get_by_test_id(f"glide-cell-{col}-{row}")
     for attempt in range(4):
         # A rerun can remount the grid between the click and Enter (the click then
         # selected nothing): open the editor again until it is open.
@@ -142,8 +143,15 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
         page.mouse.click(box["x"] + 40, box["y"] + GRID_HEADER_PX + GRID_ROW_PX * row + 17)
         for _ in range(col):
             page.keyboard.press("ArrowRight")
-        page.keyboard.press("Enter")
         try:
+            # The grid's accessible shadow table marks the selected cell (<td
+            # data-testid="glide-cell-COL-ROW" aria-selected="true">): Enter only once the
+            # target is the selected one. Under load an arrow key was lost and a
+            # reliability run edited the column to the left.
+            target.wait_for(state="attached", timeout=10_000)
+            page.wait_for_function("el => el.getAttribute('aria-selected') === 'true'",
+                                   arg=target.element_handle(timeout=10_000), timeout=10_000)
+            page.keyboard.press("Enter")
             editor.wait_for(state="visible", timeout=20_000)
             break
         except PlaywrightTimeout:
