@@ -331,10 +331,7 @@ def _fast_messages(raw_messages: list[Any], record: int) -> tuple[list[MessageRo
             if call is None and pending:
                 call = pending[0]
             if call is not None:
-                for c in pending:
-                    if c is call:
-                        pending = [c for c in pending if c is not call]
-                        break
+                pending = [c for c in pending if c is not call]
                 if name is None:
                     name = call[0]
                 if error is not None:
@@ -399,9 +396,7 @@ def _fast_rows(rec: dict[str, Any], record: int, ctx: ParseContext) -> ParsedRec
         "unknown" if success is None else "success" if success else "failure",
         termination or inferred, {"source_format": "openai_jsonl", **(meta or {})}, messages,
     )  # fmt: skip
-    expected = None if get("expected_actions") is None else _expected_actions(
-        rec, record, task_id)
-    return rows, expected, [] if get("tools") is None else _tools(rec, record)
+    return rows, _expected_actions(rec, record, task_id), _tools(rec, record)
 
 
 def _is_tau2_simulation(item: Any) -> bool:
