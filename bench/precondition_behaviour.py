@@ -34,12 +34,18 @@ def _final_text(messages: list[dict[str, Any]]) -> str:
 
 
 def behaviour(rows: list[dict[str, Any]], env: Any) -> tuple[collections.Counter, collections.Counter]:
-    """(counts per (eligibility, reservation read, final action, verdict), refusal reasons)."""
+    """(counts per (eligibility, reservation read, final action, verdict), refusal reasons).
+
+    A refusal is what the verifier and `learning.behaviour` call one: a reply containing
+    one of the environment's `REFUSAL_PHRASES`.
+    """
+    from trace_lib.envs.capabilities.task_env import REFUSAL_PHRASES, answer_contains
+
     counts: collections.Counter = collections.Counter()
     reasons: collections.Counter = collections.Counter()
     for row in rows:
         env.reset(row["seed"])
-        facts = env.task.facts
+        facts = env.ground_truth["facts"]
         rid = facts["reservation_id"]
         calls = [tc["function"] for m in row["messages"] if m["role"] == "assistant"
                  for tc in (m.get("tool_calls") or [])]
@@ -47,7 +53,7 @@ def behaviour(rows: list[dict[str, Any]], env: Any) -> tuple[collections.Counter
         read = ("read_requested" if any(rid in a for a in reads)
                 else "read_another" if reads else "no_reservation_read")
         final = _final_text(row["messages"])
-        refused = "cannot cancel" in final.lower() or "sorry" in final.lower()
+        refused = any(answer_contains(final, phrase) for phrase in REFUSAL_PHRASES)
         action = ("cancel" if any(c["name"] == "cancel_reservation" for c in calls)
                   else "refuse" if refused else "neither")
         counts[("eligible" if facts["eligible"] else "ineligible", read, action,
