@@ -92,11 +92,13 @@ st.caption(f"capability {spec.capability} · domain {spec.domain} · v{spec.vers
            f"{spec.source} · status {row['status']}")
 build = {}
 if spec.source == "builtin":  # how the prompt is built: what training will show the model
-    o1, o2, o3, _ = st.columns(4)
+    o1, o2, o3, o4 = st.columns(4)
     build = {"tools": o1.selectbox("Tools", ["all", "capability"], key="build_tools"),
              "policy": o2.selectbox("Policy", ["full", "excerpt"], key="build_policy"),
              "difficulty": o3.selectbox("Difficulty", [1, 2, 3], index=1,
-                                        key="build_difficulty")}
+                                        key="build_difficulty"),
+             "distractors": int(o4.number_input("Distractor tools (with capability tools)",
+                                                0, 100, 2, key="build_distractors"))}
 
 
 def _session_env():

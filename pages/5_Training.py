@@ -41,9 +41,10 @@ DEFAULTS = training.defaults()
 
 @st.cache_data(show_spinner="Counting the prompt's tokens…", max_entries=64)
 def _context_check(db: str, env: str, model: str, tools: str, policy: str, difficulty: int,
-                   max_tokens: int):
+                   distractors: int, max_tokens: int):
     return training.context_check(db, env, model, {"tools": tools, "policy": policy,
-                                                   "difficulty": difficulty}, max_tokens)
+                                                   "difficulty": difficulty,
+                                                   "distractors": distractors}, max_tokens)
 
 
 # ------------------------------------------------------------------------- launch
@@ -63,16 +64,19 @@ with st.expander("Launch a training job", expanded=True):
     model_names = training.model_names() + ["other (folder or hub name)"]
     model = c2.selectbox("Model", model_names, key="model")
     model_other = c2.text_input("Model folder / hub name (for 'other')", key="model_other")
-    c1, c2, c3 = st.columns(3)
+    c1, c2, c3, c4 = st.columns(4)
     tools = c1.selectbox("Tools (built-ins)", ["capability", "all"], key="tools")
     policy_text = c2.selectbox("Policy (built-ins)", ["excerpt", "full"], key="policy")
     difficulty = c3.selectbox("Difficulty (built-ins)", [1, 2, 3],
                               index=DEFAULTS.difficulty - 1, key="difficulty")
+    distractors = c4.number_input("Distractor tools (built-ins, capability tools)", 0, 100,
+                                  DEFAULTS.distractors, key="distractors")
     chosen = model_other.strip() if model.startswith("other") else model
     fit = None
     if env and chosen:
         try:
             fit = _context_check(str(DB), env, chosen, tools, policy_text, int(difficulty),
+                                 int(distractors),
                                  int(st.session_state.get("max_tokens", DEFAULTS.max_tokens)))
         except (*ActionError, OSError, ValueError) as exc:
             st.caption(f"Could not compare the prompt with the model's context: {exc}")
@@ -122,6 +126,9 @@ with st.expander("Launch a training job", expanded=True):
                                     key="sft_steps")
         stop_quiet = c4.checkbox("Stop on no signal", DEFAULTS.stop_on_no_signal,
                                  key="stop_on_no_signal")
+        init_adapter = st.text_input(
+            "Start from adapter folder (optional: e.g. an SFT warm start; same LoRA shape)",
+            key="init_adapter")
         launched = st.form_submit_button("Launch", type="primary", disabled=not envs)
     if launched:
         options = {"address": ray_address.strip()} if ray_address.strip() else {}
@@ -134,7 +141,8 @@ with st.expander("Launch a training job", expanded=True):
                 micro_batch=int(micro_batch), gradient_checkpointing=bool(grad_ckpt),
                 lora_rank=int(rank), lora_alpha=int(alpha), lora_targets=targets,
                 kl_coef=float(kl), adv_scale=scale, tools=tools, policy=policy_text,
-                difficulty=int(difficulty), sft_steps=int(sft_steps),
+                difficulty=int(difficulty), distractors=int(distractors),
+                init_adapter=init_adapter.strip() or None, sft_steps=int(sft_steps),
                 stop_on_no_signal=bool(stop_quiet))
             spec = training.launch(DB, config, backend, options,
                                    allow_unreviewed_builtin=include_builtins)

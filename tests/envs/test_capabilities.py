@@ -176,6 +176,16 @@ def test_distractors_are_configurable_and_deterministic():
 
     assert len(names(0)) == 3 and len(names(2)) == 5 and names(2) == names(2)
     assert set(names(0)) < set(names(2))
+    # the same option through the registry (what train/env verbs and the pages pass)
+    from trace_lib.envs import registry
+    from trace_lib.errors import UserInputError
+
+    spec = registry.require_static("airline/precondition_verification")
+    env = registry.make_builtin(spec, {"tools": "capability", "distractors": 0})
+    assert [t["function"]["name"] for t in env.tool_schemas] == names(0)
+    with pytest.raises(UserInputError, match="distractors is -1; expected an integer"):
+        registry.check_build_options({"distractors": -1}, "env x")
+    assert registry.check_build_options({"distractors": 3}) == {"distractors": 3}
 
 
 def test_policy_excerpt_is_cut_verbatim_from_the_full_policy():

@@ -139,4 +139,6 @@ def test_training_with_server_vllm_hot_swaps_each_step(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["loss"] != 0, rows  # step 1 moved the adapter that step 2 sampled from
     assert max(r["sampler_logprob_gap"] for r in rows) < 5e-3, rows
+    assert [r["policy"] for r in rows] == ["tiny", "run-s1"]  # zero adapter: base, then s1
     assert (Path(result.adapter_path) / "adapter_model.safetensors").exists()
+    assert "load_lora_adapter" in (tmp_path / "run" / "vllm.log").read_text()  # its own log

@@ -101,6 +101,44 @@ def test_config_errors_name_the_field(patch, field):
         TrainConfig.from_dict({**TOY, **patch}, where="spec.json: config")
 
 
+def test_warm_started_adapter_is_what_step_one_samples(tmp_path):
+    """After an SFT warm start, or from `init_adapter`, step 1's rollouts come from the
+    adapter the trainer holds (published as `<run>-s0`), not from the base model: the
+    server's log-probs of the sampled tokens equal the trainer's."""
+    sft = train(TrainConfig.from_dict({**TOY, "steps": 1, "group": 4, "sft_steps": 3,
+                                       "sft_seeds": 4, "lr": 1e-6}), tmp_path / "sft",
+                resume=False)
+    assert len((tmp_path / "sft" / "sft.jsonl").read_text().splitlines()) == 3
+    first = _metrics(tmp_path / "sft")[0]
+    assert first["policy"] == "sft-s0"
+    assert first["sampler_logprob_gap"] < 1e-4  # the base would be far off the SFT weights
+    cont = train(TrainConfig.from_dict({**TOY, "steps": 2, "group": 4, "lr": 1e-6,
+                                        "init_adapter": sft.adapter_path}),
+                 tmp_path / "cont", resume=False)
+    rows = _metrics(tmp_path / "cont")
+    assert [r["policy"] for r in rows] == ["cont-s0", "cont-s1"]
+    assert max(r["sampler_logprob_gap"] for r in rows) < 1e-4
+    start = load_file(str(Path(sft.adapter_path) / "adapter_model.safetensors"))
+    end = load_file(str(Path(cont.adapter_path) / "adapter_model.safetensors"))
+    # two steps at lr 1e-6 from the SFT adapter stay next to it (a zero start would not)
+    assert max((start[k] - end[k]).abs().max().item() for k in start) < 1e-3
+    plain = train(TrainConfig.from_dict({**TOY, "steps": 1, "group": 4}), tmp_path / "plain",
+                  resume=False)
+    assert _metrics(Path(plain.run_dir))[0]["policy"] != "plain-s0"  # zero adapter: the base
+
+
+def test_init_adapter_errors_name_the_field_and_the_shape(tmp_path):
+    with pytest.raises(UserInputError, match="init_adapter.*adapter folder"):
+        TrainConfig.from_dict({**TOY, "init_adapter": str(tmp_path / "nowhere")})
+    first = train(TrainConfig.from_dict({**TOY, "steps": 1, "group": 2}), tmp_path / "r",
+                  resume=False)
+    with pytest.raises(UserInputError, match="rank=8.*rank=4"):
+        TrainConfig.from_dict({**TOY, "init_adapter": first.adapter_path,
+                               "lora": {**TOY["lora"], "rank": 4}})
+    with pytest.raises(UserInputError, match="distractors"):
+        TrainConfig.from_dict({**TOY, "distractors": -1})
+
+
 def test_unknown_environment_is_a_clear_error(tmp_path):
     cfg = TrainConfig.from_dict({**TOY, "env": "no_such_module:Env", "steps": 1})
     with pytest.raises(UserInputError, match="no_such_module"):

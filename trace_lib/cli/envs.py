@@ -59,10 +59,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _build_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--tools / --policy (--policy-text on calibrate) / --difficulty for a built-in."""
+    """--tools / --policy (--policy-text on calibrate) / --difficulty / --distractors for a
+    built-in."""
     text = getattr(args, "policy_text", None) or getattr(args, "policy_kind", None)
     return {k: v for k, v in (("tools", args.tools), ("policy", text),
-                              ("difficulty", args.difficulty)) if v is not None}
+                              ("difficulty", args.difficulty),
+                              ("distractors", args.distractors)) if v is not None}
 
 
 def _option_flags(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> None:
@@ -75,6 +77,9 @@ def _option_flags(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> 
                    "(default: full)")
     p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None,
                    help="built-ins: task difficulty (default: 2)")
+    p.add_argument("--distractors", type=int, default=None,
+                   help="built-ins with --tools capability: other domain tools shown "
+                   "(default: 2)")
 
 
 def cmd_sample(args: argparse.Namespace) -> int:

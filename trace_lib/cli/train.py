@@ -59,6 +59,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=("excerpt", "full"), default=None,
                    help="built-ins: the capability's policy excerpt (default) or the full one")
     p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None)
+    p.add_argument("--distractors", type=int, default=None,
+                   help="built-ins with --tools capability: other domain tools shown (default 2)")
+    p.add_argument("--init-adapter", default=None,
+                   help="start from this adapter folder (e.g. an SFT warm start) instead of zero")
     p.add_argument("--sft-steps", type=int, default=None,
                    help="supervised warm start on the env's reference actions (default 0)")
     p.add_argument("--stop-on-no-signal", action="store_true", default=None,
@@ -81,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         api_key_env=args.api_key_env, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
         lora_targets=args.lora_targets, kl_coef=args.kl, adv_scale=args.adv_scale,
         clip_low=args.clip_low, clip_high=args.clip_high, tools=args.tools,
-        policy=args.policy, difficulty=args.difficulty, sft_steps=args.sft_steps,
+        policy=args.policy, difficulty=args.difficulty, distractors=args.distractors,
+        init_adapter=args.init_adapter, sft_steps=args.sft_steps,
         stop_on_no_signal=args.stop_on_no_signal)
 
 

@@ -225,16 +225,23 @@ def spec_for_job(name: str, serialised: dict[str, Any] | None = None,
 
 # ---------------------------------------------------------------------- construction
 BUILD_OPTIONS = {"tools": ("capability", "all"), "policy": ("excerpt", "full"),
-                 "difficulty": (1, 2, 3)}
+                 "difficulty": (1, 2, 3), "distractors": range(0, 1000)}
 
 
 def check_build_options(options: dict[str, Any] | None, where: str = "env") -> dict[str, Any]:
-    """`tools`, `policy`, `difficulty` for a built-in (None values dropped); clear errors."""
+    """`tools`, `policy`, `difficulty`, `distractors` for a built-in (None values dropped);
+    clear errors."""
     out = {k: v for k, v in (options or {}).items() if v is not None}
     for key, value in out.items():
         if key not in BUILD_OPTIONS:
             raise UserInputError(f"{where}: unknown build option {key!r}; expected one of "
                                  f"{', '.join(BUILD_OPTIONS)}")
+        if key == "distractors" and (isinstance(value, bool) or not isinstance(value, int)
+                                     or value < 0):
+            raise UserInputError(f"{where}: distractors is {value!r}; expected an integer "
+                                 ">= 0 (other domain tools shown with tools=capability)")
+        if key == "distractors":
+            continue
         if key == "difficulty":
             try:
                 value = out[key] = int(value)
@@ -247,8 +254,9 @@ def check_build_options(options: dict[str, Any] | None, where: str = "env") -> d
 
 
 def make_builtin(spec: EnvSpec, options: dict[str, Any] | None = None) -> Environment:
-    """A built-in; `options`: tools=capability|all, policy=excerpt|full, difficulty=1|2|3
-    (defaults: all tools, full policy, difficulty 2, as the environment was validated)."""
+    """A built-in; `options`: tools=capability|all, policy=excerpt|full, difficulty=1|2|3,
+    distractors=N (defaults: all tools, full policy, difficulty 2, 2 distractors, as the
+    environment was validated)."""
     from trace_lib.envs.capabilities import make_capability_env
 
     return make_capability_env(spec.domain, spec.capability,

@@ -13,7 +13,9 @@ Design decisions
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from trace_lib.errors import UserInputError
@@ -61,6 +63,10 @@ class TrainConfig:
     tools: str = "capability"  # built-in envs: "capability" (needed + distractors) | "all"
     policy: str = "excerpt"  # built-in envs: "excerpt" (the capability's rules) | "full"
     difficulty: int = 2  # built-in envs: 1 | 2 | 3
+    distractors: int = 2  # built-in envs with tools="capability": other domain tools shown
+    # Start from a saved adapter (an SFT warm start, an earlier run) instead of a zero one;
+    # its LoRA shape must equal `lora`'s. Step 1's rollouts already come from it.
+    init_adapter: str | None = None
     sft_steps: int = 0  # supervised warm start on the env's reference actions first
     sft_seeds: int = 32  # reference episodes (training seeds 10**6 - n.. never evaluated)
     sft_lr: float = 5e-4
@@ -124,6 +130,8 @@ class TrainConfig:
             (self.tools in ("capability", "all"), "tools", "capability or all"),
             (self.policy in ("excerpt", "full"), "policy", "excerpt or full"),
             (self.difficulty in (1, 2, 3), "difficulty", "1, 2 or 3"),
+            (isinstance(self.distractors, int) and self.distractors >= 0, "distractors",
+             "an integer >= 0"),
             (self.sft_steps >= 0, "sft_steps", "an integer >= 0"),
             (self.temperature > 0, "temperature", "a sampling temperature > 0"),
             (self.no_signal_warn_after >= 1, "no_signal_warn_after", "an integer >= 1"),
@@ -137,6 +145,33 @@ class TrainConfig:
             if not ok:
                 raise UserInputError(f"{where}: field `{name}` is {_get(self, name)!r}; "
                                      f"expected {expected}")
+        if self.init_adapter is not None:
+            check_init_adapter(self.init_adapter, self.lora, where)
+
+
+def check_init_adapter(path: str, lora: LoraSettings, where: str = "config") -> None:
+    """`init_adapter` must be an adapter folder whose LoRA shape is `lora`'s (read from
+    its adapter_config.json, no torch): a clear error here, not a size mismatch deep in
+    peft after the model has loaded."""
+    folder = Path(path)
+    saved = folder / "adapter_config.json"
+    if not (folder / "adapter_model.safetensors").exists() or not saved.exists():
+        raise UserInputError(f"{where}: field `init_adapter` is {path!r}; expected an adapter "
+                             "folder (adapter_config.json + adapter_model.safetensors)")
+    try:
+        conf = json.loads(saved.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"{saved}: not a readable adapter config ({exc})") from None
+    theirs = {"rank": conf.get("r"), "alpha": conf.get("lora_alpha"),
+              "targets": sorted(conf.get("target_modules") or [])}
+    ours = {"rank": lora.rank, "alpha": lora.alpha, "targets": sorted(lora.targets)}
+    diff = [k for k in ours if ours[k] != theirs[k]]
+    if diff:
+        raise UserInputError(
+            f"{where}: `init_adapter` {path} has LoRA "
+            + ", ".join(f"{k}={theirs[k]}" for k in diff) + "; this run's is "
+            + ", ".join(f"{k}={ours[k]}" for k in diff)
+            + " (set the run's lora settings to the adapter's)")
 
 
 def _get(obj: Any, dotted: str) -> Any:

@@ -11,7 +11,8 @@ Design decisions
 - `TargetLetterEnv`: the user asks for a short answer; the reward is 1 when the answer
   contains the target letter. With answers of a few tokens a random-init policy passes
   about a third of the time, so most groups are informative, and the signal per token is
-  strong (put mass on the tokens that contain the letter).
+  strong (put mass on the tokens that contain the letter). Its `reference_action` (an
+  answer of the target letter) is what `sft_steps` warm-starts on in smoke runs.
 - `LookupEnv` adds one tool, for multi-turn rollouts: the answer passes when it contains
   the value the `lookup` tool returns for the seed's key.
 """
@@ -57,6 +58,10 @@ class TargetLetterEnv:
     @property
     def hint(self) -> str | None:
         return f"use the letter {self.target}"
+
+    def reference_action(self) -> dict[str, Any] | None:
+        """A passing answer (the SFT warm start's demonstration), None once answered."""
+        return None if self.done else {"content": self.target * 3}
 
     def step(self, action: str | dict[str, Any]) -> str:
         act = parse_action(action)

