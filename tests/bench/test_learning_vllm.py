@@ -76,3 +76,39 @@ def test_missing_grpo_adapter_is_skipped_with_a_note(learning, tmp_path):
     learning._finish_env("e", res, notes, 0.0)
     assert "paired_grpo_minus_sft" not in res and "paired_sft_minus_base" in res
     assert any("paired_grpo_minus_sft: not computed" in n for n in res["notes"])
+
+
+def test_merged_adapter_is_the_adapter_as_a_plain_model(learning, tmp_path):
+    """`--merged` serves `merge_adapter`'s folder as a base model: the same logits as the
+    base with the adapter attached, the tokenizer and chat template beside the weights,
+    and a second call with the same adapter bytes reuses the folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trace_lib.runtime.base_models import load_model, load_tokenizer, resolve_model
+    from trace_lib.runtime.lora import attach_lora, save_adapter
+    from trace_lib.train.config import LoraSettings
+
+    base, _ = load_model(resolve_model("tiny"))
+    model = attach_lora(base, LoraSettings(rank=4, alpha=8, targets=["q_proj", "v_proj"]))
+    with torch.no_grad():  # a non-zero adapter: B starts at zero
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    adapter = save_adapter(model, tmp_path / "sft", resolve_model("tiny"))
+    merged_dir = learning.merge_adapter("tiny", adapter, tmp_path / "sft-merged")
+    assert (merged_dir / "merged_from.json").exists()
+    assert load_tokenizer(str(merged_dir)).chat_template
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    x = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    with torch.no_grad():
+        want = model(input_ids=x).logits
+        got = merged(input_ids=x).logits
+        plain = model.get_base_model()
+        with model.disable_adapter():
+            base_logits = plain(input_ids=x).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, base_logits, atol=1e-3)  # the adapter is in the weights
+    stamp = (merged_dir / "merged_from.json").stat().st_mtime_ns
+    assert learning.merge_adapter("tiny", adapter, tmp_path / "sft-merged") == merged_dir
+    assert (merged_dir / "merged_from.json").stat().st_mtime_ns == stamp  # reused
