@@ -694,7 +694,7 @@ def _measure_merged(name: str, key: str, adapter: Path, args: argparse.Namespace
                               args.workers)
         cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
         res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature,
-                           f"{name} {key} (merged)", _transcripts(args))
+                           f"{name} {key}", _transcripts(args))
         eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
                              "client": round(time.process_time() - own0, 1)}
         check["parser_disagreements"] = {"turns": reparsed.turns,
