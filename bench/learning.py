@@ -597,13 +597,8 @@ def eval_env_vllm(name: str, args: argparse.Namespace, out: dict[str, Any], save
             _measure_merged(name, key, folder / sub, args, res, eng, make_env, eval_seeds, tok)
             save(out)
             continue
-        engine = VLLMRollouts(reparsed, served[key], args.max_tokens, args.max_turns,
-                              args.workers)
-        cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
-        res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature,
-                           f"{name} {key}", _transcripts(args))
-        eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
-                             "client": round(time.process_time() - own0, 1)}
+        _measure_served(server, reparsed, served[key], f"{name} {key}", key, args, make_env,
+                        eval_seeds, res, eng)
         eng["parser_disagreements"] = {"turns": reparsed.turns,
                                        "disagreements": reparsed.disagreements,
                                        "examples": reparsed.examples}
@@ -611,6 +606,19 @@ def eval_env_vllm(name: str, args: argparse.Namespace, out: dict[str, Any], save
     client.close()
     _finish_env(name, res, notes, t_env)
     save(out)
+
+
+def _measure_served(server: Any, reparsed: Any, model_name: str, label: str, key: str,
+                    args: argparse.Namespace, make_env: Any, eval_seeds: list[int],
+                    res: dict[str, Any], eng: dict[str, Any]) -> None:
+    """`measure` one condition served as `model_name` by `server`, with its CPU seconds
+    (the server's process tree and this client) under `eng["cpu_s"][key]`."""
+    engine = VLLMRollouts(reparsed, model_name, args.max_tokens, args.max_turns, args.workers)
+    cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
+    res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature, label,
+                       _transcripts(args))
+    eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
+                         "client": round(time.process_time() - own0, 1)}
 
 
 def merge_adapter(model: str, adapter: Path, out: Path) -> Path:
@@ -690,13 +698,8 @@ def _measure_merged(name: str, key: str, adapter: Path, args: argparse.Namespace
         print(f"  [{name} merged check] {key}: {check}", flush=True)
         eng.setdefault("merged", {})[key] = check
         reparsed = _Reparsed(client, tok)
-        engine = VLLMRollouts(reparsed, server.model_name, args.max_tokens, args.max_turns,
-                              args.workers)
-        cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
-        res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature,
-                           f"{name} {key}", _transcripts(args))
-        eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
-                             "client": round(time.process_time() - own0, 1)}
+        _measure_served(server, reparsed, server.model_name, f"{name} {key}", key, args,
+                        make_env, eval_seeds, res, eng)
         check["parser_disagreements"] = {"turns": reparsed.turns,
                                          "disagreements": reparsed.disagreements}
         client.close()
