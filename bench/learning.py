@@ -495,28 +495,46 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def _local_lora_model(args: argparse.Namespace) -> Any:
+    """The in-process model with a (zero) LoRA attached, as the bench trains it: what a
+    served adapter's log-probs are checked against (`load_adapter_weights` fills it)."""
+    from trace_lib.runtime.base_models import load_model, resolve_model
+    from trace_lib.runtime.lora import attach_lora
+    from trace_lib.train.config import LoraSettings
+
+    base, _ = load_model(resolve_model(args.model))
+    model = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
+    model.eval()
+    return model
+
+
+def _teacher_forced(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
+    """log p(ids | prompt) under `model`, one value per token of `ids`."""
+    import torch
+
+    x = torch.tensor([list(prompt) + list(ids)])
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)
+    n = len(prompt)
+    return [float(logp[n - 1 + i, t]) for i, t in enumerate(ids)]
+
+
+def _max_abs_diff(a: list[float], b: list[float]) -> float:
+    return round(max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0), 5)
+
+
 def _lora_check(name: str, args: argparse.Namespace, client: Any, make_env: Any,
                 served: dict[str, str], folder: Path, seed: int) -> dict[str, Any]:
     """Is each adapter really applied by vLLM? The greedy first turn of `seed` under each
     served model, scored teacher-forced by the in-process model with the same adapter."""
-    import torch
-
-    from trace_lib.runtime.base_models import load_model, resolve_model
-    from trace_lib.runtime.lora import attach_lora, load_adapter_weights
-    from trace_lib.train.config import LoraSettings
+    from trace_lib.runtime.lora import load_adapter_weights
 
     env = make_env()
     env.reset(seed)
-    base, _ = load_model(resolve_model(args.model))
-    model = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
-    model.eval()
+    model = _local_lora_model(args)
 
     def scored(prompt: list[int], ids: list[int]) -> list[float]:
-        x = torch.tensor([list(prompt) + list(ids)])
-        with torch.inference_mode():
-            logp = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)
-        n = len(prompt)
-        return [float(logp[n - 1 + i, t]) for i, t in enumerate(ids)]
+        return _teacher_forced(model, prompt, ids)
 
     out: dict[str, Any] = {"seed": seed}
     base_ids = None
@@ -534,11 +552,8 @@ def _lora_check(name: str, args: argparse.Namespace, client: Any, make_env: Any,
             with model.disable_adapter():
                 ref_base = scored(comp.prompt_token_ids, comp.token_ids)
             row["greedy_differs_from_base"] = comp.token_ids != base_ids
-            row["max_abs_logprob_diff_vs_local_base"] = round(max(
-                (abs(a - b) for a, b in zip(comp.logprobs, ref_base, strict=True)),
-                default=0.0), 5)
-        row["max_abs_logprob_diff_vs_local_same"] = round(max(
-            (abs(a - b) for a, b in zip(comp.logprobs, ref, strict=True)), default=0.0), 5)
+            row["max_abs_logprob_diff_vs_local_base"] = _max_abs_diff(comp.logprobs, ref_base)
+        row["max_abs_logprob_diff_vs_local_same"] = _max_abs_diff(comp.logprobs, ref)
         row["text"] = comp.content if not comp.tool_calls else json.dumps(comp.tool_calls)[:300]
         out[key] = row
         print(f"  [{name} lora check] {key}: {row}", flush=True)
@@ -659,12 +674,8 @@ def _measure_merged(name: str, key: str, adapter: Path, args: argparse.Namespace
     runs a LoRA at ~8x the CPU of the base per episode (7.0-8.6 vs 1.07 CPU-s), a merged
     model at the base's cost. Checked, not assumed: the merged server's greedy first turn
     on the first held-out seed is scored by the in-process model with the adapter."""
-    import torch
-
-    from trace_lib.runtime.base_models import load_model, resolve_model
-    from trace_lib.runtime.lora import attach_lora, load_adapter_weights
+    from trace_lib.runtime.lora import load_adapter_weights
     from trace_lib.runtime.policy_client import OpenAIPolicyClient
-    from trace_lib.train.config import LoraSettings
 
     t0 = time.perf_counter()
     folder = merge_adapter(args.model, adapter, adapter.with_name(adapter.name + "-merged"))
@@ -679,22 +690,14 @@ def _measure_merged(name: str, key: str, adapter: Path, args: argparse.Namespace
         comp = client.chat(env.messages, tools=env.tool_schemas or None,
                            model=server.model_name, n=1, temperature=0.0,
                            max_tokens=args.max_tokens)[0]
-        base, _ = load_model(resolve_model(args.model))
-        local = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
+        local = _local_lora_model(args)
         load_adapter_weights(local, adapter)
-        local.eval()
-        x = torch.tensor([list(comp.prompt_token_ids) + list(comp.token_ids)])
-        with torch.inference_mode():
-            logp = torch.log_softmax(local(input_ids=x).logits[0].float(), dim=-1)
-        n = len(comp.prompt_token_ids)
-        diff = max((abs(lp - float(logp[n - 1 + i, t]))
-                    for i, (lp, t) in enumerate(zip(comp.logprobs, comp.token_ids,
-                                                    strict=True))), default=0.0)
-        del local, base
+        ref = _teacher_forced(local, comp.prompt_token_ids, comp.token_ids)
+        del local
         check = {"folder": str(folder), "merge_s": round(merge_s, 1),
                  "startup_s": server.startup_seconds, "seed": eval_seeds[0],
                  "tokens": len(comp.token_ids),
-                 "max_abs_logprob_diff_vs_local_adapter": round(diff, 5)}
+                 "max_abs_logprob_diff_vs_local_adapter": _max_abs_diff(comp.logprobs, ref)}
         print(f"  [{name} merged check] {key}: {check}", flush=True)
         eng.setdefault("merged", {})[key] = check
         reparsed = _Reparsed(client, tok)

@@ -352,10 +352,10 @@ def train(
                 policy = served  # what this step samples from (publish renames it after)
 
                 def group_of(g: int, step: int = step, n_hinted: int = n_hinted,
-                             served: str = served) -> list[Rollout]:
+                             policy: str = policy) -> list[Rollout]:
                     seed = step * cfg.groups_per_step + g
                     return run_group(
-                        make_env, seed, client, rollout_cfg, model=served,
+                        make_env, seed, client, rollout_cfg, model=policy,
                         group_size=cfg.group, n_hinted=n_hinted,
                         request_seed=None if unseeded else cfg.seed * 7_919 + seed,
                         parallel=True,
