@@ -17,7 +17,12 @@ What is timed (each in a fresh browser context, median of `--repeats`):
 - on Trajectories: a filter change (Outcome -> failures) and a text search ("not found",
   words mode, the index) and the same text as an exact substring (the scan), each from
   the action to the end of the rerun it triggered;
-- the server process's CPU time (user + system from /proc) over each measurement.
+- on Rankings: a slider move (rho one step up, by keyboard), a configuration not yet
+  cached, so the rerun really re-ranks;
+- the server process's CPU time (user + system from /proc) over each measurement;
+- "script run": the last script run's own time (its `running` to `notRunning`), the
+  server's part of a step; the rest is the browser's and the widget's (page load and
+  websocket on a visit, a slider's commit delay after the key press).
 
 Nothing here is a pass/fail threshold; the figures go into bench/README.md ("Pages").
 The query-level before/after of the same paths (old subquery scan vs index, computed vs
@@ -47,26 +52,31 @@ PAGES = ("Trajectories", "Labels", "Rankings")
 TIMEOUT_MS = 600_000  # per step; a step past it is reported as "> limit", not retried
 
 # Records every change of the script-run state with its time (ms since navigation start).
+# The observer watches the whole document (subtree), not one element: React may re-create
+# the `.stApp` node, and an observer on the old node would miss every later run.
 OBSERVER = """
 window.__runs = [];
-const watch = () => {
+const note = () => {
   const app = document.querySelector('[data-testid="stApp"]');
-  if (!app) { requestAnimationFrame(watch); return; }
-  const note = () => window.__runs.push([app.getAttribute('data-test-script-state'),
-                                         performance.now()]);
-  note();
-  new MutationObserver(note).observe(app, {attributes: true,
-                                           attributeFilter: ['data-test-script-state']});
+  const state = app && app.getAttribute('data-test-script-state');
+  const r = window.__runs;
+  if (state && (r.length === 0 || r[r.length - 1][0] !== state)) {
+    r.push([state, performance.now()]);
+  }
 };
-watch();
+new MutationObserver(note).observe(document, {subtree: true, childList: true,
+    attributes: true, attributeFilter: ['data-test-script-state']});
 """
-# Settled: a run started after `since` and the state is back to notRunning.
+# Settled: a run started after `since` and the state is back to notRunning. Returns
+# [start of the last script run, its end]: the time before the start is the browser's and
+# the widget's (page load, websocket, a slider's commit), the run itself is the server's.
 SETTLED = """(since) => {
   const r = window.__runs || [];
   const started = r.findIndex(([s, t]) => s === 'running' && t >= since);
   if (started < 0) return null;
   const last = r[r.length - 1];
-  return last[0] === 'notRunning' && r.length - 1 > started ? last[1] : null;
+  if (last[0] !== 'notRunning' || r.length - 1 <= started) return null;
+  return [r[r.length - 2][1], last[1]];
 }"""
 
 
@@ -80,6 +90,7 @@ def _bench_module(name: str):
 def build(db: Path, n: int, runs: int) -> float:
     """The store for one size; returns the import's wall seconds."""
     from trace_lib import store
+    from trace_lib.diagnose import materialise
     from trace_lib.diagnose.capabilities import BUILTIN, ensure_builtin
     from trace_lib.ingest import ingest_paths
 
@@ -105,6 +116,10 @@ def build(db: Path, n: int, runs: int) -> float:
                  (SELECT unnest(?::VARCHAR[]) AS name,
                          generate_subscripts(?::VARCHAR[], 1) - 1 AS k) c
         """, [caps, caps])
+        # A labeling run adds itself to the materialised label tables when it finishes;
+        # these runs were written by SQL, so do that here, or the first page visit would
+        # time the one-off rebuild instead of the page.
+        materialise.sync(con)
         con.execute("CHECKPOINT")
     return took
 
@@ -154,31 +169,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _settle(page, since: float) -> float:
-    """The time (page clock, ms) the run started after `since` ended; inf past the limit."""
+def _settle(page, since: float) -> tuple[float, float]:
+    """(start, end) on the page clock (ms) of the last script run after `since`, once the
+    app is idle again; (inf, inf) past the limit."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
         handle = page.wait_for_function(SETTLED, arg=since, timeout=TIMEOUT_MS, polling=100)
     except PlaywrightTimeout:
-        return float("inf")
-    return float(handle.json_value())
+        return float("inf"), float("inf")
+    start, end = handle.json_value()
+    return float(start), float(end)
 
 
-def navigate(browser, server: Server, name: str) -> tuple[float, float, object]:
-    """(seconds to settled, server CPU seconds, the open page) for one fresh visit."""
+Step = tuple[float, float, float]  # (seconds to settled, server CPU seconds, script run s)
+
+
+def navigate(browser, server: Server, name: str) -> tuple[Step, object]:
+    """(the step's figures, the open page) for one fresh visit."""
     ctx = browser.new_context(viewport={"width": 1500, "height": 1000})
     ctx.add_init_script(OBSERVER)
     page = ctx.new_page()
     page.set_default_timeout(TIMEOUT_MS)  # clicks wait for the widget as long as a settle
     cpu0 = server.cpu_s()
     page.goto(f"{server.url}/{name}", timeout=TIMEOUT_MS)
-    end = _settle(page, 0.0)  # performance.now() counts from this navigation's start
-    return end / 1000, server.cpu_s() - cpu0, page
+    start, end = _settle(page, 0.0)  # performance.now() counts from navigation start
+    return (end / 1000, server.cpu_s() - cpu0, (end - start) / 1000), page
 
 
-def act(page, server: Server, action) -> tuple[float, float]:
-    """(seconds from the action to the end of its rerun, server CPU seconds)."""
+def act(page, server: Server, action) -> Step:
+    """(seconds from the action to the end of its rerun, server CPU, script run)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     since = page.evaluate("performance.now()")
@@ -186,9 +206,9 @@ def act(page, server: Server, action) -> tuple[float, float]:
     try:
         action(page)
     except PlaywrightTimeout:
-        return float("inf"), server.cpu_s() - cpu0
-    end = _settle(page, since)
-    return (end - since) / 1000, server.cpu_s() - cpu0
+        return float("inf"), server.cpu_s() - cpu0, float("inf")
+    start, end = _settle(page, since)
+    return (end - since) / 1000, server.cpu_s() - cpu0, (end - start) / 1000
 
 
 def _failures(page) -> None:
@@ -196,18 +216,28 @@ def _failures(page) -> None:
     side.get_by_test_id("stRadio").first.get_by_text("failures", exact=True).click()
 
 
-def _search(text: str, exact: bool):
+def _search(text: str):
     def run(page) -> None:
-        side = page.get_by_test_id("stSidebar")
-        box = side.get_by_test_id("stCheckbox").filter(has_text="Exact substring")
-        if box.locator("input").is_checked() != exact:
-            since = page.evaluate("performance.now()")
-            box.locator("label").click()
-            _settle(page, since)
-        field = side.get_by_role("textbox", name="Text contains")
+        field = page.get_by_test_id("stSidebar").get_by_role("textbox", name="Text contains")
         field.fill(text)
         field.press("Enter")
     return run
+
+
+def _exact_mode(page) -> None:
+    """Toggle "Exact substring": its own step, so that each timed action triggers exactly
+    one rerun (a settle after the toggle's rerun would end the search's timing early)."""
+    box = page.get_by_test_id("stSidebar").get_by_test_id("stCheckbox").filter(
+        has_text="Exact substring")
+    box.locator("label").click()
+
+
+def _slider_step(page) -> None:
+    """One keyboard step of the Rankings page's first slider (rho + 0.01): a new
+    configuration each time, so the rerun ranks instead of hitting the page's cache."""
+    thumb = page.get_by_test_id("stSidebar").get_by_role("slider").first
+    thumb.focus()
+    thumb.press("ArrowRight")
 
 
 def _clear_search(page) -> None:
@@ -216,42 +246,48 @@ def _clear_search(page) -> None:
     field.press("Enter")
 
 
-def _report(out: dict, key: str, value: tuple[float, float]) -> None:
+def _report(out: dict, key: str, value: Step) -> None:
     out.setdefault(key, []).append(value)
-    print(f"    {key:<55} {_fmt(value[0])}   server CPU {value[1]:6.2f} s", flush=True)
+    print(f"    {key:<55} {_fmt(value[0])}   server CPU {value[1]:6.2f} s   "
+          f"script run {_fmt(value[2])}", flush=True)
 
 
 def _fmt(seconds: float) -> str:
     return f"> {TIMEOUT_MS / 1000:.0f} s" if seconds == float("inf") else f"{seconds:.2f} s"
 
 
-def measure(server: Server, repeats: int, pages: tuple[str, ...]
-            ) -> dict[str, tuple[float, float]]:
+def measure(server: Server, repeats: int, pages: tuple[str, ...]) -> dict[str, Step]:
     from playwright.sync_api import sync_playwright
 
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, list[Step]] = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                      args=CHROMIUM_ARGS)
         for name in pages:  # the first visit of each page after the server started
-            s, cpu, page = navigate(browser, server, name)
-            _report(out, f"{name}: first visit (cold caches)", (s, cpu))
+            step, page = navigate(browser, server, name)
+            _report(out, f"{name}: first visit (cold caches)", step)
             page.context.close()
         for _ in range(repeats):
             for name in pages:
-                s, cpu, page = navigate(browser, server, name)
-                _report(out, f"{name}: visit (warm)", (s, cpu))
+                step, page = navigate(browser, server, name)
+                s = step[0]
+                _report(out, f"{name}: visit (warm)", step)
                 if name == "Trajectories" and s != float("inf"):
                     steps = [("filter change (outcome -> failures)", _failures),
-                             ("text search, words (index)", _search("not found", False)),
-                             ("text search, exact substring (scan)", _search("not found", True))]
+                             ("text search, words (index)", _search("not found")),
+                             ("clear the text", _clear_search),
+                             ("exact-substring mode on", _exact_mode),
+                             ("text search, exact substring (scan)", _search("not found")),
+                             ("clear the text", _clear_search),
+                             ("exact-substring mode off", _exact_mode)]
                     for label, action in steps:
                         _report(out, f"Trajectories: {label}", act(page, server, action))
-                        if label.startswith("text"):
-                            act(page, server, _clear_search)
+                if name == "Rankings" and s != float("inf"):
+                    _report(out, "Rankings: slider move (rho + 0.01, re-rank)",
+                            act(page, server, _slider_step))
                 page.context.close()
         browser.close()
-    return {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+    return {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
             for k, v in out.items()}
 
 
@@ -269,7 +305,7 @@ def main() -> int:
     pages = tuple(p for p in args.pages.split(",") if p)
     random.seed(0)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    results: dict[int, dict[str, tuple[float, float]]] = {}
+    results: dict[int, dict[str, Step]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.sizes.split(",")):
             db = Path(tmp) / f"pages-{n}.duckdb"
@@ -282,10 +318,11 @@ def main() -> int:
             finally:
                 server.stop()
     sizes = list(results)
-    print("\n| what | " + " | ".join(f"{n:,}: settle / server CPU" for n in sizes) + " |")
+    print("\n| what | " + " | ".join(f"{n:,}: settle / server CPU / script run" for n in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
     for k in results[sizes[0]]:
-        cells = [f"{_fmt(results[n][k][0])} / {results[n][k][1]:.1f} s" if k in results[n]
+        cells = [f"{_fmt(results[n][k][0])} / {results[n][k][1]:.1f} s / "
+                 f"{_fmt(results[n][k][2])}" if k in results[n]
                  else "" for n in sizes]
         print(f"| {k} | " + " | ".join(cells) + " |")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

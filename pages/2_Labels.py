@@ -7,9 +7,12 @@ on its next run. Trajectory text is untrusted: it is shown with st.text/st.code 
 
 Every read goes through `_read`: one cached query result per (use case, store version,
 arguments), where the version (`wb.version`) changes with every label run, edit, undo or
-capability change. A rerun on an unchanged store (a tab click, a widget in another tab)
-therefore does no query work, and a hidden tab costs a cache lookup. The CSV export is
-built only when its download is clicked (a callable `data`). The scope picker (datasets,
+capability change. A rerun on an unchanged store therefore does no query work. The tabs
+are lazy (`st.tabs(..., on_change="rerun")`): only the open tab's body runs, so a visit
+to the grid does not compute the review queue's sensitivity or the agreement report
+(35 s of a 36 s first visit at 10k trajectories before); the grid's filters are kept
+across tab switches. The CSV export is built only when its download is clicked (a
+callable `data`). The scope picker (datasets,
 agent models, domains) narrows the grid, the queue, the labeler and the export alike.
 """
 
@@ -46,6 +49,11 @@ if not DB.exists():
 
 ss = st.session_state
 ss.setdefault("grid_version", 0)
+# Widgets in a closed tab are not drawn, and Streamlit drops the state of a widget it did
+# not draw: re-assigning the tabs' filters each run keeps them across tab switches.
+for _key in ("f_caps", "f_outcome", "f_value", "f_search", "t_pick", "t_cap", "q_order"):
+    if _key in ss:
+        ss[_key] = ss[_key]
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
@@ -122,209 +130,219 @@ with st.sidebar:
                                  for s in out))
             ss.grid_version += 1
 
+# Lazy tabs: only the open tab's body runs (a tab click is a rerun). The review queue's
+# sensitivity and the agreement report are the page's costliest reads; a visit to the grid
+# must not pay for them.
 tab_grid, tab_queue, tab_history, tab_caps, tab_io = st.tabs(
-    ["Grid", "Review queue", "History", "Capabilities", "Import / export"])
+    ["Grid", "Review queue", "History", "Capabilities", "Import / export"], key="labels_tab",
+    on_change="rerun")
 
 # --------------------------------------------------------------------------- grid
 with tab_grid:
-    all_caps = [c.name for c in _read("list_capabilities") if c.status != "rejected"]
-    f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
-    shown = f1.multiselect("Capabilities", all_caps, default=[c for c in wb.CORE
-                                                              if c in all_caps] or all_caps,
-                           key="f_caps")
-    outcome = f2.selectbox("Outcome", ["all", "failed", "passed"], key="f_outcome")
-    value = f3.selectbox("Has value", ["any", *LABEL_VALUES], key="f_value")
-    search = f4.text_input("Search id / task", key="f_search")
-    flt = wb.LabelFilter(capabilities=shown or None,
-                         success={"all": None, "failed": False, "passed": True}[outcome],
-                         value=None if value == "any" else value, search=search or None,
-                         scope=scope)
-    grid = _guard(_read, "label_grid", flt)
-    if grid is None or grid.empty:
-        st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
-    else:
-        # The grid spans the page (the transcript sits below it), and its label cells carry
-        # a colour glyph: a data editor is a canvas, and a pandas Styler colours only its
-        # non-editable columns. The glyph is the option's label (`format_func`); the cell's
-        # value, and so every saved edit, stays exactly present/lacking/na.
-        st.caption(" · ".join(_glyph(v) for v in LABEL_VALUES)
-                   + " — click a label cell and type or pick a value; each edit is saved "
-                     "at once (History tab: who, when, undo).")
-        cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES),
-                                                    format_func=_glyph)
-                for c in grid.columns if c not in ID_COLUMNS}
-        edited = st.data_editor(
-            grid, column_config=cols, hide_index=True, width="stretch",
-            disabled=list(ID_COLUMNS), key=f"grid_{ss.grid_version}")
-        changes = wb.grid_changes(grid, edited)
-        if changes:
-            ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
-                         skip_unchanged=True)
-            if ids is not None:
-                same = len(changes) - len(ids)
-                st.toast(f"saved {len(ids)} edit(s)"
-                         + (f"; {same} already had that value" if same else ""))
-                ss.grid_version += 1
-                st.rerun()
-        with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):
-            b1, b2 = st.columns(2)
-            bulk_value = b1.selectbox("Set every shown label to", LABEL_VALUES,
-                                      key="bulk_value")
-            bulk_note = b2.text_input("Note", key="bulk_note")
-            if st.button("Apply bulk edit", key="bulk_go"):
-                ids = _guard(wb.bulk_edit, DB, flt, bulk_value, editor=editor,
-                             note=bulk_note or "bulk edit")
-                if ids:
-                    st.success(f"{len(ids)} edits saved")
+    if tab_grid.open:
+        all_caps = [c.name for c in _read("list_capabilities") if c.status != "rejected"]
+        f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
+        shown = f1.multiselect("Capabilities", all_caps, default=[c for c in wb.CORE
+                                                                  if c in all_caps] or all_caps,
+                               key="f_caps")
+        outcome = f2.selectbox("Outcome", ["all", "failed", "passed"], key="f_outcome")
+        value = f3.selectbox("Has value", ["any", *LABEL_VALUES], key="f_value")
+        search = f4.text_input("Search id / task", key="f_search")
+        flt = wb.LabelFilter(capabilities=shown or None,
+                             success={"all": None, "failed": False, "passed": True}[outcome],
+                             value=None if value == "any" else value, search=search or None,
+                             scope=scope)
+        grid = _guard(_read, "label_grid", flt)
+        if grid is None or grid.empty:
+            st.info("No labels match. Run a labeler (sidebar) or widen the filters.")
+        else:
+            # The grid spans the page (the transcript sits below it), and its label cells carry
+            # a colour glyph: a data editor is a canvas, and a pandas Styler colours only its
+            # non-editable columns. The glyph is the option's label (`format_func`); the cell's
+            # value, and so every saved edit, stays exactly present/lacking/na.
+            st.caption(" · ".join(_glyph(v) for v in LABEL_VALUES)
+                       + " — click a label cell and type or pick a value; each edit is saved "
+                         "at once (History tab: who, when, undo).")
+            cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES),
+                                                        format_func=_glyph)
+                    for c in grid.columns if c not in ID_COLUMNS}
+            edited = st.data_editor(
+                grid, column_config=cols, hide_index=True, width="stretch",
+                disabled=list(ID_COLUMNS), key=f"grid_{ss.grid_version}")
+            changes = wb.grid_changes(grid, edited)
+            if changes:
+                ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
+                             skip_unchanged=True)
+                if ids is not None:
+                    same = len(changes) - len(ids)
+                    st.toast(f"saved {len(ids)} edit(s)"
+                             + (f"; {same} already had that value" if same else ""))
                     ss.grid_version += 1
                     st.rerun()
-        st.subheader("Transcript and evidence")
-        p1, p2 = st.columns(2)
-        tid = p1.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
-        cap = p2.selectbox("Evidence for", shown or all_caps, key="t_cap")
-        view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
-        if view:
-            # Everything from the trajectory or a labeler goes through st.text/st.code.
-            st.text(f"task {view['task_id']} · "
-                    f"{'passed' if view['success'] else 'failed'} · evidence at "
-                    f"{view['highlight'] or 'no message'}")
-            for e in view["evidence"]:
-                if e["error"]:
-                    _show_error(f"{e['run']}: labeler failed: {e['error']}")
-            with st.container(height=620):
-                for m in view["messages"]:
-                    head = f"[{m['idx']}] {m['role']}" + (f" · {m['name']}" if m["name"] else "")
-                    if m["evidence"]:
-                        st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
-                        st.code("\n".join(m["evidence"]), language=None)
-                    st.text(head)
-                    if m["content"]:
-                        st.text(m["content"][:4000])
-                    for c in m["calls"]:
-                        st.code(c, language=None)
+            with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):
+                b1, b2 = st.columns(2)
+                bulk_value = b1.selectbox("Set every shown label to", LABEL_VALUES,
+                                          key="bulk_value")
+                bulk_note = b2.text_input("Note", key="bulk_note")
+                if st.button("Apply bulk edit", key="bulk_go"):
+                    ids = _guard(wb.bulk_edit, DB, flt, bulk_value, editor=editor,
+                                 note=bulk_note or "bulk edit")
+                    if ids:
+                        st.success(f"{len(ids)} edits saved")
+                        ss.grid_version += 1
+                        st.rerun()
+            st.subheader("Transcript and evidence")
+            p1, p2 = st.columns(2)
+            tid = p1.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
+            cap = p2.selectbox("Evidence for", shown or all_caps, key="t_cap")
+            view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
+            if view:
+                # Everything from the trajectory or a labeler goes through st.text/st.code.
+                st.text(f"task {view['task_id']} · "
+                        f"{'passed' if view['success'] else 'failed'} · evidence at "
+                        f"{view['highlight'] or 'no message'}")
+                for e in view["evidence"]:
+                    if e["error"]:
+                        _show_error(f"{e['run']}: labeler failed: {e['error']}")
+                with st.container(height=620):
+                    for m in view["messages"]:
+                        head = (f"[{m['idx']}] {m['role']}"
+                                + (f" · {m['name']}" if m["name"] else ""))
+                        if m["evidence"]:
+                            st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
+                            st.code("\n".join(m["evidence"]), language=None)
+                        st.text(head)
+                        if m["content"]:
+                            st.text(m["content"][:4000])
+                        for c in m["calls"]:
+                            st.code(c, language=None)
 
 # ------------------------------------------------------------------------- queue
 with tab_queue:
-    st.caption("Pairs where label runs, labelers or people disagree, and pairs whose flip "
-               "would change whether a capability is kept (sensitivity, from the Rankings' "
-               "keep rule at its defaults). Pairs a person decided leave the queue unless "
-               "people disagree about them.")
-    q_order = st.radio("Order by", wb.ORDERS, horizontal=True, key="q_order")
-    queue = _guard(_read, "review_queue_ranked", None, wb.StabilityConfig(), limit=100,
-                   order=q_order, scope=scope)
-    if queue is None or queue.empty:
-        st.info("Nothing to review: no disagreement, and no single flip moves the ranking.")
-    else:
-        st.caption(f"{len(queue)} pairs to review · "
-                   f"{queue.attrs['stability']['sentence']}")
-        st.dataframe(queue, hide_index=True, key="queue_table")
-        q1, q2, q3 = st.columns(3)
-        pick = q1.selectbox("Pair", [f"{r.trajectory_id} · {r.capability}"
-                                     for r in queue.itertuples()], key="q_pick")
-        decision = q2.selectbox("Decision", LABEL_VALUES, key="q_value")
-        note = q3.text_input("Note", key="q_note")
-        if st.button("Save decision", key="q_go") and pick:
-            t_id, c_name = pick.split(" · ")
-            if _guard(wb.edit_label, DB, t_id, c_name, decision, editor=editor, note=note):
-                ss.grid_version += 1
-                st.rerun()
-
-    st.subheader("Agreement")
-    agree = _guard(_read, "agreement", scope=scope)
-    if agree is not None:
-        st.caption("Cohen's κ: each labeler (majority over its runs) against people's "
-                   "decisions (latest edit), labelers and people against each other, on the "
-                   "pairs both rated; people edit where they doubt a labeler, so it is a "
-                   "biased sample (n beside it). n/a: undefined (one category only, or "
-                   "nothing rated by both).")
-        cohen = [c for c in agree.cohen if c.n] or agree.cohen
-        for row in [cohen[i:i + 4] for i in range(0, len(cohen), 4)]:
-            for col, c in zip(st.columns(4), row, strict=False):
-                col.metric(f"Cohen's κ · {c.rater_a} vs {c.rater_b}",
-                           "n/a" if c.kappa is None else f"{c.kappa:.2f}",
-                           help=f"{c.kind}; n={c.n}"
-                           + ("" if c.observed is None else f"; agreement {c.observed:.0%}")
-                           + (f"; {c.why}" if c.why else ""))
-        st.caption(f"Fleiss' κ across the {len(agree.runs)} finished label run(s), per "
-                   "capability (raw labels; edits apply to every run alike).")
-        st.dataframe(pd.DataFrame([{
-            "capability": r.capability,
-            "Fleiss κ": None if r.kappa is None else round(r.kappa, 3),
-            "observed agreement": None if r.observed is None else round(r.observed, 3),
-            "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why,
-        } for r in agree.fleiss]), hide_index=True, key="fleiss_table")
-
-# ----------------------------------------------------------------------- history
-with tab_history:
-    hist = _guard(_read, "edit_history", limit=500)
-    if hist is None or hist.empty:
-        st.info("No edits yet.")
-    else:
-        st.dataframe(hist, hide_index=True, key="history_table")
-        live = hist[hist["undoes"].isna() & ~hist["undone"].astype(bool)]
-        if not live.empty:
-            eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
-            if st.button("Undo", key="undo_go"):
-                if _guard(wb.undo_edit, DB, editor=editor, edit_id=int(eid)):
+    if tab_queue.open:
+        st.caption("Pairs where label runs, labelers or people disagree, and pairs whose flip "
+                   "would change whether a capability is kept (sensitivity, from the Rankings' "
+                   "keep rule at its defaults). Pairs a person decided leave the queue unless "
+                   "people disagree about them.")
+        q_order = st.radio("Order by", wb.ORDERS, horizontal=True, key="q_order")
+        queue = _guard(_read, "review_queue_ranked", None, wb.StabilityConfig(), limit=100,
+                       order=q_order, scope=scope)
+        if queue is None or queue.empty:
+            st.info("Nothing to review: no disagreement, and no single flip moves the ranking.")
+        else:
+            st.caption(f"{len(queue)} pairs to review · "
+                       f"{queue.attrs['stability']['sentence']}")
+            st.dataframe(queue, hide_index=True, key="queue_table")
+            q1, q2, q3 = st.columns(3)
+            pick = q1.selectbox("Pair", [f"{r.trajectory_id} · {r.capability}"
+                                         for r in queue.itertuples()], key="q_pick")
+            decision = q2.selectbox("Decision", LABEL_VALUES, key="q_value")
+            note = q3.text_input("Note", key="q_note")
+            if st.button("Save decision", key="q_go") and pick:
+                t_id, c_name = pick.split(" · ")
+                if _guard(wb.edit_label, DB, t_id, c_name, decision, editor=editor, note=note):
                     ss.grid_version += 1
                     st.rerun()
 
+        st.subheader("Agreement")
+        agree = _guard(_read, "agreement", scope=scope)
+        if agree is not None:
+            st.caption("Cohen's κ: each labeler (majority over its runs) against people's "
+                       "decisions (latest edit), labelers and people against each other, on the "
+                       "pairs both rated; people edit where they doubt a labeler, so it is a "
+                       "biased sample (n beside it). n/a: undefined (one category only, or "
+                       "nothing rated by both).")
+            cohen = [c for c in agree.cohen if c.n] or agree.cohen
+            for row in [cohen[i:i + 4] for i in range(0, len(cohen), 4)]:
+                for col, c in zip(st.columns(4), row, strict=False):
+                    col.metric(f"Cohen's κ · {c.rater_a} vs {c.rater_b}",
+                               "n/a" if c.kappa is None else f"{c.kappa:.2f}",
+                               help=f"{c.kind}; n={c.n}"
+                               + ("" if c.observed is None else f"; agreement {c.observed:.0%}")
+                               + (f"; {c.why}" if c.why else ""))
+            st.caption(f"Fleiss' κ across the {len(agree.runs)} finished label run(s), per "
+                       "capability (raw labels; edits apply to every run alike).")
+            st.dataframe(pd.DataFrame([{
+                "capability": r.capability,
+                "Fleiss κ": None if r.kappa is None else round(r.kappa, 3),
+                "observed agreement": None if r.observed is None else round(r.observed, 3),
+                "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why,
+            } for r in agree.fleiss]), hide_index=True, key="fleiss_table")
+
+# ----------------------------------------------------------------------- history
+with tab_history:
+    if tab_history.open:
+        hist = _guard(_read, "edit_history", limit=500)
+        if hist is None or hist.empty:
+            st.info("No edits yet.")
+        else:
+            st.dataframe(hist, hide_index=True, key="history_table")
+            live = hist[hist["undoes"].isna() & ~hist["undone"].astype(bool)]
+            if not live.empty:
+                eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
+                if st.button("Undo", key="undo_go"):
+                    if _guard(wb.undo_edit, DB, editor=editor, edit_id=int(eid)):
+                        ss.grid_version += 1
+                        st.rerun()
+
 # ------------------------------------------------------------------ capabilities
 with tab_caps:
-    caps = _read("list_capabilities")
-    st.dataframe(pd.DataFrame([c.model_dump() for c in caps]), hide_index=True,
-                 key="caps_table")
-    c1, c2, c3 = st.columns(3)
-    name = c1.selectbox("Capability", [c.name for c in caps], key="cap_pick")
-    if c2.button("Accept", key="cap_accept"):
-        _guard(wb.set_status, DB, name, "accepted")
-        st.rerun()
-    if c3.button("Reject", key="cap_reject"):
-        _guard(wb.set_status, DB, name, "rejected")
-        st.rerun()
-    with st.form("edit_cap"):
-        current = next((c for c in caps if c.name == name), None)
-        new_text = st.text_area(f"Description of {name}",
-                                value=current.description if current else "",
-                                key=f"edit_cap_desc_{name}")
-        if st.form_submit_button("Save description"):
-            if _guard(wb.update_capability, DB, name, description=new_text):
-                st.rerun()
-    with st.form("add_cap"):
-        new_name = st.text_input("New capability (snake_case)", key="new_cap_name")
-        new_desc = st.text_area("Description", key="new_cap_desc")
-        if st.form_submit_button("Add"):
-            if _guard(wb.add_capability, DB, new_name, new_desc):
-                st.rerun()
-    with st.expander("Propose capabilities with an LLM (contrastive pairs)"):
-        provider = st.selectbox("Provider", ["anthropic", "openai"], key="prop_provider")
-        if st.button("Propose", key="prop_go"):
-            try:
-                added = wb.propose_capabilities(DB, provider, model=model, base_url=base_url)
-            except (LLMError, UserInputError) as exc:
-                _show_error(str(exc))
-            else:
-                st.success(f"proposed: {', '.join(c.name for c in added) or 'nothing new'}")
+    if tab_caps.open:
+        caps = _read("list_capabilities")
+        st.dataframe(pd.DataFrame([c.model_dump() for c in caps]), hide_index=True,
+                     key="caps_table")
+        c1, c2, c3 = st.columns(3)
+        name = c1.selectbox("Capability", [c.name for c in caps], key="cap_pick")
+        if c2.button("Accept", key="cap_accept"):
+            _guard(wb.set_status, DB, name, "accepted")
+            st.rerun()
+        if c3.button("Reject", key="cap_reject"):
+            _guard(wb.set_status, DB, name, "rejected")
+            st.rerun()
+        with st.form("edit_cap"):
+            current = next((c for c in caps if c.name == name), None)
+            new_text = st.text_area(f"Description of {name}",
+                                    value=current.description if current else "",
+                                    key=f"edit_cap_desc_{name}")
+            if st.form_submit_button("Save description"):
+                if _guard(wb.update_capability, DB, name, description=new_text):
+                    st.rerun()
+        with st.form("add_cap"):
+            new_name = st.text_input("New capability (snake_case)", key="new_cap_name")
+            new_desc = st.text_area("Description", key="new_cap_desc")
+            if st.form_submit_button("Add"):
+                if _guard(wb.add_capability, DB, new_name, new_desc):
+                    st.rerun()
+        with st.expander("Propose capabilities with an LLM (contrastive pairs)"):
+            provider = st.selectbox("Provider", ["anthropic", "openai"], key="prop_provider")
+            if st.button("Propose", key="prop_go"):
+                try:
+                    added = wb.propose_capabilities(DB, provider, model=model, base_url=base_url)
+                except (LLMError, UserInputError) as exc:
+                    _show_error(str(exc))
+                else:
+                    st.success(f"proposed: {', '.join(c.name for c in added) or 'nothing new'}")
 
 # ---------------------------------------------------------------- import/export
 with tab_io:
-    import tempfile
-    from pathlib import Path
+    if tab_io.open:
+        import tempfile
+        from pathlib import Path
 
-    # Built when the download is clicked (not on every render): the same rows as
-    # `labels export FILE.csv` with the scope flags, qualified by dataset, task and trial.
-    st.download_button(f"Export effective labels (CSV) · {scope.describe()}",
-                       data=lambda: wb.labels_csv(DB, scope), file_name="labels.csv",
-                       mime="text/csv", key="export_csv")
-    up = st.file_uploader("Import labels CSV (trajectory_id,capability,value)", type=["csv"],
-                          key="import_csv")
-    run_name = st.text_input("As label run", value="imported", key="import_run")
-    if st.button("Import", disabled=up is None, key="import_go") and up is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / up.name
-            path.write_bytes(up.getvalue())
-            n = _guard(wb.import_labels, DB, path, run_name)
-        if n:
-            st.success(f"imported {n} labels as run {run_name}")
-            ss.grid_version += 1
-    st.dataframe(_guard(_read, "label_runs"), hide_index=True, key="runs_table")
+        # Built when the download is clicked (not on every render): the same rows as
+        # `labels export FILE.csv` with the scope flags, qualified by dataset, task and trial.
+        st.download_button(f"Export effective labels (CSV) · {scope.describe()}",
+                           data=lambda: wb.labels_csv(DB, scope), file_name="labels.csv",
+                           mime="text/csv", key="export_csv")
+        up = st.file_uploader("Import labels CSV (trajectory_id,capability,value)", type=["csv"],
+                              key="import_csv")
+        run_name = st.text_input("As label run", value="imported", key="import_run")
+        if st.button("Import", disabled=up is None, key="import_go") and up is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / up.name
+                path.write_bytes(up.getvalue())
+                n = _guard(wb.import_labels, DB, path, run_name)
+            if n:
+                st.success(f"imported {n} labels as run {run_name}")
+                ss.grid_version += 1
+        st.dataframe(_guard(_read, "label_runs"), hide_index=True, key="runs_table")

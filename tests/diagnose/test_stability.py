@@ -105,3 +105,72 @@ def test_sensitivity_predicts_what_an_edit_does(db_path: Path, method: str) -> N
     # The clear capability is not moved by any single flip.
     clear = sens[sens["capability"] == "tool_calling_precision"]
     assert not clear["flips_keep"].any()
+
+
+def _recount_sensitivity(sr: ag.StableRanking, cfg: RankConfig, cap: str) -> list[float]:
+    """The bootstrap sensitivity of each labeled pair of `cap` by brute force: every
+    resample recounted with the pair moved to each other value (the definition the
+    lookup table in `_sensitivity_boot` must reproduce)."""
+    import numpy as np
+
+    boot = sr.boot
+    j = boot.caps.index(cap)
+    row = {r.capability: r for r in sr.ranking.rows}[cap]
+    out = []
+    for t in np.flatnonzero(boot.codes[:, j] >= 0):
+        old, s = int(boot.codes[t, j]), int(boot.success[t])
+        best = 0.0
+        for v in range(3):
+            if v == old:
+                continue
+            c = boot.counts[:, j, :].copy()
+            c[:, 3 * s + old] -= boot.w[:, t]
+            c[:, 3 * s + v] += boot.w[:, t]
+            passes = int(ag._figures(c, cfg.rho, cfg.delta)["passed"].sum())
+            best = max(best, abs(passes - row.n_runs_passed) / boot.w.shape[0])
+        out.append(best)
+    return out
+
+
+def test_bootstrap_sensitivity_equals_a_recount_of_every_resample(db_path: Path) -> None:
+    _one_run_store(db_path)
+    st = ag.StabilityConfig(method="bootstrap", b=60, seed=3)
+    cap = "precondition_verification"
+    cfg = RankConfig()
+    with store.connect(db_path) as con:
+        first = ag.stable_ranking(con, cfg, st)
+        cfg.k = max(1, {r.capability: r for r in first.ranking.rows}[cap].n_runs_passed)
+        sr = ag.stable_ranking(con, cfg, st)
+        sens = ag.sensitivity(con, sr, cfg)
+    mine = sens[sens["capability"] == cap]
+    expected = _recount_sensitivity(sr, cfg, cap)
+    assert any(x > 0 for x in expected)  # the edge capability: some flips move passes
+    # Where no flip changes keep, the largest move is the sensitivity; where one does, the
+    # chosen flip's move is at most the largest.
+    for got, want, flips in zip(mine["sensitivity"], expected, mine["flips_keep"],
+                                strict=True):
+        assert got == pytest.approx(want) if not flips else 0 < got <= want + 1e-12
+
+
+def test_bootstrap_resamples_are_reused_across_thresholds_and_redrawn_after_an_edit(
+        db_path: Path) -> None:
+    """A slider move (rho, delta, K) reuses the resamples; an edit changes the pooled
+    labels, so the next ranking draws them again and counts the edit."""
+    _one_run_store(db_path)
+    st = ag.StabilityConfig(method="bootstrap", b=40, seed=5)
+    cap = "precondition_verification"
+    with store.connect(db_path) as con:
+        first = ag.stable_ranking(con, RankConfig(), st)
+        moved = ag.stable_ranking(con, RankConfig(rho=0.3, delta=0.1, k=3), st)
+        assert moved.boot is first.boot  # the same arrays: nothing recomputed
+        j = first.boot.caps.index(cap)
+        t = next(i for i in range(len(first.boot.tids)) if first.boot.codes[i, j] == 0)
+        tid, s = first.boot.tids[t], int(first.boot.success[t])
+    edit_label(db_path, tid, cap, "present", editor="t")
+    with store.connect(db_path) as con:
+        after = ag.stable_ranking(con, RankConfig(), st)
+    assert after.boot is not first.boot
+    moved_by = first.boot.w[:, t].astype(float)  # same seed, same strata: same draws
+    assert (after.boot.counts[:, j, 3 * s] == first.boot.counts[:, j, 3 * s] - moved_by).all()
+    assert (after.boot.counts[:, j, 3 * s + 1]
+            == first.boot.counts[:, j, 3 * s + 1] + moved_by).all()

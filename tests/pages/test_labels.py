@@ -62,9 +62,27 @@ def test_grid_and_transcript_with_evidence(labeled: Path) -> None:
     assert any("h (lacking):" in c.value for c in at.code)
 
 
+def _open_tab(at: AppTest, label: str) -> AppTest:
+    """Open one of the page's lazy tabs (only the open tab's body runs)."""
+    at.session_state["labels_tab"] = label
+    return at.run()
+
+
+def test_closed_tabs_do_no_work(labeled: Path) -> None:
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    keys = {w.key for w in at.selectbox}
+    assert "t_pick" in keys and not keys & {"q_pick", "undo_pick", "cap_pick"}
+    at.selectbox(key="f_outcome").set_value("failed").run()
+    _open_tab(at, "Capabilities")
+    keys = {w.key for w in at.selectbox}
+    assert "cap_pick" in keys and "t_pick" not in keys
+    _open_tab(at, "Grid")  # the grid's filters survive a visit to another tab
+    assert at.selectbox(key="f_outcome").value == "failed"
+
+
 def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
     before = {r.capability: r for r in rank(labeled).rows}
-    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at = _open_tab(AppTest.from_file(PAGE, default_timeout=60), "Review queue")
     pick = at.selectbox(key="q_pick")
     tid, cap = pick.value.split(" · ")
     current = {r.capability: r for r in rank(labeled).rows}[cap]
@@ -78,6 +96,7 @@ def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
     after = {r.capability: r for r in rank(labeled).rows}[cap]
     assert after.pooled != current.pooled  # the ranking moved at once
     # Undo from the History tab restores the figures.
+    _open_tab(at, "History")
     at.selectbox(key="undo_pick").set_value(int(hist["id"].iloc[0]))
     at.button(key="undo_go").click().run()
     assert not at.exception
@@ -86,7 +105,7 @@ def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
 
 
 def test_capability_accept_reject_and_add(labeled: Path) -> None:
-    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at = _open_tab(AppTest.from_file(PAGE, default_timeout=60), "Capabilities")
     at.selectbox(key="cap_pick").set_value("upselling")
     at.button(key="cap_reject").click().run()
     assert not at.exception

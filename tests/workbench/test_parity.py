@@ -57,8 +57,12 @@ def env_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return db
 
 
-def page(name: str, timeout: int = 120) -> AppTest:
+def page(name: str, timeout: int = 120, **state) -> AppTest:
+    """A page after its first run; `state` is set in session state first (e.g. a lazy
+    tab's key to open that tab)."""
     at = AppTest.from_file(str(PAGES / name), default_timeout=timeout)
+    for key, value in state.items():
+        at.session_state[key] = value
     return at.run()
 
 
@@ -112,7 +116,7 @@ def test_label(env_db, monkeypatch):
 def test_edit_label(labeled_db, monkeypatch):
     db, tid = labeled_db
     rec = Recorder(monkeypatch, diagnose, "edit_label")
-    at = page("2_Labels.py")
+    at = page("2_Labels.py", labels_tab="Review queue")
     at.selectbox(key="q_value").set_value("na")
     at.button(key="q_go").click().run()
     assert rec.take()[0][1:] == (tid, "precondition_verification", "na")

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-from scipy.stats import fisher_exact
 
 from trace_lib import store
 from trace_lib.diagnose import materialise
@@ -313,6 +312,10 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
         lf, pf, nf, lp, pp, np_ = pooled.get(cap, (0, 0, 0, 0, 0, 0))
         fisher_p = None
         if (lf + pf) and (lp + pp):
+            # scipy.stats is imported by the first ranking, not by every importer of this
+            # module (its import is ~0.5 s: the Labels page and most CLI verbs never rank).
+            from scipy.stats import fisher_exact
+
             fisher_p = float(fisher_exact([[lf, lp], [pf, pp]], alternative="greater").pvalue)
         rows.append(CapabilityRank(
             capability=cap, description=desc, status=status,

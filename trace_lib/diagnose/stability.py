@@ -19,19 +19,27 @@ Design decisions
   multiplicity) as if a person had set that value (an edit applies to every run), and
   see whether the capability's kept/not-kept verdict changes (`flips_keep`) and by what
   share of the runs the pass count moves (`sensitivity`, in [0, 1]). Runs: one table of
-  pass-after-flip per (run, outcome, old value, new value), then a gather per pair.
-  Resamples: the counts moved by the trajectory's multiplicity, in chunks of pairs.
+  pass-after-flip per (run, outcome, old value, new value), then a gather per pair; the
+  per-run codes come from one GROUP BY in the store (`_run_codes`), not a pandas pivot.
+  Resamples: a flip moves resample b's counts by the trajectory's multiplicity m, so
+  pass-after-flip is a table over (resample, outcome, old, new, m); only the resamples
+  where some entry differs from today's verdict are looked up per pair (equal to a
+  recount of every resample: tested). 10k pairs x 14 capabilities x B=200: 6 s -> 0.1 s;
+  runs at 100k x 10 runs: 59 s -> 3 s.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
 import pandas as pd
 
+from trace_lib.diagnose import materialise
 from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
 from trace_lib.diagnose.ranking import (
     REFERENCE_N,
@@ -94,6 +102,15 @@ def _check(st: StabilityConfig) -> None:
 
 def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
     """Whether any pair gets different values from different runs (raw labels)."""
+    finished = {r[0] for r in con.execute(
+        f"SELECT id FROM label_runs WHERE {materialise.FINISHED}").fetchall()}
+    if set(run_ids) == finished:
+        # Every finished run counts (the usual case): the materialised votes per pair
+        # answer it without a scan of every label (1.1 s at 100k x 10 runs, on every
+        # slider move of the Rankings page).
+        materialise.sync(con)
+        return con.execute("SELECT 1 FROM label_pairs WHERE (nl > 0)::INT + (np > 0)::INT "
+                           "+ (nn > 0)::INT > 1 LIMIT 1").fetchone() is not None
     return con.execute("""
         SELECT 1 FROM counted_labels
         WHERE value IS NOT NULL AND run_id IN (SELECT unnest(?::VARCHAR[]))
@@ -127,7 +144,7 @@ class _Boot:
     success: np.ndarray  # (T,) bool
     caps: list[str]
     codes: np.ndarray  # (T, C) int8: 0 lacking, 1 present, 2 na, -1 unlabeled
-    w: np.ndarray  # (B, T) multiplicities
+    w: np.ndarray  # (B, T) multiplicities (uint8 / uint16)
     counts: np.ndarray  # (B, C, 6) lf pf nf lp pp np
 
 
@@ -149,41 +166,99 @@ WHERE t.success IS NOT NULL AND {scope}
 """
 
 
-def _multiplicities(success: np.ndarray, b: int, seed: int) -> np.ndarray:
-    """(B, T) how often each trajectory is drawn; resampled within failed and passed."""
+def _multiplicities(success: np.ndarray, b: int, seed: int, rows: int = 8) -> np.ndarray:
+    """(B, T) how often each trajectory is drawn; resampled within failed and passed.
+
+    Small integers (uint8, or uint16 if a count passed 255): at 1M trajectories x B=200
+    the float64 matrix was 1.6 GB. Drawn `rows` resamples at a time to bound the draws'
+    memory; the generator's stream is the same as one (B, n) draw (seeded figures do not
+    change)."""
     rng = np.random.default_rng(seed)
-    w = np.zeros((b, len(success)), dtype=np.float64)
+    w = np.zeros((b, len(success)), dtype=np.uint16)
     for group in (~success, success):
         idx = np.flatnonzero(group)
-        if len(idx) == 0:
+        n = len(idx)
+        if n == 0:
             continue
-        draws = rng.integers(0, len(idx), size=(b, len(idx)))
-        flat = (draws + np.arange(b)[:, None] * len(idx)).ravel()
-        w[:, idx] = np.bincount(flat, minlength=b * len(idx)).reshape(b, len(idx))
-    return w
+        for start in range(0, b, rows):
+            k = min(rows, b - start)
+            draws = rng.integers(0, n, size=(k, n))
+            flat = (draws + np.arange(k)[:, None] * n).ravel()
+            w[start:start + k, idx] = np.bincount(flat, minlength=k * n).reshape(k, n)
+    return w.astype(np.uint8) if w.max(initial=0) < 256 else w
+
+
+def _resample_counts(w: np.ndarray, codes: np.ndarray, success: np.ndarray,
+                     chunk: int = 1 << 16) -> np.ndarray:
+    """(B, C, 6) counts per resample: w @ one-hot(slot), a chunk of trajectories at a time
+    in float32 (exact: every count is below 2^24), so neither w nor the one-hot matrix is
+    ever materialised in float64."""
+    b, (t, c) = w.shape[0], codes.shape
+    counts = np.zeros((b, c * 6))
+    for start in range(0, t, chunk):
+        sl = slice(start, min(start + chunk, t))
+        part = codes[sl]
+        onehot = np.zeros((part.shape[0], c * 6), dtype=np.float32)
+        rows, cols = np.nonzero(part >= 0)
+        onehot[rows, cols * 6 + 3 * success[sl][rows] + part[rows, cols]] = 1.0
+        counts += w[:, sl].astype(np.float32) @ onehot
+    return counts.reshape(b, c, 6)
 
 
 def _boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
           scope: Scope) -> _Boot:
+    """The resamples' counts, cached per (store, store version, runs, scope, B, seed):
+    they do not depend on rho, delta or K, so a Rankings slider move reuses them (at 1M
+    trajectories x 1 run they took ~25 s per move; now once per store version and
+    process)."""
     sc, sp = scope.where(con, "t")
-    df = con.execute(POOLED_SQL.format(scope=sc), [run_ids, *sp]).df()
-    tids = np.array(sorted(df["trajectory_id"].unique()), dtype=object)
-    caps = sorted(df["capability"].unique())
-    t_index = {t: i for i, t in enumerate(tids)}
-    c_index = {c: i for i, c in enumerate(caps)}
-    codes = np.full((len(tids), len(caps)), -1, dtype=np.int8)
-    success = np.zeros(len(tids), dtype=bool)
-    if not df.empty:
-        ti = df["trajectory_id"].map(t_index).to_numpy()
-        codes[ti, df["capability"].map(c_index).to_numpy()] = (
-            df["value"].map({v: i for i, v in enumerate(VALUES)}).to_numpy())
-        success[ti] = df["success"].astype(bool).to_numpy()
+    db = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
+                     "current_database()").fetchone()
+    key = (db, materialise.version(con), tuple(run_ids), sc, tuple(map(str, sp)), st.b,
+           st.seed)
+    with _BOOT_LOCK:
+        if key in _BOOT_CACHE:
+            _BOOT_CACHE.move_to_end(key)
+            return _BOOT_CACHE[key]
+    boot = _compute_boot(con, run_ids, st, sc, sp)
+    with _BOOT_LOCK:
+        _BOOT_CACHE[key] = boot
+        while len(_BOOT_CACHE) > _BOOT_CACHE_SIZE:
+            _BOOT_CACHE.popitem(last=False)
+    return boot
+
+
+# A few entries only: one _Boot at 1M trajectories x B=200 holds ~200 MB of multiplicities.
+_BOOT_CACHE: OrderedDict[tuple, _Boot] = OrderedDict()
+_BOOT_CACHE_SIZE = 2
+_BOOT_LOCK = threading.Lock()
+
+
+def _compute_boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
+                  sc: str, sp: list) -> _Boot:
+    # Trajectory and capability indices and value codes come from the store as numpy
+    # arrays (pandas string maps were 1.5 s at 100k).
+    res = con.execute(f"""
+        WITH p AS ({POOLED_SQL.format(scope=sc)})
+        SELECT dense_rank() OVER (ORDER BY trajectory_id) - 1 AS ti,
+               dense_rank() OVER (ORDER BY capability) - 1 AS ci,
+               CASE value WHEN 'lacking' THEN 0 WHEN 'present' THEN 1 ELSE 2 END AS code,
+               success, trajectory_id, capability
+        FROM p""", [run_ids, *sp]).fetchnumpy()
+    ti, ci = np.asarray(res["ti"], dtype=np.int64), np.asarray(res["ci"], dtype=np.int64)
+    n_t = int(ti.max()) + 1 if len(ti) else 0
+    n_c = int(ci.max()) + 1 if len(ci) else 0
+    tids = np.empty(n_t, dtype=object)
+    tids[ti] = np.asarray(res["trajectory_id"], dtype=object)
+    caps_arr = np.empty(n_c, dtype=object)
+    caps_arr[ci] = np.asarray(res["capability"], dtype=object)
+    codes = np.full((n_t, n_c), -1, dtype=np.int8)
+    codes[ti, ci] = np.asarray(res["code"], dtype=np.int8)
+    success = np.zeros(n_t, dtype=bool)
+    success[ti] = np.asarray(res["success"], dtype=bool)
     w = _multiplicities(success, st.b, st.seed)
-    onehot = np.zeros((len(tids), len(caps) * 6))
-    rows, cols = np.nonzero(codes >= 0)
-    onehot[rows, cols * 6 + 3 * success[rows] + codes[rows, cols]] = 1.0
-    counts = (w @ onehot).reshape(st.b, len(caps), 6)
-    return _Boot(tids, success, caps, codes, w, counts)
+    counts = _resample_counts(w, codes, success)
+    return _Boot(tids, success, [str(c) for c in caps_arr], codes, w, counts)
 
 
 def _figures(c: np.ndarray, rho: float, delta: float) -> dict[str, np.ndarray]:
@@ -300,10 +375,22 @@ def _best_flip(cur: np.ndarray, new_pass: dict[int, np.ndarray], n_pass: int, ke
     return flip_to, flips, sens
 
 
-def _sensitivity_boot(sr: StableRanking, cfg: RankConfig, chunk: int = 4000) -> pd.DataFrame:
+def _sensitivity_boot(sr: StableRanking, cfg: RankConfig, chunk: int = 1 << 22
+                      ) -> pd.DataFrame:
+    """Sensitivity under the bootstrap, without recounting each resample per pair.
+
+    Flipping one pair changes resample b's counts by its multiplicity m = w[b, t] (moved
+    from slot (success, old) to (success, new)), so whether b passes after the flip is a
+    function of (b, success, old, new, m): a table of B x 2 x 3 x 3 x (max m + 1) keep-rule
+    evaluations per capability. Most resamples pass or fail whatever one pair does; only
+    the "critical" ones (some entry differs from today's outcome) are looked up per pair.
+    The cost is O(pairs x critical resamples) instead of O(pairs x B x 6) count updates
+    (6.1 s -> see bench/README "Pages" at 10k trajectories, B = 200)."""
     boot = sr.boot
     assert boot is not None
     b = boot.w.shape[0]
+    w = boot.w
+    ms = np.arange(int(w.max(initial=0)) + 1)
     rows_by_cap = {r.capability: r for r in sr.ranking.rows}
     out = []
     for j, cap in enumerate(boot.caps):
@@ -311,28 +398,68 @@ def _sensitivity_boot(sr: StableRanking, cfg: RankConfig, chunk: int = 4000) -> 
         if r is None:
             continue
         base = boot.counts[:, j, :]  # (B, 6)
+        before = _figures(base, cfg.rho, cfg.delta)["passed"]  # (B,)
+        c = np.broadcast_to(base[:, None, None, None, None, :],
+                            (b, 2, 3, 3, len(ms), 6)).copy()
+        for s in (0, 1):
+            for old in range(3):
+                for v in range(3):
+                    c[:, s, old, v, :, 3 * s + old] -= ms
+                    c[:, s, old, v, :, 3 * s + v] += ms
+        change = (_figures(c, cfg.rho, cfg.delta)["passed"].astype(np.int8)
+                  - before.astype(np.int8)[:, None, None, None, None])  # -1, 0, +1
+        critical = np.flatnonzero(change.reshape(b, -1).any(axis=1))
         labeled = np.flatnonzero(boot.codes[:, j] >= 0)
-        for start in range(0, len(labeled), chunk):
-            idx = labeled[start:start + chunk]
-            cur = boot.codes[idx, j].astype(int)
-            slot_old = 3 * boot.success[idx] + cur
-            m = boot.w[:, idx]  # (B, n)
-            new_pass: dict[int, np.ndarray] = {}
+        cur = boot.codes[labeled, j].astype(int)
+        succ = boot.success[labeled].astype(int)
+        n_before = int(before.sum())
+        new_pass = {v: np.full(len(labeled), n_before) for v in range(3)}
+        step = max(1, chunk // max(len(labeled), 1))  # resamples per gather (memory bound)
+        for start in range(0, len(critical), step):
+            bs = critical[start:start + step]
+            m = w[np.ix_(bs, labeled)].astype(np.intp)  # (critical, pairs)
             for v in range(3):
-                c = np.repeat(base[:, None, :], len(idx), axis=1)  # (B, n, 6)
-                cols = np.arange(len(idx))
-                c[:, cols, slot_old] -= m
-                c[:, cols, 3 * boot.success[idx] + v] += m
-                new_pass[v] = _figures(c, cfg.rho, cfg.delta)["passed"].sum(axis=0)
-            flip_to, flips, sens = _best_flip(cur, new_pass, r.n_runs_passed, r.selected,
-                                              sr.ranking.k_effective, b,
-                                              r.status != "rejected")
-            out.append(pd.DataFrame({
-                "trajectory_id": boot.tids[idx], "capability": cap,
-                "value": [VALUES[x] for x in cur],
-                "flip_to": [VALUES[x] if x >= 0 else None for x in flip_to],
-                "flips_keep": flips, "sensitivity": sens}))
+                new_pass[v] += change[bs[:, None], succ, cur, v, m].sum(axis=0)
+        flip_to, flips, sens = _best_flip(cur, new_pass, r.n_runs_passed, r.selected,
+                                          sr.ranking.k_effective, b, r.status != "rejected")
+        out.append(pd.DataFrame({
+            "trajectory_id": boot.tids[labeled], "capability": cap,
+            "value": [VALUES[x] for x in cur],
+            "flip_to": [VALUES[x] if x >= 0 else None for x in flip_to],
+            "flips_keep": flips, "sensitivity": sens}))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=SENS_COLUMNS)
+
+
+def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
+               ) -> dict[str, np.ndarray]:
+    """Per (capability, trajectory) of known outcome, sorted: its success, each run's code
+    (k: -2 no row, so an edit leaves that run alone; -1 a row without a value, an edit
+    adds one; 0..2 the value after the latest edit) and the pooled value it has today.
+    One GROUP BY in the store; the columns come back as numpy arrays."""
+    sc, sp = scope.where(con, "t")
+    codes = ", ".join(f"coalesce(max(code) FILTER (WHERE ri = {i + 1}), -2) AS k{i}"
+                      for i in range(len(run_ids)))
+    res = con.execute(f"""
+        WITH lab AS (
+            SELECT list_position(?::VARCHAR[], l.run_id) AS ri, l.trajectory_id,
+                   l.capability, t.success,
+                   CASE coalesce(e.value, l.value) WHEN 'lacking' THEN 0 WHEN 'present'
+                        THEN 1 WHEN 'na' THEN 2 ELSE -1 END AS code
+            FROM counted_labels l
+            JOIN trajectories t ON t.id = l.trajectory_id
+            LEFT JOIN latest_label_edits e
+              ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
+            WHERE t.success IS NOT NULL AND list_position(?::VARCHAR[], l.run_id) > 0
+              AND {sc}
+        )
+        SELECT w.capability, w.trajectory_id, w.success, p.value AS pooled, w.* EXCLUDE
+               (capability, trajectory_id, success)
+        FROM (SELECT capability, trajectory_id, any_value(success) AS success, {codes}
+              FROM lab GROUP BY capability, trajectory_id) w
+        LEFT JOIN ({POOLED_SQL.format(scope=sc)}) p USING (trajectory_id, capability)
+        ORDER BY w.capability, w.trajectory_id""",
+                      [run_ids, run_ids, *sp, run_ids, *sp]).fetchnumpy()
+    return res
 
 
 def _sensitivity_runs(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: RankConfig
@@ -340,34 +467,23 @@ def _sensitivity_runs(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: Ra
     run_ids = sr.run_ids
     if not run_ids:
         return pd.DataFrame(columns=SENS_COLUMNS)
-    # Per run the counted row (value NULL = the labeler failed; an edit fills it in);
-    # a run without a row for the pair is not touched by an edit.
-    sc, sp = sr.scope.where(con, "t")
-    df = con.execute(f"""
-        SELECT l.run_id, l.trajectory_id, l.capability, t.success,
-               coalesce(e.value, l.value) AS value
-        FROM counted_labels l
-        JOIN trajectories t ON t.id = l.trajectory_id
-        LEFT JOIN latest_label_edits e
-          ON e.trajectory_id = l.trajectory_id AND e.capability = l.capability
-        WHERE t.success IS NOT NULL AND l.run_id IN (SELECT unnest(?::VARCHAR[])) AND {sc}""",
-                     [run_ids, *sp]).df()
-    pooled = con.execute(POOLED_SQL.format(scope=sc), [run_ids, *sp]).df().set_index(
-        ["trajectory_id", "capability"])["value"]
+    data = _run_codes(con, run_ids, sr.scope)
+    caps = np.asarray(data["capability"], dtype=object)
+    k_all = np.stack([np.asarray(data[f"k{i}"], dtype=int) for i in range(len(run_ids))],
+                     axis=1) if len(caps) else np.zeros((0, len(run_ids)), dtype=int)
+    pooled = np.asarray(data["pooled"], dtype=object)
+    if hasattr(data["pooled"], "mask"):  # NULL (no pooled value) comes back masked
+        pooled[np.ma.getmaskarray(data["pooled"])] = None
     code = {v: i for i, v in enumerate(VALUES)}
     r_index = {r: i for i, r in enumerate(run_ids)}
     out = []
     for r in sr.ranking.rows:
-        sub = df[df["capability"] == r.capability]
-        if sub.empty:
+        lo, hi = np.searchsorted(caps, r.capability, "left"), np.searchsorted(
+            caps, r.capability, "right")
+        if lo == hi:
             continue
-        # k: -2 no row (unchanged), -1 row without a value (an edit adds one), 0..2 value.
-        sub = sub.assign(code=sub["value"].map(code).fillna(-1))
-        wide = sub.pivot(index="trajectory_id", columns="run_id", values="code").reindex(
-            columns=run_ids)
-        k = wide.fillna(-2).to_numpy(dtype=int)
-        success = sub.groupby("trajectory_id")["success"].first().reindex(wide.index)
-        s = success.astype(bool).to_numpy().astype(int)
+        k = k_all[lo:hi]
+        s = np.asarray(data["success"][lo:hi], dtype=bool).astype(int)
         counts = np.zeros((len(run_ids), 6))
         for f in r.runs:
             if f.run in r_index:
@@ -385,14 +501,15 @@ def _sensitivity_runs(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: Ra
                     table[:, si, oi, v] = _figures(c, cfg.rho, cfg.delta)["passed"]
         runs_ax = np.arange(len(run_ids))[None, :]
         new_pass = {v: table[runs_ax, s[:, None], k + 2, v].sum(axis=1) for v in range(3)}
-        cur_vals = [pooled.get((t, r.capability)) for t in wide.index]
+        cur_vals = pooled[lo:hi]
         cur = np.array([code.get(v, -1) if v else -1 for v in cur_vals])
         flip_to, flips, sens = _best_flip(cur, new_pass, r.n_runs_passed, r.selected,
                                           sr.ranking.k_effective, len(run_ids),
                                           r.status != "rejected")
         out.append(pd.DataFrame({
-            "trajectory_id": wide.index.to_numpy(), "capability": r.capability,
-            "value": cur_vals, "flip_to": [VALUES[x] if x >= 0 else None for x in flip_to],
+            "trajectory_id": np.asarray(data["trajectory_id"][lo:hi], dtype=object),
+            "capability": r.capability, "value": list(cur_vals),
+            "flip_to": [VALUES[x] if x >= 0 else None for x in flip_to],
             "flips_keep": flips, "sensitivity": sens}))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=SENS_COLUMNS)
 

@@ -15,7 +15,8 @@ Design decisions
   for models we know; unknown models report tokens with cost `None`, never a guess.
 - Keys come only from the environment (or an explicit argument), never from the DB.
 - Providers register by name; `get_provider(name, **cfg)` imports lazily so that the
-  CLI and the app do not pay for SDK imports they do not use.
+  CLI and the app do not pay for SDK imports they do not use (jsonschema too: it is
+  imported by `validate_json`, its only user).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
-
-import jsonschema
 
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
@@ -132,6 +131,10 @@ class LLMProvider(Protocol):
 
 def validate_json(data: Any, schema: dict[str, Any]) -> str | None:
     """None if `data` validates, else a short message naming the failing path."""
+    # Imported here: jsonschema's import compiles an RFC 3987 grammar (~0.8 s), which
+    # every page and CLI verb that merely imports the labelers would otherwise pay.
+    import jsonschema
+
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if not errors:
