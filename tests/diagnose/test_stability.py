@@ -71,19 +71,25 @@ def _kept(db: Path, cap: str, cfg: RankConfig, st: ag.StabilityConfig) -> bool:
                 }[cap].selected
 
 
-@pytest.mark.parametrize("method", ["bootstrap", "runs"])
-def test_sensitivity_predicts_what_an_edit_does(db_path: Path, method: str) -> None:
-    _one_run_store(db_path)
-    # B = 10 makes K of 10 exactly K of B; K is put at the edge capability's pass count so
-    # that it sits on the keep boundary and single flips can cross it.
-    st = ag.StabilityConfig(method=method, b=10, seed=0)
-    cap = "precondition_verification"
+def _on_the_edge(db: Path, st: ag.StabilityConfig, cap: str
+                 ) -> tuple[ag.StableRanking, RankConfig, object]:
+    """The one-run store ranked with K put at `cap`'s pass count, so that it sits on the
+    keep boundary and single flips can cross it: (ranking, config, sensitivity)."""
+    _one_run_store(db)
     cfg = RankConfig()
-    with store.connect(db_path) as con:
+    with store.connect(db) as con:
         first = ag.stable_ranking(con, cfg, st)
         cfg.k = max(1, {r.capability: r for r in first.ranking.rows}[cap].n_runs_passed)
         sr = ag.stable_ranking(con, cfg, st)
-        sens = ag.sensitivity(con, sr, cfg)
+        return sr, cfg, ag.sensitivity(con, sr, cfg)
+
+
+@pytest.mark.parametrize("method", ["bootstrap", "runs"])
+def test_sensitivity_predicts_what_an_edit_does(db_path: Path, method: str) -> None:
+    # B = 10 makes K of 10 exactly K of B.
+    st = ag.StabilityConfig(method=method, b=10, seed=0)
+    cap = "precondition_verification"
+    sr, cfg, sens = _on_the_edge(db_path, st, cap)
     mine = sens[sens["capability"] == cap]
     assert len(mine) == 40 and mine["sensitivity"].between(0, 1).all()
     flips = mine[mine["flips_keep"]]
@@ -133,15 +139,9 @@ def _recount_sensitivity(sr: ag.StableRanking, cfg: RankConfig, cap: str) -> lis
 
 
 def test_bootstrap_sensitivity_equals_a_recount_of_every_resample(db_path: Path) -> None:
-    _one_run_store(db_path)
-    st = ag.StabilityConfig(method="bootstrap", b=60, seed=3)
     cap = "precondition_verification"
-    cfg = RankConfig()
-    with store.connect(db_path) as con:
-        first = ag.stable_ranking(con, cfg, st)
-        cfg.k = max(1, {r.capability: r for r in first.ranking.rows}[cap].n_runs_passed)
-        sr = ag.stable_ranking(con, cfg, st)
-        sens = ag.sensitivity(con, sr, cfg)
+    sr, cfg, sens = _on_the_edge(db_path, ag.StabilityConfig(method="bootstrap", b=60, seed=3),
+                                 cap)
     mine = sens[sens["capability"] == cap]
     expected = _recount_sensitivity(sr, cfg, cap)
     assert any(x > 0 for x in expected)  # the edge capability: some flips move passes

@@ -157,6 +157,19 @@ _LIVE_EDITS = """
 """
 
 
+# One pass over the raw labels of the counted runs in scope: votes per pair and labeler
+# (Fleiss, Cohen's labeler majorities and the disagreement shares all start from it).
+_VOTES_SQL = """
+    SELECT l.trajectory_id, l.capability, r.labeler,
+           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
+           count(*) FILTER (WHERE l.value = 'present') AS np_,
+           count(*) FILTER (WHERE l.value = 'na') AS nn
+    FROM counted_labels l JOIN label_runs r ON r.id = l.run_id
+    JOIN trajectories t ON t.id = l.trajectory_id
+    WHERE l.value IS NOT NULL AND l.run_id IN (SELECT unnest(?::VARCHAR[])) AND {scope}
+    GROUP BY ALL"""
+
+
 def agreement_con(con: duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
                   scope: Scope | None = None) -> AgreementReport:
     """Fleiss' kappa across runs per capability; Cohen's kappa of every labeler against
@@ -170,16 +183,9 @@ def agreement_con(con: duckdb.DuckDBPyConnection, runs: list[str] | None = None,
     run_ids = counted_run_ids(con, runs)
     report = AgreementReport(runs=run_ids)
     n_runs = len(run_ids)
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE agreement_votes AS
-        SELECT r.labeler, l.trajectory_id, l.capability, count(*) AS n,
-               count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-               count(*) FILTER (WHERE l.value = 'present') AS np,
-               count(*) FILTER (WHERE l.value = 'na') AS nn
-        FROM counted_labels l JOIN label_runs r ON r.id = l.run_id
-        JOIN trajectories t ON t.id = l.trajectory_id
-        WHERE l.value IS NOT NULL AND l.run_id IN (SELECT unnest(?::VARCHAR[])) AND {sc}
-        GROUP BY ALL""", [run_ids, *sp])
+    con.execute("CREATE OR REPLACE TEMP TABLE agreement_votes AS SELECT *, "
+                f"nl + np_ + nn AS n, np_ AS np FROM ({_VOTES_SQL.format(scope=sc)})",
+                [run_ids, *sp])
     try:
         for cap, n_wide, n_full, sl, sp_, sn, p_bar in con.execute("""
                 WITH per AS (SELECT capability, trajectory_id, sum(n) AS n, sum(nl) AS nl,
@@ -271,15 +277,7 @@ def _cohen_row(a: str, b: str, tables: dict[tuple[str, str], dict[tuple[str, str
 # ---------------------------------------------------------------------- disagreement
 
 DISAGREEMENT_SQL = """
-WITH votes AS (  -- one pass over the raw labels: votes per pair and labeler
-    SELECT l.trajectory_id, l.capability, r.labeler,
-           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-           count(*) FILTER (WHERE l.value = 'present') AS np_,
-           count(*) FILTER (WHERE l.value = 'na') AS nn
-    FROM counted_labels l JOIN label_runs r ON r.id = l.run_id
-    JOIN trajectories t ON t.id = l.trajectory_id
-    WHERE l.value IS NOT NULL AND l.run_id IN (SELECT unnest(?::VARCHAR[])) AND {scope}
-    GROUP BY ALL
+WITH votes AS (""" + _VOTES_SQL + """
 ), per_labeler AS (
     SELECT *, CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
                    WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
