@@ -174,3 +174,17 @@ def test_bootstrap_resamples_are_reused_across_thresholds_and_redrawn_after_an_e
     assert (after.boot.counts[:, j, 3 * s] == first.boot.counts[:, j, 3 * s] - moved_by).all()
     assert (after.boot.counts[:, j, 3 * s + 1]
             == first.boot.counts[:, j, 3 * s + 1] + moved_by).all()
+
+
+def test_review_queue_after_a_cached_ranking_on_the_same_connection(db_path: Path) -> None:
+    """The notebook's order: rank (resamples cached), then the review queue on one
+    connection; the queue's frame registration must not trip over an earlier result."""
+    _one_run_store(db_path)
+    st = ag.StabilityConfig(b=30, seed=2)
+    with store.connect(db_path) as con:
+        ranked = ag.stable_ranking(con, RankConfig(), st)
+        from trace_lib.diagnose.agreement import review_queue_con
+
+        queue = review_queue_con(con, RankConfig(), st, limit=5)
+        assert ag.stable_ranking(con, RankConfig(), st).boot is ranked.boot
+    assert queue.attrs["stability"]["method"] == "bootstrap" and len(queue) <= 5

@@ -366,17 +366,21 @@ def review_queue_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = No
     by = (["disagreement", "flips_keep", "sensitivity"] if order == "disagreement"
           else ["flips_keep", "sensitivity", "disagreement"])
     sc, sp = sr.scope.where(con, "t")
-    # An empty frame's object columns have no type to infer: give them one.
-    con.register("queue_sensitivity", sens.astype({
-        "trajectory_id": str, "capability": str, "value": object, "flip_to": object,
-        "flips_keep": bool, "sensitivity": float}) if sens.empty else sens)
+    # Registered on a cursor of its own: `register` refuses a connection whose last
+    # `execute` result was not read to the end (a `fetchone` anywhere before, e.g. in the
+    # cached bootstrap's key), and the registration stays local to this query.
+    cur = con.cursor()
     try:
-        out = con.execute(_QUEUE_SQL.format(
+        # An empty frame's object columns have no type to infer: give them one.
+        cur.register("queue_sensitivity", sens.astype({
+            "trajectory_id": str, "capability": str, "value": object, "flip_to": object,
+            "flips_keep": bool, "sensitivity": float}) if sens.empty else sens)
+        out = cur.execute(_QUEUE_SQL.format(
             order=", ".join(f"j.{c} DESC" for c in by),
             disagreements=DISAGREEMENT_SQL.format(scope=sc)),
             [sr.run_ids, *sp, *sp, int(limit)]).df()
     finally:
-        con.unregister("queue_sensitivity")
+        cur.close()
     if out.empty:
         out = pd.DataFrame(columns=QUEUE_COLUMNS)
     else:

@@ -213,7 +213,7 @@ def _boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfi
     process)."""
     sc, sp = scope.where(con, "t")
     db = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                     "current_database()").fetchone()
+                     "current_database()").fetchall()[0][0]
     key = (db, materialise.version(con), tuple(run_ids), sc, tuple(map(str, sp)), st.b,
            st.seed)
     with _BOOT_LOCK:
