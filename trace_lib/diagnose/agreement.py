@@ -162,7 +162,7 @@ _LIVE_EDITS = """
 _VOTES_SQL = """
     SELECT l.trajectory_id, l.capability, r.labeler,
            count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-           count(*) FILTER (WHERE l.value = 'present') AS np_,
+           count(*) FILTER (WHERE l.value = 'present') AS np,
            count(*) FILTER (WHERE l.value = 'na') AS nn
     FROM counted_labels l JOIN label_runs r ON r.id = l.run_id
     JOIN trajectories t ON t.id = l.trajectory_id
@@ -184,7 +184,7 @@ def agreement_con(con: duckdb.DuckDBPyConnection, runs: list[str] | None = None,
     report = AgreementReport(runs=run_ids)
     n_runs = len(run_ids)
     con.execute("CREATE OR REPLACE TEMP TABLE agreement_votes AS SELECT *, "
-                f"nl + np_ + nn AS n, np_ AS np FROM ({_VOTES_SQL.format(scope=sc)})",
+                f"nl + np + nn AS n FROM ({_VOTES_SQL.format(scope=sc)})",
                 [run_ids, *sp])
     try:
         for cap, n_wide, n_full, sl, sp_, sn, p_bar in con.execute("""
@@ -279,12 +279,10 @@ def _cohen_row(a: str, b: str, tables: dict[tuple[str, str], dict[tuple[str, str
 DISAGREEMENT_SQL = """
 WITH votes AS (""" + _VOTES_SQL + """
 ), per_labeler AS (
-    SELECT *, CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-                   WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
-    FROM votes
+    SELECT *, """ + MAJORITY + """ AS value FROM votes
 ), runs AS (  -- runs and labelers from the same rows: each pair's labelers, rolled up
-    SELECT trajectory_id, capability, sum(nl + np_ + nn) AS n_runs,
-           1 - greatest(sum(nl), sum(np_), sum(nn)) / sum(nl + np_ + nn) AS runs_d,
+    SELECT trajectory_id, capability, sum(nl + np + nn) AS n_runs,
+           1 - greatest(sum(nl), sum(np), sum(nn)) / sum(nl + np + nn) AS runs_d,
            string_agg(labeler || '=' || value, ', ' ORDER BY labeler) AS labelers,
            1 - greatest(count(*) FILTER (WHERE value = 'lacking'),
                         count(*) FILTER (WHERE value = 'present'),
@@ -303,7 +301,6 @@ SELECT coalesce(r.trajectory_id, p.trajectory_id) AS trajectory_id,
        coalesce(r.n_runs, 0) AS n_runs, coalesce(r.runs_d, 0) AS runs_disagreement,
        r.labelers, coalesce(r.labelers_d, 0) AS labelers_disagreement,
        p.editors, coalesce(p.people_d, 0) AS people_disagreement,
-       d.trajectory_id IS NOT NULL AS decided,
        greatest(coalesce(r.runs_d, 0), coalesce(r.labelers_d, 0), coalesce(p.people_d, 0))
            AS disagreement,
        concat_ws(' + ', CASE WHEN r.runs_d > 0 THEN 'runs' END,
@@ -312,9 +309,6 @@ SELECT coalesce(r.trajectory_id, p.trajectory_id) AS trajectory_id,
 FROM runs r
 FULL OUTER JOIN editors p
   ON p.trajectory_id = r.trajectory_id AND p.capability = r.capability
-LEFT JOIN latest_label_edits d
-  ON d.trajectory_id = coalesce(r.trajectory_id, p.trajectory_id)
- AND d.capability = coalesce(r.capability, p.capability)
 WHERE coalesce(r.runs_d, 0) > 0 OR coalesce(r.labelers_d, 0) > 0
    OR coalesce(p.people_d, 0) > 0
 """

@@ -243,22 +243,25 @@ def _compute_boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: Stabil
     con.execute(f"CREATE OR REPLACE TEMP TABLE boot_pooled AS {POOLED_SQL.format(scope=sc)}",
                 [run_ids, *sp])
     try:
+        # The trajectory index once: its ids are fetched from it and the pairs join it.
+        con.execute("CREATE OR REPLACE TEMP TABLE boot_tix AS SELECT trajectory_id, "
+                    "row_number() OVER (ORDER BY trajectory_id) - 1 AS ti "
+                    "FROM (SELECT DISTINCT trajectory_id FROM boot_pooled)")
         tids = np.asarray(con.execute(
-            "SELECT DISTINCT trajectory_id FROM boot_pooled ORDER BY trajectory_id"
-        ).fetchnumpy()["trajectory_id"], dtype=object)
+            "SELECT trajectory_id FROM boot_tix ORDER BY ti").fetchnumpy()["trajectory_id"],
+            dtype=object)
         caps = [r[0] for r in con.execute(
             "SELECT DISTINCT capability FROM boot_pooled ORDER BY capability").fetchall()]
         res = con.execute("""
-            WITH t AS (SELECT trajectory_id, row_number() OVER (ORDER BY trajectory_id) - 1
-                              AS ti FROM (SELECT DISTINCT trajectory_id FROM boot_pooled)),
-                 c AS (SELECT unnest(?::VARCHAR[]) AS capability,
+            WITH c AS (SELECT unnest(?::VARCHAR[]) AS capability,
                               generate_subscripts(?::VARCHAR[], 1) - 1 AS ci)
             SELECT t.ti, c.ci, CASE p.value WHEN 'lacking' THEN 0 WHEN 'present' THEN 1
                                             ELSE 2 END AS code, p.success
-            FROM boot_pooled p JOIN t USING (trajectory_id) JOIN c USING (capability)""",
-                          [caps, caps]).fetchnumpy()
+            FROM boot_pooled p JOIN boot_tix t USING (trajectory_id)
+            JOIN c USING (capability)""", [caps, caps]).fetchnumpy()
     finally:
         con.execute("DROP TABLE IF EXISTS boot_pooled")
+        con.execute("DROP TABLE IF EXISTS boot_tix")
     ti, ci = np.asarray(res["ti"], dtype=np.int64), np.asarray(res["ci"], dtype=np.int64)
     codes = np.full((len(tids), len(caps)), -1, dtype=np.int8)
     codes[ti, ci] = np.asarray(res["code"], dtype=np.int8)
