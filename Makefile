@@ -41,7 +41,7 @@ vllm-venv:
 
 demo: venv
 	$(BIN)/python -m trace_lib demo build --if-absent
-	$(BIN)/streamlit run app.py --server.address 127.0.0.1 --server.port $(PORT)
+	$(BIN)/python -m trace_lib app --port $(PORT)
 
 test: export OMP_NUM_THREADS := 1
 test: venv-dev chromium bubblewrap vllm-venv

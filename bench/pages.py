@@ -1,28 +1,34 @@
 """Page settle times in a real browser: `streamlit run` + headless Chromium (Playwright).
 
     nice -n 10 python bench/pages.py [--sizes 10000,100000] [--runs 1] [--repeats 2]
+                                     [--stores DIR]
 
-For each size the bench builds its own store: bench/ingest.py's synthetic OpenAI-messages
-file (`write_dataset`: 4 domains, one tool call each, ~10% tool errors) imported with
-`ingest_paths` (the real importer: derived columns and the full-text index included),
-then `--runs` finished label runs over the built-in capabilities (lacking more often on
-failures, as bench/rank.py draws them). One `streamlit run app.py` serves it.
+For each size the bench builds its own store (or reuses it from `--stores DIR`):
+bench/ingest.py's synthetic OpenAI-messages file (`write_dataset`: 4 domains, one tool
+call each, ~10% tool errors) imported with `ingest_paths` (the real importer: derived
+columns and the full-text index included), then `--runs` finished label runs over the
+built-in capabilities (lacking more often on failures, as bench/rank.py draws them). One
+server serves it, started the way `make demo` starts it (`python -m trace_lib app`).
 
-What is timed (each in a fresh browser context, median of `--repeats`):
+What is timed (each visit in a fresh browser context, median of `--repeats`):
 - navigation to settled for Trajectories, Labels and Rankings: from `page.goto` to the
   end of the script run it triggered, read from the `data-test-script-state` attribute
   Streamlit puts on `.stApp` (a MutationObserver records each transition with
   `performance.now()`); the first visit after the server started is reported apart
   ("cold": every cache empty), then warm visits;
-- on Trajectories: a filter change (Outcome -> failures) and a text search ("not found",
-  words mode, the index) and the same text as an exact substring (the scan), each from
-  the action to the end of the rerun it triggered;
-- on Rankings: a slider move (rho one step up, by keyboard), a configuration not yet
-  cached, so the rerun really re-ranks;
+- "drawn": the same until every plotly chart has drawn its SVG and every table its
+  canvas and the browser's main thread is idle (plotly draws after the run ended); each
+  action starts on a drawn page;
+- on Trajectories: a filter change (Outcome), a text search (words mode, the index) and
+  the same text as an exact substring (the scan), each from the action's key or pointer
+  press in the page to the end of the rerun it triggered; each repeat picks an outcome and
+  a text no earlier repeat picked (the server caches results for every session, so the
+  same action again would time a cache hit); the steps marked "(cached)" go back to one;
+- on Rankings: a slider move (one key press on rho: a value no earlier repeat ranked);
 - the server process's CPU time (user + system from /proc) over each measurement;
-- "script run": the last script run's own time (its `running` to `notRunning`), the
-  server's part of a step; the rest is the browser's and the widget's (page load and
-  websocket on a visit, a slider's commit delay after the key press).
+- "script run": the last script run's own time (its `running` to `notRunning` in the
+  page), the server's part of a step plus the browser's handling of its messages; the
+  rest of "settle" is the browser's and the widget's (page load and websocket on a visit).
 
 Nothing here is a pass/fail threshold; the figures go into bench/README.md ("Pages").
 The query-level before/after of the same paths (old subquery scan vs index, computed vs
@@ -66,6 +72,13 @@ const note = () => {
 };
 new MutationObserver(note).observe(document, {subtree: true, childList: true,
     attributes: true, attributeFilter: ['data-test-script-state']});
+// The user's inputs as the page saw them: an action's time starts at its last key or
+// pointer press, not when Playwright was asked to act (locating the element, its
+// actionability checks and the round trips cost 0.3-1 s on this box).
+window.__inputs = [];
+for (const kind of ['pointerdown', 'keydown']) {
+  document.addEventListener(kind, () => window.__inputs.push(performance.now()), true);
+}
 """
 # Settled: a run started after `since` and the state is back to notRunning. Returns
 # [start of the last script run, its end]: the time before the start is the browser's and
@@ -77,6 +90,22 @@ SETTLED = """(since) => {
   const last = r[r.length - 1];
   if (last[0] !== 'notRunning' || r.length - 1 <= started) return null;
   return [r[r.length - 2][1], last[1]];
+}"""
+
+# Drawn: after the script run, every plotly chart has drawn its SVG and every table its
+# canvas, then the browser's main thread is idle (requestIdleCallback). Plotly draws after
+# the run has ended (its bundle loads on first use, each chart renders in JS); a person sees
+# the page when this resolves, and an action taken before it waits for the main thread.
+DRAWN = """async () => {
+  const done = () => {
+    const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+    const tables = [...document.querySelectorAll('[data-testid="stDataFrame"]')];
+    return charts.every(c => c.querySelector('.main-svg'))
+        && tables.every(t => t.querySelector('canvas'));
+  };
+  while (!done()) await new Promise(r => setTimeout(r, 20));
+  await new Promise(r => requestIdleCallback(r, {timeout: 10000}));
+  return performance.now();
 }"""
 
 
@@ -132,9 +161,9 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         with open(log, "wb") as fh:
+            # The way `make demo` starts it: the `app` verb (libraries preloaded).
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"),
-                 "--server.port", str(port), "--server.address", "127.0.0.1",
+                [sys.executable, "-m", "trace_lib", "app", "--port", str(port), "--",
                  "--server.headless", "true", "--server.fileWatcherType", "none",
                  "--browser.gatherUsageStats", "false"],
                 cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -182,7 +211,14 @@ def _settle(page, since: float) -> tuple[float, float]:
     return float(start), float(end)
 
 
-Step = tuple[float, float, float]  # (seconds to settled, server CPU seconds, script run s)
+# (seconds to the end of the script run, seconds to drawn, server CPU seconds, script run s)
+Step = tuple[float, float, float, float]
+FIELDS = ("settle", "drawn", "server CPU", "script run")
+
+
+def _drawn(page) -> float:
+    """performance.now() once the page is drawn and idle (see DRAWN)."""
+    return float(page.evaluate(DRAWN))
 
 
 def navigate(browser, server: Server, name: str) -> tuple[Step, object]:
@@ -194,26 +230,44 @@ def navigate(browser, server: Server, name: str) -> tuple[Step, object]:
     cpu0 = server.cpu_s()
     page.goto(f"{server.url}/{name}", timeout=TIMEOUT_MS)
     start, end = _settle(page, 0.0)  # performance.now() counts from navigation start
-    return (end / 1000, server.cpu_s() - cpu0, (end - start) / 1000), page
+    drawn = _drawn(page) if end != float("inf") else end
+    return (end / 1000, drawn / 1000, server.cpu_s() - cpu0, (end - start) / 1000), page
 
 
 def act(page, server: Server, action) -> Step:
-    """(seconds from the action to the end of its rerun, server CPU, script run)."""
+    """(seconds from the action's last key or pointer press in the page to the end of its
+    rerun, to drawn, server CPU, script run). The action starts on a drawn, idle page (the
+    previous step waited for it)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    inf = float("inf")
     since = page.evaluate("performance.now()")
     cpu0 = server.cpu_s()
     try:
         action(page)
     except PlaywrightTimeout:
-        return float("inf"), server.cpu_s() - cpu0, float("inf")
+        return inf, inf, server.cpu_s() - cpu0, inf
     start, end = _settle(page, since)
-    return (end - since) / 1000, server.cpu_s() - cpu0, (end - start) / 1000
+    drawn = _drawn(page) if end != inf else inf
+    pressed = [t for t in page.evaluate("window.__inputs") if since <= t <= start]
+    since = pressed[-1] if pressed else since
+    return ((end - since) / 1000, (drawn - since) / 1000, server.cpu_s() - cpu0,
+            (end - start) / 1000)
 
 
-def _failures(page) -> None:
-    side = page.get_by_test_id("stSidebar")
-    side.get_by_test_id("stRadio").first.get_by_text("failures", exact=True).click()
+# Each repeat's actions choose what no earlier repeat chose: the pages cache results per
+# (store version, inputs) for every session of the server, so a repeat of the same action
+# would time a cache hit. (The "clear the text" steps go back to a cached result.)
+OUTCOMES = ("failures", "successes", "unknown", "errors")
+TEXTS = ("not found", "request done", "user id", "help order")
+SLIDER_KEYS = ("ArrowRight", "ArrowLeft", "Home", "End")
+
+
+def _outcome(choice: str):
+    def run(page) -> None:
+        side = page.get_by_test_id("stSidebar")
+        side.get_by_test_id("stRadio").first.get_by_text(choice, exact=True).click()
+    return run
 
 
 def _search(text: str):
@@ -232,12 +286,14 @@ def _exact_mode(page) -> None:
     box.locator("label").click()
 
 
-def _slider_step(page) -> None:
-    """One keyboard step of the Rankings page's first slider (rho + 0.01): a new
-    configuration each time, so the rerun ranks instead of hitting the page's cache."""
-    thumb = page.get_by_test_id("stSidebar").get_by_role("slider").first
-    thumb.focus()
-    thumb.press("ArrowRight")
+def _slider_key(key: str):
+    """One key press on the Rankings page's first slider (rho): +0.01, -0.01, 0 or 1 from
+    the default, a configuration no earlier repeat ranked, so the rerun really ranks."""
+    def run(page) -> None:
+        thumb = page.get_by_test_id("stSidebar").get_by_role("slider").first
+        thumb.focus()
+        thumb.press(key)
+    return run
 
 
 def _clear_search(page) -> None:
@@ -248,8 +304,8 @@ def _clear_search(page) -> None:
 
 def _report(out: dict, key: str, value: Step) -> None:
     out.setdefault(key, []).append(value)
-    print(f"    {key:<55} {_fmt(value[0])}   server CPU {value[1]:6.2f} s   "
-          f"script run {_fmt(value[2])}", flush=True)
+    print(f"    {key:<55} {_fmt(value[0])}   drawn {_fmt(value[1])}   "
+          f"server CPU {value[2]:6.2f} s   script run {_fmt(value[3])}", flush=True)
 
 
 def _fmt(seconds: float) -> str:
@@ -267,28 +323,87 @@ def measure(server: Server, repeats: int, pages: tuple[str, ...]) -> dict[str, S
             step, page = navigate(browser, server, name)
             _report(out, f"{name}: first visit (cold caches)", step)
             page.context.close()
-        for _ in range(repeats):
+        for r in range(repeats):
+            outcome, text = OUTCOMES[r % len(OUTCOMES)], TEXTS[r % len(TEXTS)]
             for name in pages:
                 step, page = navigate(browser, server, name)
                 s = step[0]
                 _report(out, f"{name}: visit (warm)", step)
                 if name == "Trajectories" and s != float("inf"):
-                    steps = [("filter change (outcome -> failures)", _failures),
-                             ("text search, words (index)", _search("not found")),
-                             ("clear the text", _clear_search),
+                    steps = [("filter change (outcome, a new one)", _outcome(outcome)),
+                             ("text search, words (index)", _search(text)),
+                             ("clear the text (cached)", _clear_search),
                              ("exact-substring mode on", _exact_mode),
-                             ("text search, exact substring (scan)", _search("not found")),
-                             ("clear the text", _clear_search),
-                             ("exact-substring mode off", _exact_mode)]
+                             ("text search, exact substring (scan)", _search(text)),
+                             ("clear the text (cached)", _clear_search),
+                             ("exact-substring mode off (cached)", _exact_mode)]
                     for label, action in steps:
                         _report(out, f"Trajectories: {label}", act(page, server, action))
                 if name == "Rankings" and s != float("inf"):
-                    _report(out, "Rankings: slider move (rho + 0.01, re-rank)",
-                            act(page, server, _slider_step))
+                    _report(out, "Rankings: slider move (rho, a new value: re-rank)",
+                            act(page, server, _slider_key(SLIDER_KEYS[r % len(SLIDER_KEYS)])))
                 page.context.close()
         browser.close()
-    return {k: tuple(statistics.median(x[i] for x in v) for i in range(3))
+    return {k: tuple(statistics.median(x[i] for x in v) for i in range(len(FIELDS)))
             for k, v in out.items()}
+
+
+def _open_tab(name: str):
+    def run(page) -> None:
+        page.get_by_role("tab", name=name, exact=True).click()
+    return run
+
+
+def measure_embed(tmp: Path, wait_for_warmup: bool) -> dict[str, Step]:
+    """The semantic map on the demo store (300 trajectories, its failures not embedded yet),
+    on a fresh server: open the Semantic clusters tab (it starts the encoder's background
+    warm-up), then press "Embed N trajectories", at once or once the warm-up is done, and
+    time it to the map drawn (the press embeds, stores the vectors and reruns)."""
+    from playwright.sync_api import sync_playwright
+
+    from trace_lib.workbench import data
+
+    db = tmp / f"embed-{int(wait_for_warmup)}.duckdb"
+    data.build_demo(tmp / "demo", db=db, progress=False)
+    server = Server(db, tmp / "streamlit-embed.log")
+    out: dict[str, list[Step]] = {}
+    when = "after the warm-up" if wait_for_warmup else "at once"
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=CHROMIUM_ARGS)
+            step, page = navigate(browser, server, "Trajectories")
+            _report(out, "Trajectories: first visit (cold caches)", step)
+            _report(out, "Semantic clusters tab opened", act(page, server,
+                                                             _open_tab("Semantic clusters")))
+            button = page.get_by_role("button", name="Embed ")
+            label = button.inner_text()
+            deadline = time.monotonic() + TIMEOUT_MS / 1000
+            while wait_for_warmup and time.monotonic() < deadline:
+                # the progress bar is drawn by a run, so look again with a fresh run
+                time.sleep(1.0)
+                page.reload()  # a new session: the Charts tab again
+                _settle(page, 0.0)
+                act(page, server, _open_tab("Semantic clusters"))
+                if not page.get_by_text("Preparing the encoder").count():
+                    break
+            button = page.get_by_role("button", name="Embed ")
+            since = page.evaluate("performance.now()")
+            cpu0 = server.cpu_s()
+            button.click()
+            chart = page.locator('[data-testid="stPlotlyChart"] .main-svg').first
+            chart.wait_for(timeout=TIMEOUT_MS)
+            start, end = _settle(page, since)
+            drawn = _drawn(page)
+            pressed = [t for t in page.evaluate("window.__inputs") if t >= since]
+            since = pressed[0] if pressed else since
+            _report(out, f"{label}, pressed {when} (to the map)",
+                    ((end - since) / 1000, (drawn - since) / 1000, server.cpu_s() - cpu0,
+                     (end - start) / 1000))
+            browser.close()
+    finally:
+        server.stop()
+    return {k: v[0] for k, v in out.items()}
 
 
 def main() -> int:
@@ -299,30 +414,50 @@ def main() -> int:
     ap.add_argument("--pages", default=",".join(PAGES),
                     help="comma-separated subset of " + ", ".join(PAGES))
     ap.add_argument("--timeout", type=float, default=600, help="seconds per step")
+    ap.add_argument("--embed", action="store_true",
+                    help="instead: the semantic map's embedding on the demo store")
+    ap.add_argument("--stores", type=Path, default=None,
+                    help="keep the built stores in this folder and reuse them on the next "
+                         "run (same size and label runs); default: a temporary folder")
     args = ap.parse_args()
     global TIMEOUT_MS
     TIMEOUT_MS = int(args.timeout * 1000)
     pages = tuple(p for p in args.pages.split(",") if p)
     random.seed(0)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.embed:
+        with tempfile.TemporaryDirectory() as tmp:
+            for wait in (False, True):
+                measure_embed(Path(tmp), wait)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        return 0
     results: dict[int, dict[str, Step]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        keep = args.stores or Path(tmp)
+        keep.mkdir(parents=True, exist_ok=True)
         for n in (int(x) for x in args.sizes.split(",")):
-            db = Path(tmp) / f"pages-{n}.duckdb"
-            took = build(db, n, args.runs)
-            print(f"{n:,} trajectories x {args.runs} label run(s): imported in {took:.0f} s",
-                  flush=True)
+            db = keep / f"pages-{n}x{args.runs}.duckdb"
+            if db.exists():
+                print(f"{n:,} trajectories x {args.runs} label run(s): reusing {db}",
+                      flush=True)
+            else:
+                part = db.with_name(db.stem + ".part.duckdb")  # a stopped build is not reused
+                part.unlink(missing_ok=True)
+                took = build(part, n, args.runs)
+                part.rename(db)
+                print(f"{n:,} trajectories x {args.runs} label run(s): imported in "
+                      f"{took:.0f} s", flush=True)
             server = Server(db, Path(tmp) / f"streamlit-{n}.log")
             try:
                 results[n] = measure(server, args.repeats, pages)
             finally:
                 server.stop()
     sizes = list(results)
-    print("\n| what | " + " | ".join(f"{n:,}: settle / server CPU / script run" for n in sizes) + " |")
+    print("\n| what | " + " | ".join(f"{n:,}: " + " / ".join(FIELDS) for n in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
     for k in results[sizes[0]]:
-        cells = [f"{_fmt(results[n][k][0])} / {results[n][k][1]:.1f} s / "
-                 f"{_fmt(results[n][k][2])}" if k in results[n]
+        cells = [f"{_fmt(results[n][k][0])} / {_fmt(results[n][k][1])} / "
+                 f"{results[n][k][2]:.1f} s / {_fmt(results[n][k][3])}" if k in results[n]
                  else "" for n in sizes]
         print(f"| {k} | " + " | ".join(cells) + " |")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

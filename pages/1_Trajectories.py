@@ -75,9 +75,6 @@ if not DB.exists():
 
 # Any write to the store or its search index changes it: the key of every cached result.
 VERSION = explore.store_version(DB)
-# scikit-learn and the sentence encoder load once per server process, in the background,
-# from the first visit on; the semantic tab shows how far it got.
-warm = explore.encoder_warmup()
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
@@ -153,9 +150,12 @@ def _figures(db: str, version: tuple, f: TrajectoryFilter) -> dict:
             "terminations": charts.termination_chart(ov.terminations),
             "tool_calls": charts.tool_calls_chart(ov.tool_calls),
             "tool_errors": charts.tool_errors_chart(ov.error_kinds)}
-    if not data.signatures.empty:
-        figs["treemap"] = charts.signature_treemap(data.signatures)
     return figs
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _treemap(db: str, version: tuple, f: TrajectoryFilter):
+    return charts.signature_treemap(_page(db, version, f).signatures)
 
 
 page = _page(str(DB), VERSION, flt)
@@ -191,6 +191,11 @@ def _members(db: str, version: tuple, f: TrajectoryFilter, path: tuple[str, ...]
 
 sigs = page.signatures
 open_key = "open_trajectory"
+# Widgets in a closed tab are not drawn, and Streamlit drops the state of a widget it did
+# not draw: re-assigning the tabs' choices each run keeps them across tab switches.
+for _key in ("sig_pick", "sem_failures_only", "sem_k", "sem_cluster"):
+    if _key in st.session_state:
+        st.session_state[_key] = st.session_state[_key]
 
 
 def _open_on_change(source: str, tid: str | None, *, scroll: bool = False) -> None:
@@ -204,120 +209,117 @@ def _open_on_change(source: str, tid: str | None, *, scroll: bool = False) -> No
     st.session_state[last] = tid
 
 
-def _treemap_paths(sigs) -> dict[str, str]:
-    """Treemap box id -> cluster key (`PATH_SEP`-joined levels, "" for all failures).
-
-    A click on a box sends Plotly's id for it (`failures/<level>/...`, the HTML-escaped
-    values joined by "/", as `charts.signature_treemap` builds them), not our levels, so
-    every prefix of every signature is keyed the same way (a level that itself holds "/"
-    could clash with another: the first, largest, signature wins)."""
-    import html
-
-    out: dict[str, str] = {"failures": ""}
-    for row in sigs[list(explore.SIGNATURE_LEVELS)].itertuples(index=False):
-        for depth in range(1, len(row) + 1):
-            ids = "/".join(["failures", *(html.escape(str(v)) for v in row[:depth])])
-            out.setdefault(ids, explore.PATH_SEP.join(str(v) for v in row[:depth]))
-    return out
-
-
-tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic clusters"])
+# Lazy tabs: only the open tab's body runs (a tab click is a rerun), so a visit or a filter
+# change draws the four charts and nothing else: no treemap, no members query, and no
+# scikit-learn/encoder import competing with the script for the GIL (on a 2-core box
+# that contention doubled the first visit).
+tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic clusters"],
+                                       key="traj_tab", on_change="rerun")
 
 with tab_charts:
-    a, b = st.columns(2)
-    a.plotly_chart(figs["rate"], width="stretch")
-    b.plotly_chart(figs["terminations"], width="stretch")
-    a, b = st.columns(2)
-    a.plotly_chart(figs["tool_calls"], width="stretch")
-    b.plotly_chart(figs["tool_errors"], width="stretch")
+    if tab_charts.open:
+        a, b = st.columns(2)
+        a.plotly_chart(figs["rate"], width="stretch")
+        b.plotly_chart(figs["terminations"], width="stretch")
+        a, b = st.columns(2)
+        a.plotly_chart(figs["tool_calls"], width="stretch")
+        b.plotly_chart(figs["tool_errors"], width="stretch")
 
 with tab_sig:
-    st.caption(
-        "Each failure's signature: termination reason › first tool that returned an error › "
-        "that error's kind › first expected action the agent did not reproduce."
-    )
-    if sigs.empty:
-        st.info("No failures in this filter.")
-    else:
-        # Streamlit (1.67) sends a treemap click as a one-point selection carrying the
-        # box's `id`: the click selects that cluster (any level) besides zooming into it.
-        tree = st.plotly_chart(figs["treemap"], width="stretch", key="sig_tree",
-                               on_select="rerun", selection_mode="points")
-        tree_pts = (tree.selection.points if tree and tree.selection else []) or []
-        box = tree_pts[0].get("id") if tree_pts else None
-        if box != st.session_state.get("_last_tree"):  # a new click, not a stale one
-            st.session_state["_last_tree"] = box
-            clicked = _treemap_paths(sigs).get(box) if box else None
-            if clicked is not None:
-                st.session_state["sig_pick"] = clicked
-        labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
-        chosen = st.session_state.get("sig_pick")
-        if chosen is not None and chosen not in labels:  # a box above the leaves
-            parts = chosen.split(explore.PATH_SEP) if chosen else []
-            n = int(sigs.n[(sigs[list(explore.SIGNATURE_LEVELS[:len(parts)])]
-                            == parts).all(axis=1)].sum()) if parts else int(sigs.n.sum())
-            labels = {chosen: f"{chosen or 'all failures'}  ({n}, every signature below)",
-                      **labels}
-        st.caption("Click a box of the treemap to select its cluster (and zoom into it).")
-        pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
-        members = _members(str(DB), VERSION, flt,
-                           tuple(pick.split(explore.PATH_SEP)) if pick else ())
-        st.caption("Select a row to open its transcript below.")
-        ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
-                          on_select="rerun", selection_mode="single-row")
-        rows_sel = ev.selection.rows if ev and ev.selection else []
-        _open_on_change("sig", members.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
+    if tab_sig.open:
+        st.caption(
+            "Each failure's signature: termination reason › first tool that returned an "
+            "error › that error's kind › first expected action the agent did not reproduce."
+        )
+        if sigs.empty:
+            st.info("No failures in this filter.")
+        else:
+            # Streamlit (1.67) sends a treemap click as a one-point selection carrying the
+            # box's `id`: the click selects that cluster (any level) besides zooming into it.
+            tree = st.plotly_chart(_treemap(str(DB), VERSION, flt), width="stretch",
+                                   key="sig_tree", on_select="rerun",
+                                   selection_mode="points")
+            tree_pts = (tree.selection.points if tree and tree.selection else []) or []
+            box = tree_pts[0].get("id") if tree_pts else None
+            if box != st.session_state.get("_last_tree"):  # a new click, not a stale one
+                st.session_state["_last_tree"] = box
+                clicked = charts.treemap_box_paths(sigs).get(box) if box else None
+                if clicked is not None:
+                    st.session_state["sig_pick"] = clicked
+            labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
+            chosen = st.session_state.get("sig_pick")
+            if chosen is not None and chosen not in labels:  # a box above the leaves
+                parts = chosen.split(explore.PATH_SEP) if chosen else []
+                n = int(sigs.n[(sigs[list(explore.SIGNATURE_LEVELS[:len(parts)])]
+                                == parts).all(axis=1)].sum()) if parts else int(sigs.n.sum())
+                labels = {chosen: f"{chosen or 'all failures'}  ({n}, every signature below)",
+                          **labels}
+            st.caption("Click a box of the treemap to select its cluster (and zoom into it).")
+            pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
+            members = _members(str(DB), VERSION, flt,
+                               tuple(pick.split(explore.PATH_SEP)) if pick else ())
+            st.caption("Select a row to open its transcript below.")
+            ev = st.dataframe(members, hide_index=True, width="stretch", key="sig_members",
+                              on_select="rerun", selection_mode="single-row")
+            rows_sel = ev.selection.rows if ev and ev.selection else []
+            _open_on_change("sig", members.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
 
 with tab_sem:
-    failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
-    if not warm.ready():
-        st.progress(warm.fraction, text=f"Preparing the encoder in the background: {warm.text}")
-    n_missing = _missing(str(DB), VERSION, flt, failures_only)
-    if n_missing:
-        st.write(f"{n_missing} trajectories in this filter have no up-to-date embedding.")
-        if st.button(f"Embed {n_missing} trajectories", key="sem_embed"):
-            with st.spinner(warm.text):
-                warm.wait()
-            bar = st.progress(0.0, text="embedding")
+    if tab_sem.open:
+        # scikit-learn and the sentence encoder load once per server process, in the
+        # background, from the first time this tab opens; it shows how far they got.
+        warm = explore.encoder_warmup()
+        failures_only = st.toggle("Failures only", value=True, key="sem_failures_only")
+        if not warm.ready():
+            st.progress(warm.fraction,
+                        text=f"Preparing the encoder in the background: {warm.text}")
+        n_missing = _missing(str(DB), VERSION, flt, failures_only)
+        if n_missing:
+            st.write(f"{n_missing} trajectories in this filter have no up-to-date embedding.")
+            if st.button(f"Embed {n_missing} trajectories", key="sem_embed"):
+                with st.spinner(warm.text):
+                    warm.wait()
+                bar = st.progress(0.0, text="embedding")
 
-            def _tick(done: int, total: int) -> None:
-                bar.progress(done / total if total else 1.0, text=f"embedded {done}/{total}")
+                def _tick(done: int, total: int) -> None:
+                    bar.progress(done / total if total else 1.0,
+                                 text=f"embedded {done}/{total}")
 
-            rep = explore.embed(DB, flt, failures_only=failures_only, progress=_tick)
-            st.success(f"embedded {rep.n_computed}, reused {rep.n_cached}")
-            st.rerun()
-    k = st.slider("Clusters (0 = choose by silhouette)", 0, 12, 0, key="sem_k")
+                rep = explore.embed(DB, flt, failures_only=failures_only, progress=_tick)
+                st.success(f"embedded {rep.n_computed}, reused {rep.n_cached}")
+                st.rerun()
+        k = st.slider("Clusters (0 = choose by silhouette)", 0, 12, 0, key="sem_k")
 
-    @st.cache_data(show_spinner="clustering", max_entries=8)
-    def _semantic(db: str, mtime: float, f: TrajectoryFilter, k: int, fo: bool):
-        return explore.semantic_clusters(db, f, k=k or None, failures_only=fo)
+        @st.cache_data(show_spinner="clustering", max_entries=8)
+        def _semantic(db: str, mtime: float, f: TrajectoryFilter, k: int, fo: bool):
+            return explore.semantic_clusters(db, f, k=k or None, failures_only=fo)
 
-    if not warm.ready("sklearn"):
-        with st.spinner(warm.text):
-            warm.wait("sklearn")
-    smap = _semantic(str(DB), VERSION, flt, k, failures_only)
-    if smap.points.empty:
-        st.info("Nothing embedded in this filter yet.")
-    else:
-        st.caption(f"k = {smap.k}" + (f", silhouette {smap.silhouette:.2f}"
-                                      if smap.silhouette is not None else "")
-                   + " · click a point to open its transcript below")
-        event = st.plotly_chart(charts.semantic_map(smap.points), on_select="rerun",
-                                selection_mode="points", key="sem_map", width="stretch")
-        pts = (event.selection.points if event and event.selection else []) or []
-        _open_on_change("map", pts[0]["customdata"][0] if pts and pts[0].get("customdata")
-                        else None, scroll=True)
-        st.dataframe(smap.clusters, hide_index=True, width="stretch")
-        cid = st.selectbox("Typical members of cluster", smap.clusters.cluster.tolist(),
-                           key="sem_cluster")
-        typical = smap.points[smap.points.cluster == cid].sort_values("typical_rank").head(5)
-        ev = st.dataframe(
-            typical[["trajectory_id", "task_id", "outcome", "termination", "distance", "text"]],
-            hide_index=True, width="stretch", key="sem_typical", on_select="rerun",
-            selection_mode="single-row")
-        rows_sel = ev.selection.rows if ev and ev.selection else []
-        _open_on_change("typical",
-                        typical.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
+        # No wait for the warm-up here: with nothing embedded the map needs no
+        # scikit-learn, and with vectors its import waits on the warm-up's own (one
+        # import lock per module) under the "clustering" spinner.
+        smap = _semantic(str(DB), VERSION, flt, k, failures_only)
+        if smap.points.empty:
+            st.info("Nothing embedded in this filter yet.")
+        else:
+            st.caption(f"k = {smap.k}" + (f", silhouette {smap.silhouette:.2f}"
+                                          if smap.silhouette is not None else "")
+                       + " · click a point to open its transcript below")
+            event = st.plotly_chart(charts.semantic_map(smap.points), on_select="rerun",
+                                    selection_mode="points", key="sem_map", width="stretch")
+            pts = (event.selection.points if event and event.selection else []) or []
+            _open_on_change("map", pts[0]["customdata"][0] if pts and pts[0].get("customdata")
+                            else None, scroll=True)
+            st.dataframe(smap.clusters, hide_index=True, width="stretch")
+            cid = st.selectbox("Typical members of cluster", smap.clusters.cluster.tolist(),
+                               key="sem_cluster")
+            typical = smap.points[smap.points.cluster == cid].sort_values("typical_rank").head(5)
+            ev = st.dataframe(
+                typical[["trajectory_id", "task_id", "outcome", "termination", "distance", "text"]],
+                hide_index=True, width="stretch", key="sem_typical", on_select="rerun",
+                selection_mode="single-row")
+            rows_sel = ev.selection.rows if ev and ev.selection else []
+            _open_on_change("typical",
+                            typical.trajectory_id.iloc[rows_sel[0]] if rows_sel else None)
 
 st.subheader(f"Trajectories ({len(listing)}{'+' if len(listing) >= 500 else ''})")
 picked = st.dataframe(listing, hide_index=True, width="stretch", key="listing",
@@ -366,8 +368,20 @@ nav[2].button("Next failure", key="nav_fail", shortcut="N", disabled=next_fail i
               on_click=_go, args=(next_fail or tid,), help="next failed trajectory (N)")
 nav[3].caption(f"{pos + 1 if pos >= 0 else '—'} of {len(listed)} in the list · keys J / K "
                "next / previous, N next failure")
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _transcript(db: str, version: tuple, tid: str):
+    # One load per (store version, trajectory): J / K back to a trajectory, a tab click or a
+    # widget in the transcript's column reads it from here (each load opens the store).
+    return explore.transcript(db, tid)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _trials(db: str, version: tuple, tid: str):
+    return explore.trials(db, tid)
+
+
 try:
-    view = explore.transcript(DB, tid)
+    view = _transcript(str(DB), VERSION, tid)
 except UserInputError as exc:
     st.error(transcript.markdown_literal(exc))
     st.stop()
@@ -403,41 +417,53 @@ with right:
 
 # Any two trials: the others of this task are offered (a passed one first when this one
 # failed, and the reverse), any trajectory id can be typed; a task run once says so.
-trials = explore.trials(DB, tid)
+trials = _trials(str(DB), VERSION, tid)
 others = trials[trials.id != tid]
 n_other = len(others)
 title = (f"Compare with another trial ({n_other} other trial{'s' if n_other != 1 else ''} "
          "of this task)" if n_other else
          "Compare with another trajectory (this task has only this one trial)")
-with st.expander(title, expanded=False):
-    if not n_other:
-        st.info(transcript.markdown_literal(
-            (f"Task {meta.get('task_id')} has only this one trial in {meta.get('dataset')}"
-             if meta.get("task_id") is not None else "This trajectory has no task id")
-            + ", so there is no other trial of it to compare with. Type any trajectory id "
-            "below to compare with a run of another task or dataset."))
-    desc = {r.id: f"trial {r.trial} · {r.outcome} · {r.id}" for r in trials.itertuples()}
-    mine = trials.set_index("id").outcome.get(tid, "unknown")
-    contrast = others[others.outcome != mine].id.tolist() if mine != "unknown" else []
-    ordered = contrast + [i for i in others.id if i not in contrast]
-    other = st.selectbox("Compare with", ordered, format_func=desc.get,
-                         key=f"cmp_other::{tid}") if ordered else None
-    typed = st.text_input("…or any trajectory id", key=f"cmp_other_id::{tid}").strip()
-    other = typed or other
-    if other:
-        outcome_of = trials.set_index("id").outcome.to_dict()
-        # A passed trial is the reference (left) when the two outcomes differ.
-        first, second = ((other, tid) if outcome_of.get(other) == "passed"
-                         and mine == "failed" else (tid, other))
-        try:
-            cmp = explore.compare(DB, first, second)
-        except UserInputError as exc:
-            st.error(transcript.markdown_literal(exc))
-        else:
-            short = {r.id: (f"{r.outcome} trial {r.trial}" if r.outcome != "unknown"
-                            else f"trial {r.trial}") for r in trials.itertuples()}
-            names = (short.get(first, first), short.get(second, second))
-            heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
-            st.html(transcript.render_alignment_html(cmp.alignment, *heads, names=names))
-            st.html(transcript.render_side_by_side_html(cmp.left, cmp.right, *heads,
-                                                        query=query, query_mode=mode))
+
+
+def _remember_compare() -> None:
+    st.session_state["cmp_wanted"] = bool(st.session_state.get("cmp_open"))
+
+
+# Lazy like the tabs: the comparison (two transcripts loaded and aligned) is computed only
+# while the expander is open, not on every rerun of the page. Its label counts this task's
+# trials, and a new label is a new expander to Streamlit: the wish to compare is kept in
+# `cmp_wanted`, so it stays open while J / K move through the list.
+with st.expander(title, expanded=st.session_state.get("cmp_wanted", False), key="cmp_open",
+                 on_change=_remember_compare) as cmp_box:
+    if cmp_box.open:
+        if not n_other:
+            st.info(transcript.markdown_literal(
+                (f"Task {meta.get('task_id')} has only this one trial in {meta.get('dataset')}"
+                 if meta.get("task_id") is not None else "This trajectory has no task id")
+                + ", so there is no other trial of it to compare with. Type any trajectory id "
+                "below to compare with a run of another task or dataset."))
+        desc = {r.id: f"trial {r.trial} · {r.outcome} · {r.id}" for r in trials.itertuples()}
+        mine = trials.set_index("id").outcome.get(tid, "unknown")
+        contrast = others[others.outcome != mine].id.tolist() if mine != "unknown" else []
+        ordered = contrast + [i for i in others.id if i not in contrast]
+        other = st.selectbox("Compare with", ordered, format_func=desc.get,
+                             key=f"cmp_other::{tid}") if ordered else None
+        typed = st.text_input("…or any trajectory id", key=f"cmp_other_id::{tid}").strip()
+        other = typed or other
+        if other:
+            outcome_of = trials.set_index("id").outcome.to_dict()
+            # A passed trial is the reference (left) when the two outcomes differ.
+            first, second = ((other, tid) if outcome_of.get(other) == "passed"
+                             and mine == "failed" else (tid, other))
+            try:
+                cmp = explore.compare(DB, first, second)
+            except UserInputError as exc:
+                st.error(transcript.markdown_literal(exc))
+            else:
+                short = {r.id: (f"{r.outcome} trial {r.trial}" if r.outcome != "unknown"
+                                else f"trial {r.trial}") for r in trials.itertuples()}
+                names = (short.get(first, first), short.get(second, second))
+                heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
+                st.html(transcript.render_alignment_html(cmp.alignment, *heads, names=names))
+                st.html(transcript.render_side_by_side_html(cmp.left, cmp.right, *heads,
+                                                            query=query, query_mode=mode))

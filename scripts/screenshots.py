@@ -3,8 +3,8 @@
 Design decisions
 - The app runs on a throwaway store in a temp dir (demo data, labeled offline), never on the
   user's data/trace.duckdb, so the pictures are reproducible and nothing private leaks in.
-- A real `streamlit run` on a free 127.0.0.1 port and Debian's headless Chromium through
-  the `playwright` package (never `playwright install`), like the e2e tests.
+- The real app server (`python -m trace_lib app`, as `make demo`) on a free 127.0.0.1
+  port and Debian's headless Chromium through the `playwright` package (never `playwright install`), like the e2e tests.
 - One PNG per page, `docs/screenshots/<page>.png` (and per part of a page in `PARTS`,
   e.g. `transcript.png`: the Trajectories page scrolled to its transcript viewer), taken
   after the page's script has finished running (no running indicator) so no half-drawn
@@ -60,8 +60,7 @@ def _start_app(db: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
            "HF_HUB_OFFLINE": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
     log = open(tmp / "streamlit.log", "wb")  # noqa: SIM115 - lives as long as the app
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "app.py"),
-         "--server.port", str(port), "--server.address", "127.0.0.1",
+        [sys.executable, "-m", "trace_lib", "app", "--port", str(port), "--",
          "--server.headless", "true", "--server.fileWatcherType", "none"],
         cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

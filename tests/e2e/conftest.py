@@ -1,4 +1,5 @@
-"""Browser-test fixtures: a real `streamlit run` on a free 127.0.0.1 port, a real headless
+"""Browser-test fixtures: the real app server (`python -m trace_lib app`, what `make demo`
+runs; `streamlit run` for a test's own script) on a free 127.0.0.1 port, a real headless
 Chromium (Debian's /usr/bin/chromium through the `playwright` package).
 
 Reuse in any e2e test:
@@ -59,15 +60,24 @@ class StreamlitServer:
 def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
                     timeout_s: float = 90.0) -> StreamlitServer:
     port = free_port()
-    env = {**os.environ, "TRACE_DB": str(db), "HF_HUB_OFFLINE": "1",
-           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    # The `app` verb gets the store as `--db` (every browser test checks that it reaches the
+    # pages); a test's own script through TRACE_DB.
+    env.pop("TRACE_DB", None)
+    if app != "app.py":
+        env["TRACE_DB"] = str(db)
     log = log_dir / f"streamlit-{port}.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / app),
-             "--server.port", str(port), "--server.address", "127.0.0.1",
-             "--server.headless", "true", "--server.fileWatcherType", "none",
-             "--browser.gatherUsageStats", "false"],
+            # `app.py` starts the way `make demo` starts it (the `app` verb); another script
+            # (a test's own) through `streamlit run`.
+            ([sys.executable, "-m", "trace_lib", "app", "--db", str(db), "--port", str(port),
+              "--"]
+             if app == "app.py" else
+             [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / app),
+              "--server.port", str(port), "--server.address", "127.0.0.1"])
+            + ["--server.headless", "true", "--server.fileWatcherType", "none",
+               "--browser.gatherUsageStats", "false"],
             cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )
     server = StreamlitServer(url=f"http://127.0.0.1:{port}", proc=proc, log=log)

@@ -49,6 +49,35 @@ def listing(at: AppTest):
     return at.dataframe(key="listing").value
 
 
+def open_tab(at: AppTest, label: str) -> AppTest:
+    """Open one of the page's lazy tabs (only the open tab's body runs)."""
+    at.session_state["traj_tab"] = label
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_closed_tabs_do_no_work(page_db, monkeypatch):
+    from trace_lib.explore import clusters, embeddings
+
+    with store.connect(page_db, read_only=True) as con:
+        second = clusters.signature_counts(con).iloc[1].path
+    fresh = embeddings.Warmup()  # this process's own may have been started by other tests
+    monkeypatch.setattr(embeddings, "_WARMUP", fresh)
+    at = run(page_db, monkeypatch)
+    keys = {w.key for w in at.selectbox} | {w.key for w in at.slider}
+    assert not keys & {"sig_pick", "sem_k"}
+    assert len(at.get("plotly_chart")) == 4  # the Charts tab only: no treemap
+    # a visit does not start the scikit-learn/encoder import (it competed for the GIL)
+    assert fresh._thread is None
+    open_tab(at, "Failure clusters")
+    at.selectbox(key="sig_pick").set_value(second).run()
+    assert len(at.get("plotly_chart")) == 1  # the treemap; the charts are not drawn
+    open_tab(at, "Charts")
+    open_tab(at, "Failure clusters")  # the cluster choice survives a visit to another tab
+    assert at.selectbox(key="sig_pick").value == second
+
+
 def test_empty_states(tmp_path, monkeypatch):
     at = run(tmp_path / "none.duckdb", monkeypatch)
     assert any("make demo" in i.value for i in at.info)
@@ -86,7 +115,7 @@ def test_filters_change_the_table(page_db, monkeypatch):
 def test_failure_cluster_lists_its_members(page_db, monkeypatch):
     from trace_lib.explore import clusters
 
-    at = run(page_db, monkeypatch)
+    at = open_tab(run(page_db, monkeypatch), "Failure clusters")
     with store.connect(page_db, read_only=True) as con:
         second = clusters.signature_counts(con).iloc[1]
     pick = at.selectbox(key="sig_pick")
@@ -111,6 +140,7 @@ def test_a_box_above_the_leaves_selects_every_signature_below(page_db, monkeypat
     monkeypatch.setenv("TRACE_DB", str(page_db))
     at = AppTest.from_file(PAGE, default_timeout=120)
     at.session_state["sig_pick"] = term
+    at.session_state["traj_tab"] = "Failure clusters"
     at.run()
     assert not at.exception, at.exception
     pick = at.selectbox(key="sig_pick")
@@ -162,7 +192,7 @@ def test_semantic_clusters_embed_then_map(page_db, tmp_path, monkeypatch):
 
     db = tmp_path / "sem.duckdb"
     shutil.copy(page_db, db)  # embedding writes; the module's store stays as imported
-    at = run(db, monkeypatch)
+    at = open_tab(run(db, monkeypatch), "Semantic clusters")
     at.multiselect(key="f_domain").set_value(["retail"]).run()
     with store.connect(db, read_only=True) as con:
         n_fail = int(q.outcome_summary(con, q.TrajectoryFilter(
@@ -190,6 +220,9 @@ def test_any_two_trials_side_by_side(page_db, monkeypatch):
     at = run(page_db, monkeypatch)
     at.selectbox(key="trajectory_pick").set_value(failed_id).run()
     assert not at.exception
+    assert not any(w.key.startswith("cmp_other") for w in at.selectbox)  # closed: no work
+    at.session_state["cmp_wanted"] = True  # the expander is lazy: opening it is a rerun
+    at.run()
     [exp] = [e for e in at.expander if e.label.startswith("Compare with another trial")]
     assert f"({n_trials - 1} other trials of this task)" in exp.label
     pick = at.selectbox(key=f"cmp_other::{failed_id}")

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Sequence
 
 from trace_lib.cli import (
+    app,
     compose,
     datasets,
     demo,
@@ -49,7 +50,8 @@ from trace_lib.store import StoreError
 __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
 
 # The verb modules, in the order `--help` lists them. A new verb module goes here.
-VERB_MODULES = (ingest, datasets, demo, explore, diagnose, envs, train, jobs, serve, compose, evaluate)
+VERB_MODULES = (ingest, datasets, demo, app, explore, diagnose, envs, train, jobs, serve,
+                compose, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -340,11 +340,9 @@ def semantic_clusters(
     seed: int = 0,
 ) -> SemanticMap:
     """Cluster the cached vectors of the in-scope trajectories (call `ensure_embeddings`
-    first; trajectories without a vector are left out)."""
-    from sklearn.cluster import KMeans
-    from sklearn.decomposition import PCA
-    from sklearn.metrics import silhouette_score
-
+    first; trajectories without a vector are left out). scikit-learn is imported only when
+    there is something to cluster (opening the semantic map of an unembedded filter stays
+    instant while the background warm-up is still importing it)."""
     where, params = _scope(con, flt, failures_only)
     df = con.execute(
         f"""
@@ -360,6 +358,10 @@ def semantic_clusters(
     empty_clusters = pd.DataFrame(columns=["cluster", "n", "n_failure", "top_terms", "typical"])
     if df.empty:
         return SemanticMap(df.drop(columns=["vector"]), empty_clusters, 0, None)
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.metrics import silhouette_score
+
     x = np.vstack(df.pop("vector").to_numpy()).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True) + 1e-12
     n = len(x)
