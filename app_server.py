@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent / "app.py"
+# scipy.stats: the Rankings page's first ranking (Fisher's exact test) imports it.
 PRELOAD = ("pandas", "duckdb", "pyarrow", "plotly.express", "plotly.graph_objects",
-           "trace_lib.workbench.data", "trace_lib.workbench.explore",
+           "scipy.stats", "trace_lib.workbench.data", "trace_lib.workbench.explore",
            "trace_lib.workbench.diagnose")
 
 

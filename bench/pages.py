@@ -444,6 +444,9 @@ def main() -> int:
                 part = db.with_name(db.stem + ".part.duckdb")  # a stopped build is not reused
                 part.unlink(missing_ok=True)
                 took = build(part, n, args.runs)
+                from trace_lib.explore.search import index_path
+
+                index_path(part).rename(index_path(db))  # the side full-text index
                 part.rename(db)
                 print(f"{n:,} trajectories x {args.runs} label run(s): imported in "
                       f"{took:.0f} s", flush=True)

@@ -188,3 +188,40 @@ def test_review_queue_after_a_cached_ranking_on_the_same_connection(db_path: Pat
         queue = review_queue_con(con, RankConfig(), st, limit=5)
         assert ag.stable_ranking(con, RankConfig(), st).boot is ranked.boot
     assert queue.attrs["stability"]["method"] == "bootstrap" and len(queue) <= 5
+
+
+def test_bootstrap_from_the_materialised_pairs_equals_the_definition(db_path: Path,
+                                                                     monkeypatch) -> None:
+    """Every finished run counted: the resamples read `label_pairs` (the materialised
+    effective value) instead of grouping every label; the pairs, codes and counts must be
+    those of the definition over `effective_run_labels`, with ties, failed labels (NULL),
+    an unknown outcome, an edit, an undone edit, an edit of a never-labeled pair and a run
+    still going."""
+    import random
+
+    rng = random.Random(7)
+    outcomes = {**_outcomes(15, 15), "u00": None}
+    values = ["lacking", "present", "na", None]
+    caps = ("tool_calling_precision", "precondition_verification")
+    make_store(db_path, outcomes, {run: {c: [rng.choice(values) for _ in outcomes]
+                                         for c in caps} for run in ("r1", "r2", "r3")})
+    with store.connect(db_path) as con:
+        con.execute("INSERT INTO label_runs (id, labeler, status) "
+                    "VALUES ('r4', 'test', 'running')")
+        con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) "
+                    "VALUES ('r4', 'f00', 'tool_calling_precision', 'na')")
+    edit_label(db_path, "f01", caps[0], "lacking", editor="t")
+    undo_edit(db_path, editor="t", edit_id=edit_label(db_path, "p01", caps[1], "na",
+                                                      editor="t"))
+    edit_label(db_path, "p02", "structured_data_reasoning", "present", editor="t")
+    st = ag.StabilityConfig(method="bootstrap", b=30, seed=11)
+    with store.connect(db_path) as con:
+        runs = ag.counted_run_ids(con, None)
+        assert sorted(runs) == ["r1", "r2", "r3"] and ag._every_finished(con, runs)
+        sc, sp = ag.Scope().where(con, "t")
+        fast = ag._compute_boot(con, runs, st, sc, sp)
+        monkeypatch.setattr(ag, "_every_finished", lambda con, run_ids: False)
+        slow = ag._compute_boot(con, runs, st, sc, sp)
+    assert list(fast.tids) == list(slow.tids) and fast.caps == slow.caps
+    assert (fast.codes == slow.codes).all() and (fast.success == slow.success).all()
+    assert (fast.counts == slow.counts).all()

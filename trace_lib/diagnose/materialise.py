@@ -40,11 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
+
+T = TypeVar("T")
 
 KEYS = "dataset_id, agent_model, domain"
 RUN_COUNT_COLS = f"run_id, capability, {KEYS}, success, value"
@@ -368,6 +373,40 @@ def version(con: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
                        "ORDER BY id) FROM label_runs").fetchone()
     return (tuple(str(x) for x in state or ()), tuple(str(x) for x in caps),
             tuple(str(x) for x in runs))
+
+
+class StoreMemo:
+    """Results kept per (store file, `version`, key), the `size` most recent: what does not
+    depend on a page's thresholds (bootstrap resamples, failure clusters) is computed once
+    per store version and process, and a Rankings slider move reuses it. An in-memory
+    store has no file to key on: nothing is kept."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
+        # fetchall, not fetchone: a result left unread blocks `register` on this connection
+        path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
+                           "current_database()").fetchall()[0][0]
+        if not path:
+            return compute()
+        full = (path, version(con), *key)
+        with self._lock:
+            if full in self._items:
+                self._items.move_to_end(full)
+                return self._items[full]
+        out = compute()
+        with self._lock:
+            self._items[full] = out
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
 
 # ------------------------------------------------------------------- for the tests

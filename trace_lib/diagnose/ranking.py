@@ -24,7 +24,8 @@ Design decisions
   clusters and the exported examples to its trajectories; examples are qualified by
   dataset, task and trial (bare task ids are ambiguous across datasets).
 - The Rankings page reads the effective labels once per rerun: `rank_con` sums counts,
-  and one `lacking_failures` read feeds the greedy cover; the export reuses the ranking.
+  the greedy cover reads (capability, row id) integer pairs into numpy; the export reuses
+  the ranking.
 - Undefined is not zero: a ratio with an empty denominator is NULL/None; a run where
   Cov or Delta is undefined does not pass; means and stds are over defined runs and
   `n_runs_defined` says how many that was. Std is the population std (ddof=0), as
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from trace_lib import store
 from trace_lib.diagnose import materialise
@@ -374,24 +376,6 @@ def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------- cover, clusters
 
-def lacking_failures(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None,
-                     *, scope: Scope | None = None) -> dict[str, set[str]]:
-    """capability -> failed trajectory ids whose effective label is lacking (in scope)."""
-    materialise.sync(con)
-    sc, sp = (scope or Scope()).where(con, "t")
-    sql = f"""SELECT e.capability, e.trajectory_id FROM label_pairs e
-              JOIN trajectories t ON t.id = e.trajectory_id
-              WHERE t.success = false AND e.value = 'lacking' AND {sc}"""
-    params: list[Any] = list(sp)
-    if capabilities is not None:
-        sql += " AND list_contains(?::VARCHAR[], e.capability)"
-        params.append(capabilities)
-    out: dict[str, set[str]] = {c: set() for c in capabilities or []}
-    for cap, tid in con.execute(sql, params).fetchall():
-        out.setdefault(cap, set()).add(tid)
-    return out
-
-
 def n_failed(con: duckdb.DuckDBPyConnection, scope: Scope | None = None) -> int:
     sc, sp = (scope or Scope()).where(con, "t")
     return int(con.execute(f"SELECT count(*) FROM trajectories t WHERE t.success = false "
@@ -399,25 +383,36 @@ def n_failed(con: duckdb.DuckDBPyConnection, scope: Scope | None = None) -> int:
 
 
 def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
-                 scope: Scope | None = None,
-                 lacking: dict[str, set[str]] | None = None) -> list[dict[str, Any]]:
+                 scope: Scope | None = None) -> list[dict[str, Any]]:
     """Greedy set cover of failed trajectories by `capabilities`: each step adds the one
-    explaining most not-yet-explained failures. Returns the cumulative curve. `lacking`
-    (from `lacking_failures`) saves the read when the caller already has it."""
+    explaining most not-yet-explained failures (ties: the later name). Returns the
+    cumulative curve. Only integers leave the store (capability index, trajectory row id):
+    at 1M trajectories the Python sets of 800k ids this replaced cost 0.9 s per call."""
+    materialise.sync(con)
     n_fail = n_failed(con, scope)
-    sets = lacking_failures(con, capabilities, scope=scope) if lacking is None else {
-        c: lacking.get(c, set()) for c in capabilities}
-    covered: set[str] = set()
-    curve = []
-    remaining = dict(sets)
-    while remaining:
-        cap, members = max(remaining.items(), key=lambda kv: (len(kv[1] - covered), kv[0]))
-        gain = len(members - covered)
-        covered |= members
-        del remaining[cap]
-        curve.append({"step": len(curve) + 1, "capability": cap, "new": gain,
-                      "covered": len(covered), "n_failed": n_fail,
-                      "fraction": len(covered) / n_fail if n_fail else None})
+    if not capabilities:
+        return []
+    sc, sp = (scope or Scope()).where(con, "t")
+    got = con.execute(f"""
+        SELECT list_position(?::VARCHAR[], e.capability)::INTEGER - 1 AS c,
+               t.rowid::BIGINT AS j
+        FROM label_pairs e JOIN trajectories t ON t.id = e.trajectory_id
+        WHERE t.success = false AND e.value = 'lacking' AND {sc}
+          AND list_contains(?::VARCHAR[], e.capability)""",
+                      [capabilities, *sp, capabilities]).fetchnumpy()
+    cap_idx, rows = np.asarray(got["c"]), np.asarray(got["j"])
+    covered = np.zeros(int(rows.max()) + 1 if len(rows) else 0, dtype=bool)
+    members = {c: rows[cap_idx == i] for i, c in enumerate(capabilities)}
+    curve: list[dict[str, Any]] = []
+    n_covered = 0
+    while members:
+        gains = {c: int(np.count_nonzero(~covered[m])) for c, m in members.items()}
+        cap = max(gains, key=lambda c: (gains[c], c))
+        covered[members.pop(cap)] = True
+        n_covered += gains[cap]
+        curve.append({"step": len(curve) + 1, "capability": cap, "new": gains[cap],
+                      "covered": n_covered, "n_failed": n_fail,
+                      "fraction": n_covered / n_fail if n_fail else None})
     return curve
 
 

@@ -31,8 +31,6 @@ Design decisions
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import duckdb
@@ -100,11 +98,16 @@ def _check(st: StabilityConfig) -> None:
         raise UserInputError(f"stability: bootstrap resamples {st.b}: expected 10..5000")
 
 
-def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
-    """Whether any pair gets different values from different runs (raw labels)."""
+def _every_finished(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
+    """Whether `run_ids` are all the finished runs: then the materialised tables answer."""
     finished = {r[0] for r in con.execute(
         f"SELECT id FROM label_runs WHERE {materialise.FINISHED}").fetchall()}
-    if set(run_ids) == finished:
+    return set(run_ids) == finished
+
+
+def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
+    """Whether any pair gets different values from different runs (raw labels)."""
+    if _every_finished(con, run_ids):
         # Every finished run counts (the usual case): the materialised votes per pair
         # answer it without a scan of every label (1.1 s at 100k x 10 runs, on every
         # slider move of the Rankings page).
@@ -164,27 +167,40 @@ SELECT v.trajectory_id, v.capability, t.success,
 FROM votes v JOIN trajectories t ON t.id = v.trajectory_id
 WHERE t.success IS NOT NULL AND {scope}
 """
+# The same pairs when every finished run counts (the usual case): the materialised
+# effective value (latest edit, else the majority with the same ties), no GROUP BY over
+# every label (4 of the 10 s of a first bootstrap at 1M trajectories).
+MAT_POOLED_SQL = """
+SELECT p.trajectory_id, p.capability, t.success, p.value
+FROM label_pairs p JOIN trajectories t ON t.id = p.trajectory_id
+WHERE t.success IS NOT NULL AND p.n_rows > 0 AND p.value IS NOT NULL AND {scope}
+"""
 
 
 def _multiplicities(success: np.ndarray, b: int, seed: int, rows: int = 8) -> np.ndarray:
     """(B, T) how often each trajectory is drawn; resampled within failed and passed.
 
-    Small integers (uint8, or uint16 if a count passed 255): at 1M trajectories x B=200
-    the float64 matrix was 1.6 GB. Drawn `rows` resamples at a time to bound the draws'
-    memory; the generator's stream is the same as one (B, n) draw (seeded figures do not
+    `success` is sorted (failed first: `_compute_boot` orders the trajectories so), so each
+    stratum is a slice of columns. Small integers (uint8, or uint16 if a count passed 255):
+    at 1M trajectories x B=200 the float64 matrix was 1.6 GB. Drawn `rows` resamples at a
+    time to bound the draws' memory and counted row by row (an offset array for one
+    bincount over the chunk and a fancy-indexed store were 2.8 of 3.6 s at 1M); the
+    generator's stream is the same as one (B, n) draw per stratum (seeded figures do not
     change)."""
+    if len(success) and not (success[:-1] <= success[1:]).all():
+        raise ValueError("_multiplicities expects the failed trajectories first")
     rng = np.random.default_rng(seed)
     w = np.zeros((b, len(success)), dtype=np.uint16)
-    for group in (~success, success):
-        idx = np.flatnonzero(group)
-        n = len(idx)
+    n_failed = int(np.count_nonzero(~success))
+    for cols in (slice(0, n_failed), slice(n_failed, len(success))):
+        n = cols.stop - cols.start
         if n == 0:
             continue
         for start in range(0, b, rows):
             k = min(rows, b - start)
             draws = rng.integers(0, n, size=(k, n))
-            flat = (draws + np.arange(k)[:, None] * n).ravel()
-            w[start:start + k, idx] = np.bincount(flat, minlength=k * n).reshape(k, n)
+            for r in range(k):
+                w[start + r, cols] = np.bincount(draws[r], minlength=n)
     return w.astype(np.uint8) if w.max(initial=0) < 256 else w
 
 
@@ -212,26 +228,12 @@ def _boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfi
     trajectories x 1 run they took ~25 s per move; now once per store version and
     process)."""
     sc, sp = scope.where(con, "t")
-    db = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                     "current_database()").fetchall()[0][0]
-    key = (db, materialise.version(con), tuple(run_ids), sc, tuple(map(str, sp)), st.b,
-           st.seed)
-    with _BOOT_LOCK:
-        if key in _BOOT_CACHE:
-            _BOOT_CACHE.move_to_end(key)
-            return _BOOT_CACHE[key]
-    boot = _compute_boot(con, run_ids, st, sc, sp)
-    with _BOOT_LOCK:
-        _BOOT_CACHE[key] = boot
-        while len(_BOOT_CACHE) > _BOOT_CACHE_SIZE:
-            _BOOT_CACHE.popitem(last=False)
-    return boot
+    return _BOOT_CACHE.get(con, (tuple(run_ids), sc, tuple(map(str, sp)), st.b, st.seed),
+                           lambda: _compute_boot(con, run_ids, st, sc, sp))
 
 
 # A few entries only: one _Boot at 1M trajectories x B=200 holds ~200 MB of multiplicities.
-_BOOT_CACHE: OrderedDict[tuple, _Boot] = OrderedDict()
-_BOOT_CACHE_SIZE = 2
-_BOOT_LOCK = threading.Lock()
+_BOOT_CACHE = materialise.StoreMemo(size=2)
 
 
 def _compute_boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
@@ -240,13 +242,19 @@ def _compute_boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: Stabil
     # labels go to a temp table once, the sorted trajectory ids and capability names are
     # fetched once each, and the pairs come back as (ti, ci, code, success) by hash joins
     # (string columns for 14M pairs and window sorts over them were 22 s at 1M).
-    con.execute(f"CREATE OR REPLACE TEMP TABLE boot_pooled AS {POOLED_SQL.format(scope=sc)}",
-                [run_ids, *sp])
+    if _every_finished(con, run_ids):
+        materialise.sync(con)
+        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS "
+                    + MAT_POOLED_SQL.format(scope=sc), sp)
+    else:
+        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS "
+                    + POOLED_SQL.format(scope=sc), [run_ids, *sp])
     try:
         # The trajectory index once: its ids are fetched from it and the pairs join it.
+        # Failed first, then passed, each by id: each stratum is a slice of columns.
         con.execute("CREATE OR REPLACE TEMP TABLE boot_tix AS SELECT trajectory_id, "
-                    "row_number() OVER (ORDER BY trajectory_id) - 1 AS ti "
-                    "FROM (SELECT DISTINCT trajectory_id FROM boot_pooled)")
+                    "row_number() OVER (ORDER BY success, trajectory_id) - 1 AS ti "
+                    "FROM (SELECT DISTINCT trajectory_id, success FROM boot_pooled)")
         tids = np.asarray(con.execute(
             "SELECT trajectory_id FROM boot_tix ORDER BY ti").fetchnumpy()["trajectory_id"],
             dtype=object)

@@ -27,7 +27,10 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES  # noqa: F401  (the grid's value menu)
-from trace_lib.diagnose import charts  # noqa: F401  (pure plotly figures for the pages)
+from trace_lib.diagnose import (
+    charts,  # noqa: F401  (pure plotly figures for the pages)
+    materialise,
+)
 from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
     ORDERS,
     AgreementReport,
@@ -247,6 +250,21 @@ class RankingsView:
     stability: StabilityInfo | None = None  # None: the plain run ranking
 
 
+def _failure_clusters(con: Any, capabilities: list[str], scope: Scope | None
+                      ) -> list[dict[str, Any]]:
+    """`ranking.failure_clusters`, kept per (store, store version, capabilities, scope):
+    they do not depend on the thresholds, and at 1M trajectories the query is 0.7 s of
+    each Rankings slider move."""
+    from trace_lib.diagnose.ranking import failure_clusters
+
+    sc, sp = (scope or Scope()).where(con, "t")
+    return _CLUSTERS.get(con, (tuple(capabilities), sc, tuple(map(str, sp))),
+                         lambda: failure_clusters(con, capabilities, scope=scope))
+
+
+_CLUSTERS = materialise.StoreMemo(size=8)
+
+
 def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
              scope: Scope | None = None,
              stability: StabilityConfig | None = None) -> RankingsView:
@@ -256,13 +274,7 @@ def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
     failure clusters the page draws. Ranks once; the effective labels are read once.
     `stability` ranks K-of-N over runs or bootstrap resamples (`diagnose.agreement`)."""
     from trace_lib.diagnose.agreement import stable_ranking
-    from trace_lib.diagnose.ranking import (
-        failure_clusters,
-        greedy_cover,
-        lacking_failures,
-        rank_con,
-        selected_document,
-    )
+    from trace_lib.diagnose.ranking import greedy_cover, rank_con, selected_document
 
     info = None
     with store.connect(db) as con:
@@ -274,11 +286,9 @@ def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
         kept = [r.capability for r in ranking.selected]
         cover, clusters = [], []
         if details:
-            if kept:
-                lacking = lacking_failures(con, kept, scope=scope)
-                cover = greedy_cover(con, kept, scope=scope, lacking=lacking)
-            clusters = failure_clusters(con, [r.capability for r in ranking.rows
-                                              if r.status != "rejected"], scope=scope)
+            cover = greedy_cover(con, kept, scope=scope)
+            clusters = _failure_clusters(con, [r.capability for r in ranking.rows
+                                               if r.status != "rejected"], scope)
         doc = selected_document(con, cfg, ranking=ranking)
     return RankingsView(ranking, kept, cover, clusters, doc, info)
 
