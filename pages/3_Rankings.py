@@ -134,7 +134,7 @@ with left:
     st.subheader("K-of-N")
     st.plotly_chart(figs["kofn"], key="kofn")
 with right:
-    st.subheader("Stability: Delta per run")
+    st.subheader("Stability: Delta per run (or per resample)")
     st.plotly_chart(figs["strip"], key="strip")
     st.subheader("Greedy cover of failures by the kept set")
     if curve:
