@@ -87,10 +87,10 @@ class SearchStatus:
 
 @dataclass
 class TrajectoriesPage:
-    """Everything the Trajectories page shows for one filter, from one connection."""
+    """What the Trajectories page shows on every visit for one filter, from one
+    connection (its failure-signature tab asks `signature_counts` when it opens)."""
 
     overview: Overview
-    signatures: pd.DataFrame
     status: SearchStatus
 
 
@@ -103,12 +103,10 @@ def _status(con: Any) -> SearchStatus:
 
 def trajectories_page(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500
                       ) -> TrajectoriesPage:
-    """The Trajectories page's data: overview, listing and failure signatures."""
-    from trace_lib.explore import clusters
-
+    """The Trajectories page's data: overview (summary, charts' frames, listing) and the
+    state of the fast paths."""
     with store.connect(db, read_only=True) as con:
-        return TrajectoriesPage(_overview(con, flt, limit), clusters.signature_counts(con, flt),
-                                _status(con))
+        return TrajectoriesPage(_overview(con, flt, limit), _status(con))
 
 
 def store_version(db: Db) -> tuple[float, ...]:
