@@ -165,7 +165,6 @@ def _treemap(db: str, version: tuple, f: TrajectoryFilter):
 
 
 page = _page(str(DB), VERSION, flt)
-figs = _figures(str(DB), VERSION, flt)
 if not page.status.ok:
     st.caption(transcript.markdown_literal(
         "The full-text index or the derived columns are behind this store (it was written "
@@ -223,6 +222,7 @@ tab_charts, tab_sig, tab_sem = st.tabs(["Charts", "Failure clusters", "Semantic 
 
 with tab_charts:
     if tab_charts.open:
+        figs = _figures(str(DB), VERSION, flt)
         a, b = st.columns(2)
         a.plotly_chart(figs["rate"], width="stretch")
         b.plotly_chart(figs["terminations"], width="stretch")

@@ -404,10 +404,6 @@ class StoreMemo:
                 self._items.popitem(last=False)
         return out
 
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-
 
 # ------------------------------------------------------------------- for the tests
 

@@ -388,10 +388,10 @@ def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
     explaining most not-yet-explained failures (ties: the later name). Returns the
     cumulative curve. Only integers leave the store (capability index, trajectory row id):
     at 1M trajectories the Python sets of 800k ids this replaced cost 0.9 s per call."""
-    materialise.sync(con)
-    n_fail = n_failed(con, scope)
     if not capabilities:
         return []
+    materialise.sync(con)
+    n_fail = n_failed(con, scope)
     sc, sp = (scope or Scope()).where(con, "t")
     got = con.execute(f"""
         SELECT list_position(?::VARCHAR[], e.capability)::INTEGER - 1 AS c,

@@ -147,18 +147,16 @@ def signature_treemap(df: pd.DataFrame) -> go.Figure:
     labels: dict[str, str] = {}
     parents: dict[str, str] = {}
     for row in df[list(SIGNATURE_LEVELS) + ["n"]].itertuples(index=False):
-        parent = "failures"
-        values[parent] = values.get(parent, 0) + int(row[-1])
-        for level in row[:-1]:
-            label = html.escape(str(level))
-            box = parent + "/" + label
-            labels.setdefault(box, label)
-            parents.setdefault(box, parent)
-            values[box] = values.get(box, 0) + int(row[-1])
-            parent = box
+        levels, n = row[:-1], int(row[-1])
+        values[ROOT_BOX] = values.get(ROOT_BOX, 0) + n
+        for depth in range(1, len(levels) + 1):
+            box = _box_id(levels[:depth])
+            labels.setdefault(box, html.escape(str(levels[depth - 1])))
+            parents.setdefault(box, _box_id(levels[:depth - 1]))
+            values[box] = values.get(box, 0) + n
     ids = list(values)
     fig = go.Figure(go.Treemap(
-        ids=ids, labels=[labels.get(i, "failures") for i in ids],
+        ids=ids, labels=[labels.get(i, ROOT_BOX) for i in ids],
         parents=[parents.get(i, "") for i in ids], values=[values[i] for i in ids],
         branchvalues="total", root_color="#f3f4f6", textinfo="label+value+percent root"))
     fig.update_layout(title=title, height=520, margin={"t": 50, "l": 10, "r": 10, "b": 10})
@@ -169,12 +167,20 @@ def treemap_box_paths(df: pd.DataFrame) -> dict[str, str]:
     """Treemap box id -> its cluster: the levels down to the box joined by `PATH_SEP` ("" for
     the root, all failures). A level that itself holds "/" could give two boxes one id:
     the first, largest, signature keeps it (as in the figure)."""
-    out: dict[str, str] = {"failures": ""}
+    out: dict[str, str] = {ROOT_BOX: ""}
     for row in df[list(SIGNATURE_LEVELS)].itertuples(index=False):
         for depth in range(1, len(row) + 1):
-            box = "/".join(["failures", *(html.escape(str(v)) for v in row[:depth])])
-            out.setdefault(box, PATH_SEP.join(str(v) for v in row[:depth]))
+            out.setdefault(_box_id(row[:depth]), PATH_SEP.join(str(v) for v in row[:depth]))
     return out
+
+
+ROOT_BOX = "failures"
+
+
+def _box_id(levels) -> str:
+    """The treemap id of the box for these signature levels (the root for none): the
+    levels HTML-escaped and joined by "/" under the root, as `px.treemap` names them."""
+    return "/".join([ROOT_BOX, *(html.escape(str(v)) for v in levels)])
 
 
 def semantic_map(points: pd.DataFrame) -> go.Figure:
