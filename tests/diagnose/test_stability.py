@@ -10,6 +10,7 @@ from synthetic import make_store
 from test_agreement import _one_run_store, _outcomes
 
 from trace_lib import store
+from trace_lib.diagnose import materialise, resamples
 from trace_lib.diagnose import stability as ag
 from trace_lib.diagnose.labels import edit_label, undo_edit
 from trace_lib.diagnose.ranking import RankConfig
@@ -217,11 +218,12 @@ def test_bootstrap_from_the_materialised_pairs_equals_the_definition(db_path: Pa
     st = ag.StabilityConfig(method="bootstrap", b=30, seed=11)
     with store.connect(db_path) as con:
         runs = ag.counted_run_ids(con, None)
-        assert sorted(runs) == ["r1", "r2", "r3"] and ag._every_finished(con, runs)
+        assert sorted(runs) == ["r1", "r2", "r3"]
+        assert materialise.counts_every_finished_run(con, runs)
         sc, sp = ag.Scope().where(con, "t")
-        fast = ag._compute_boot(con, runs, st, sc, sp)
-        monkeypatch.setattr(ag, "_every_finished", lambda con, run_ids: False)
-        slow = ag._compute_boot(con, runs, st, sc, sp)
+        fast = resamples.draw_resamples(con, runs, st.b, st.seed, sc, sp)
+        monkeypatch.setattr(materialise, "counts_every_finished_run", lambda con, ids: False)
+        slow = resamples.draw_resamples(con, runs, st.b, st.seed, sc, sp)
     assert list(fast.tids) == list(slow.tids) and fast.caps == slow.caps
     assert (fast.codes == slow.codes).all() and (fast.success == slow.success).all()
     assert (fast.counts == slow.counts).all()

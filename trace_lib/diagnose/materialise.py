@@ -361,6 +361,13 @@ def _sync_locked(con: duckdb.DuckDBPyConnection, fp: Fingerprint,
     return SyncReport("updated", new_runs, n_edits)
 
 
+def counts_every_finished_run(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
+    """Whether `run_ids` are all the finished runs: then the tables here answer for them."""
+    finished = {r[0] for r in con.execute(
+        f"SELECT id FROM label_runs WHERE {FINISHED}").fetchall()}
+    return set(run_ids) == finished
+
+
 def version(con: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     """A key that changes whenever anything the diagnose pages show may change: the
     materialised state (after `sync`) and the capability catalog."""

@@ -418,27 +418,34 @@ def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
 
 def failure_clusters(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None,
                      limit: int = 20, *, scope: Scope | None = None) -> list[dict[str, Any]]:
-    """Failed trajectories grouped by which capabilities are lacking together."""
+    """Failed trajectories grouped by which capabilities are lacking together.
+
+    A signature is grouped as the sorted list of its capabilities' indices and named in
+    Python: string keys per trajectory were 0.7 s of the 1M store's first ranking, lists
+    of small integers 0.3 s."""
     materialise.sync(con)
-    cap_filter, params = "", []
-    if capabilities is not None:
-        cap_filter = "AND list_contains(?::VARCHAR[], e.capability)"
-        params = [capabilities]
+    if capabilities is None:
+        capabilities = [r[0] for r in con.execute(
+            "SELECT DISTINCT capability FROM label_pairs WHERE value = 'lacking'").fetchall()]
+    caps = sorted(set(capabilities))
     sc, sp = (scope or Scope()).where(con, "t")
     rows = con.execute(f"""
-        WITH sig AS (
-            SELECT t.id,
-                   coalesce(string_agg(e.capability, ' + ' ORDER BY e.capability)
-                            FILTER (WHERE e.value = 'lacking' {cap_filter}),
-                            '(none lacking)') AS signature
-            FROM trajectories t LEFT JOIN label_pairs e ON e.trajectory_id = t.id
-            WHERE t.success = false AND {sc}
-            GROUP BY t.id
+        WITH c AS (SELECT unnest(?::VARCHAR[]) AS capability,
+                          generate_subscripts(?::VARCHAR[], 1) - 1 AS ci),
+        lack AS (
+            SELECT e.trajectory_id, list(c.ci ORDER BY c.ci) AS sig
+            FROM label_pairs e JOIN c USING (capability)
+            WHERE e.value = 'lacking' GROUP BY e.trajectory_id
         )
-        SELECT signature, count(*) AS n, list(id ORDER BY id)[1:5] AS examples
-        FROM sig GROUP BY signature ORDER BY n DESC, signature LIMIT {int(limit)}
-    """, params + sp).fetchall()
-    return [{"signature": s, "n": n, "examples": ex} for s, n, ex in rows]
+        SELECT coalesce(l.sig, []) AS sig, count(*) AS n, min(t.id, 5) AS examples
+        FROM trajectories t LEFT JOIN lack l ON l.trajectory_id = t.id
+        WHERE t.success = false AND {sc}
+        GROUP BY ALL
+    """, [caps, caps, *sp]).fetchall()
+    named = [(" + ".join(caps[i] for i in sig) or "(none lacking)", n, sorted(ex))
+             for sig, n, ex in rows]
+    named.sort(key=lambda r: (-r[1], r[0]))
+    return [{"signature": s, "n": n, "examples": ex} for s, n, ex in named[:int(limit)]]
 
 
 # -------------------------------------------------------------------------- export

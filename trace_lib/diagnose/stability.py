@@ -10,9 +10,9 @@ Design decisions
   each resample keeps the number of failures and passes, and ER-/ER+ stay defined), the
   labels are the pooled effective labels (latest edit, else the majority over the runs),
   the rule per resample is the ranking's (Cov >= rho and Delta >= delta), and K of the
-  reference N=10 becomes ceil(K * B / 10) of B. Seeded (numpy's default_rng(seed)), so the
-  same store gives the same figures. The note says "stability from B bootstrap resamples,
-  not independent label runs". Pooled figures (Fisher p, Wilson intervals) stay the run
+  reference N=10 becomes ceil(K * B / 10) of B. Seeded (one generator per resample,
+  resamples.py), so the same store gives the same figures. The note says "stability
+  from B bootstrap resamples, not independent label runs". Pooled figures (Fisher p, Wilson intervals) stay the run
   ranking's: they are over the whole sample already.
 - Sensitivity comes from the keep rule itself: for each (trajectory, capability) pair
   and each other value, re-count every run (or resample, weighting the trajectory by its
@@ -47,6 +47,7 @@ from trace_lib.diagnose.ranking import (
     RunFigures,
     rank_con,
 )
+from trace_lib.diagnose.resamples import POOLED_SQL, Resamples, draw_resamples
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 
@@ -98,16 +99,9 @@ def _check(st: StabilityConfig) -> None:
         raise UserInputError(f"stability: bootstrap resamples {st.b}: expected 10..5000")
 
 
-def _every_finished(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
-    """Whether `run_ids` are all the finished runs: then the materialised tables answer."""
-    finished = {r[0] for r in con.execute(
-        f"SELECT id FROM label_runs WHERE {materialise.FINISHED}").fetchall()}
-    return set(run_ids) == finished
-
-
 def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
     """Whether any pair gets different values from different runs (raw labels)."""
-    if _every_finished(con, run_ids):
+    if materialise.counts_every_finished_run(con, run_ids):
         # Every finished run counts (the usual case): the materialised votes per pair
         # answer it without a scan of every label (1.1 s at 100k x 10 runs, on every
         # slider move of the Rankings page).
@@ -140,144 +134,18 @@ def resolve(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityCon
     return StabilityInfo("runs", f"{len(run_ids)} runs that differ")
 
 
-@dataclass
-class _Boot:
-    """Pooled labels as arrays and the resample multiplicities."""
-    tids: np.ndarray  # (T,)
-    success: np.ndarray  # (T,) bool
-    caps: list[str]
-    codes: np.ndarray  # (T, C) int8: 0 lacking, 1 present, 2 na, -1 unlabeled
-    w: np.ndarray  # (B, T) multiplicities (uint8 / uint16)
-    counts: np.ndarray  # (B, C, 6) lf pf nf lp pp np
-
-
-POOLED_SQL = """
-WITH votes AS (
-    SELECT l.trajectory_id, l.capability,
-           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-           count(*) FILTER (WHERE l.value = 'present') AS np_,
-           count(*) FILTER (WHERE l.value = 'na') AS nn
-    FROM effective_run_labels l
-    WHERE l.run_id IN (SELECT unnest(?::VARCHAR[]))
-    GROUP BY ALL
-)
-SELECT v.trajectory_id, v.capability, t.success,
-       CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-            WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
-FROM votes v JOIN trajectories t ON t.id = v.trajectory_id
-WHERE t.success IS NOT NULL AND {scope}
-"""
-# The same pairs when every finished run counts (the usual case): the materialised
-# effective value (latest edit, else the majority with the same ties), no GROUP BY over
-# every label (4 of the 10 s of a first bootstrap at 1M trajectories).
-MAT_POOLED_SQL = """
-SELECT p.trajectory_id, p.capability, t.success, p.value
-FROM label_pairs p JOIN trajectories t ON t.id = p.trajectory_id
-WHERE t.success IS NOT NULL AND p.n_rows > 0 AND p.value IS NOT NULL AND {scope}
-"""
-
-
-def _multiplicities(success: np.ndarray, b: int, seed: int, rows: int = 8) -> np.ndarray:
-    """(B, T) how often each trajectory is drawn; resampled within failed and passed.
-
-    `success` is sorted (failed first: `_compute_boot` orders the trajectories so), so each
-    stratum is a slice of columns. Small integers (uint8, or uint16 if a count passed 255):
-    at 1M trajectories x B=200 the float64 matrix was 1.6 GB. Drawn `rows` resamples at a
-    time to bound the draws' memory and counted row by row (an offset array for one
-    bincount over the chunk and a fancy-indexed store were 2.8 of 3.6 s at 1M); the
-    generator's stream is the same as one (B, n) draw per stratum (seeded figures do not
-    change)."""
-    if len(success) and not (success[:-1] <= success[1:]).all():
-        raise ValueError("_multiplicities expects the failed trajectories first")
-    rng = np.random.default_rng(seed)
-    w = np.zeros((b, len(success)), dtype=np.uint16)
-    n_failed = int(np.count_nonzero(~success))
-    for cols in (slice(0, n_failed), slice(n_failed, len(success))):
-        n = cols.stop - cols.start
-        if n == 0:
-            continue
-        for start in range(0, b, rows):
-            k = min(rows, b - start)
-            draws = rng.integers(0, n, size=(k, n))
-            for r in range(k):
-                w[start + r, cols] = np.bincount(draws[r], minlength=n)
-    return w.astype(np.uint8) if w.max(initial=0) < 256 else w
-
-
-def _resample_counts(w: np.ndarray, codes: np.ndarray, success: np.ndarray,
-                     chunk: int = 1 << 16) -> np.ndarray:
-    """(B, C, 6) counts per resample: w @ one-hot(slot), a chunk of trajectories at a time
-    in float32 (exact: every count is below 2^24), so neither w nor the one-hot matrix is
-    ever materialised in float64."""
-    b, (t, c) = w.shape[0], codes.shape
-    counts = np.zeros((b, c * 6))
-    for start in range(0, t, chunk):
-        sl = slice(start, min(start + chunk, t))
-        part = codes[sl]
-        onehot = np.zeros((part.shape[0], c * 6), dtype=np.float32)
-        rows, cols = np.nonzero(part >= 0)
-        onehot[rows, cols * 6 + 3 * success[sl][rows] + part[rows, cols]] = 1.0
-        counts += w[:, sl].astype(np.float32) @ onehot
-    return counts.reshape(b, c, 6)
-
-
 def _boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
-          scope: Scope) -> _Boot:
-    """The resamples' counts, cached per (store, store version, runs, scope, B, seed):
-    they do not depend on rho, delta or K, so a Rankings slider move reuses them (at 1M
-    trajectories x 1 run they took ~25 s per move; now once per store version and
-    process)."""
+          scope: Scope) -> Resamples:
+    """The resamples, cached per (store, store version, runs, scope, B, seed): they do not
+    depend on rho, delta or K, so a Rankings slider move reuses them (at 1M trajectories x
+    1 run they took ~25 s per move; now once per store version and process)."""
     sc, sp = scope.where(con, "t")
     return _BOOT_CACHE.get(con, (tuple(run_ids), sc, tuple(map(str, sp)), st.b, st.seed),
-                           lambda: _compute_boot(con, run_ids, st, sc, sp))
+                           lambda: draw_resamples(con, run_ids, st.b, st.seed, sc, sp))
 
 
-# A few entries only: one _Boot at 1M trajectories x B=200 holds ~200 MB of multiplicities.
+# A few entries only: one at 1M trajectories x B=200 holds ~200 MB of multiplicities.
 _BOOT_CACHE = materialise.StoreMemo(size=2)
-
-
-def _compute_boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
-                  sc: str, sp: list) -> _Boot:
-    # Only integers cross into numpy for the (trajectory, capability) pairs: the pooled
-    # labels go to a temp table once, the sorted trajectory ids and capability names are
-    # fetched once each, and the pairs come back as (ti, ci, code, success) by hash joins
-    # (string columns for 14M pairs and window sorts over them were 22 s at 1M).
-    if _every_finished(con, run_ids):
-        materialise.sync(con)
-        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS "
-                    + MAT_POOLED_SQL.format(scope=sc), sp)
-    else:
-        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS "
-                    + POOLED_SQL.format(scope=sc), [run_ids, *sp])
-    try:
-        # The trajectory index once: its ids are fetched from it and the pairs join it.
-        # Failed first, then passed, each by id: each stratum is a slice of columns.
-        con.execute("CREATE OR REPLACE TEMP TABLE boot_tix AS SELECT trajectory_id, "
-                    "row_number() OVER (ORDER BY success, trajectory_id) - 1 AS ti "
-                    "FROM (SELECT DISTINCT trajectory_id, success FROM boot_pooled)")
-        tids = np.asarray(con.execute(
-            "SELECT trajectory_id FROM boot_tix ORDER BY ti").fetchnumpy()["trajectory_id"],
-            dtype=object)
-        caps = [r[0] for r in con.execute(
-            "SELECT DISTINCT capability FROM boot_pooled ORDER BY capability").fetchall()]
-        res = con.execute("""
-            WITH c AS (SELECT unnest(?::VARCHAR[]) AS capability,
-                              generate_subscripts(?::VARCHAR[], 1) - 1 AS ci)
-            SELECT t.ti, c.ci, CASE p.value WHEN 'lacking' THEN 0 WHEN 'present' THEN 1
-                                            ELSE 2 END AS code, p.success
-            FROM boot_pooled p JOIN boot_tix t USING (trajectory_id)
-            JOIN c USING (capability)""", [caps, caps]).fetchnumpy()
-    finally:
-        con.execute("DROP TABLE IF EXISTS boot_pooled")
-        con.execute("DROP TABLE IF EXISTS boot_tix")
-    ti, ci = np.asarray(res["ti"], dtype=np.int64), np.asarray(res["ci"], dtype=np.int64)
-    codes = np.full((len(tids), len(caps)), -1, dtype=np.int8)
-    codes[ti, ci] = np.asarray(res["code"], dtype=np.int8)
-    success = np.zeros(len(tids), dtype=bool)
-    success[ti] = np.asarray(res["success"], dtype=bool)
-    w = _multiplicities(success, st.b, st.seed)
-    counts = _resample_counts(w, codes, success)
-    return _Boot(tids, success, caps, codes, w, counts)
 
 
 def _figures(c: np.ndarray, rho: float, delta: float) -> dict[str, np.ndarray]:
@@ -303,7 +171,7 @@ def boot_k(k: int, b: int) -> int:
 
 
 def bootstrap_ranking(con: duckdb.DuckDBPyConnection, cfg: RankConfig, info: StabilityInfo,
-                      base: Ranking, boot: _Boot) -> Ranking:
+                      base: Ranking, boot: Resamples) -> Ranking:
     """`base` (the run ranking: pooled figures, Fisher, intervals) with its per-run figures
     replaced by per-resample ones and K-of-N by K-of-B."""
     b = int(info.b or 0)
@@ -352,7 +220,7 @@ class StableRanking:
     info: StabilityInfo
     run_ids: list[str]
     scope: Scope = field(default_factory=Scope)
-    boot: _Boot | None = None
+    boot: Resamples | None = None
 
 
 def stable_ranking(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None,
@@ -475,9 +343,9 @@ def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
                (capability, trajectory_id, success)
         FROM (SELECT capability, trajectory_id, any_value(success) AS success, {codes}
               FROM lab GROUP BY capability, trajectory_id) w
-        LEFT JOIN ({POOLED_SQL.format(scope=sc)}) p USING (trajectory_id, capability)
+        LEFT JOIN ({POOLED_SQL}) p USING (trajectory_id, capability)
         ORDER BY w.capability, w.trajectory_id""",
-                      [run_ids, run_ids, *sp, run_ids, *sp]).fetchnumpy()
+                      [run_ids, run_ids, *sp, run_ids]).fetchnumpy()
     return res
 
 
