@@ -154,7 +154,7 @@ def effective_k(k: int, n_runs: int) -> tuple[int, str | None]:
 
 # ------------------------------------------------------------------------------ SQL
 
-def _run_filter(runs: list[str] | None) -> tuple[str, list[Any]]:
+def run_filter_sql(runs: list[str] | None) -> tuple[str, list[Any]]:
     if runs is None:
         return "", []
     return "AND list_contains(?::VARCHAR[], l.run_id)", [runs]
@@ -176,8 +176,8 @@ GROUP BY ALL
 """
 
 # Pooled: the latest edit, else the majority over the selected runs (ties -> lacking,
-# the same rule as the `effective_labels` view).
-POOLED_SQL = """
+# the same rule as the `effective_labels` view), per (trajectory, capability).
+POOLED_VALUES_SQL = """
 WITH votes AS (
     SELECT l.trajectory_id, l.capability,
            count(*) FILTER (WHERE l.value = 'lacking') AS nl,
@@ -186,12 +186,13 @@ WITH votes AS (
     FROM effective_run_labels l
     WHERE true {run_filter}
     GROUP BY ALL
-), maj AS (
-    SELECT trajectory_id, capability,
-           CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-                WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
-    FROM votes
 )
+SELECT trajectory_id, capability,
+       CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
+            WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
+FROM votes
+"""
+POOLED_SQL = "WITH maj AS (" + POOLED_VALUES_SQL + """)
 SELECT m.capability,
        count(*) FILTER (WHERE NOT t.success AND m.value = 'lacking') AS lf,
        count(*) FILTER (WHERE NOT t.success AND m.value = 'present') AS pf,
@@ -271,7 +272,7 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
         note = f"{note}; scope: {scope.describe()}" if note else f"scope: {scope.describe()}"
     if incremental:
         materialise.sync(con)
-        where, params = _run_filter(None if every_finished else run_ids)
+        where, params = run_filter_sql(None if every_finished else run_ids)
         sc, sp = scope.where(con, "l")
         per_run = [(r[0], r[1], *_ints(r[2:])) for r in con.execute(
             MAT_PER_RUN_SQL.format(scope=sc, run_filter=where), sp + params).fetchall()]
@@ -279,11 +280,11 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
         if every_finished:
             pooled_rows = con.execute(MAT_POOLED_SQL.format(scope=sc), sp).fetchall()
         else:  # a subset of the runs: its majority is not materialised
-            where, params = _run_filter(run_ids)
+            where, params = run_filter_sql(run_ids)
             pooled_rows = con.execute(POOLED_SQL.format(scope=sc, run_filter=where),
                                       params + sp).fetchall()
     else:
-        where, params = _run_filter(run_ids)
+        where, params = run_filter_sql(run_ids)
         sc, sp = scope.where(con, "t")
         per_run = con.execute(PER_RUN_SQL.format(scope=sc, run_filter=where),
                               sp + params).fetchall()

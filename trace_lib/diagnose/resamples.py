@@ -28,24 +28,8 @@ import duckdb
 import numpy as np
 
 from trace_lib.diagnose import materialise
+from trace_lib.diagnose.ranking import POOLED_VALUES_SQL, run_filter_sql
 
-# The pooled effective value per (trajectory, capability) over `run_ids` (majority, ties
-# to lacking then present), when some counted run is not every finished run.
-POOLED_SQL = """
-WITH votes AS (
-    SELECT l.trajectory_id, l.capability,
-           count(*) FILTER (WHERE l.value = 'lacking') AS nl,
-           count(*) FILTER (WHERE l.value = 'present') AS np_,
-           count(*) FILTER (WHERE l.value = 'na') AS nn
-    FROM effective_run_labels l
-    WHERE l.run_id IN (SELECT unnest(?::VARCHAR[]))
-    GROUP BY ALL
-)
-SELECT trajectory_id, capability,
-       CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-            WHEN np_ >= nn THEN 'present' ELSE 'na' END AS value
-FROM votes
-"""
 # The same pairs when every finished run counts (the usual case): the materialised
 # effective value (latest edit, else the majority with the same ties), no GROUP BY over
 # every label (4 of the 10 s of a first bootstrap at 1M trajectories).
@@ -135,7 +119,9 @@ def draw_resamples(con: duckdb.DuckDBPyConnection, run_ids: list[str], b: int, s
         materialise.sync(con)
         pairs = MAT_POOLED_SQL
     else:
-        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS " + POOLED_SQL, [run_ids])
+        where, params = run_filter_sql(run_ids)
+        con.execute("CREATE OR REPLACE TEMP TABLE boot_pooled AS "
+                    + POOLED_VALUES_SQL.format(run_filter=where), params)
         pairs = "SELECT * FROM boot_pooled"
     try:
         con.execute(f"""

@@ -40,14 +40,16 @@ import pandas as pd
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
 from trace_lib.diagnose.ranking import (
+    POOLED_VALUES_SQL,
     REFERENCE_N,
     CapabilityRank,
     RankConfig,
     Ranking,
     RunFigures,
     rank_con,
+    run_filter_sql,
 )
-from trace_lib.diagnose.resamples import POOLED_SQL, Resamples, draw_resamples
+from trace_lib.diagnose.resamples import Resamples, draw_resamples
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 
@@ -324,6 +326,8 @@ def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
     adds one; 0..2 the value after the latest edit) and the pooled value it has today.
     One GROUP BY in the store; the columns come back as numpy arrays."""
     sc, sp = scope.where(con, "t")
+    where, params = run_filter_sql(run_ids)
+    pooled = POOLED_VALUES_SQL.format(run_filter=where)
     codes = ", ".join(f"coalesce(max(code) FILTER (WHERE ri = {i + 1}), -2) AS k{i}"
                       for i in range(len(run_ids)))
     res = con.execute(f"""
@@ -343,9 +347,9 @@ def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
                (capability, trajectory_id, success)
         FROM (SELECT capability, trajectory_id, any_value(success) AS success, {codes}
               FROM lab GROUP BY capability, trajectory_id) w
-        LEFT JOIN ({POOLED_SQL}) p USING (trajectory_id, capability)
+        LEFT JOIN ({pooled}) p USING (trajectory_id, capability)
         ORDER BY w.capability, w.trajectory_id""",
-                      [run_ids, run_ids, *sp, run_ids]).fetchnumpy()
+                      [run_ids, run_ids, *sp, *params]).fetchnumpy()
     return res
 
 
