@@ -43,7 +43,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_tokens": args.max_tokens, "max_sequence": args.max_sequence,
         "max_model_len": args.max_model_len, "temperature": args.temperature,
         "seed": args.seed, "concurrency": args.concurrency, "label": args.label,
-        "request_timeout_s": args.request_timeout,
+        "request_timeout_s": args.request_timeout, "shard_episodes": args.shard_episodes,
+        "shard_cpus": args.shard_cpus,
     }
 
 
@@ -166,6 +167,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--request-timeout", type=float, default=3600.0,
                    help="seconds one chat request may take")
     p.add_argument("--label", default=None, help="agent_model to record (default derived)")
+    p.add_argument("--shard-episodes", type=int, default=10,
+                   help="episodes per shard (the unit of resume; one Ray task each)")
+    p.add_argument("--shard-cpus", type=float, default=1.0,
+                   help="--backend ray: CPUs reserved per shard task")
     p.add_argument("--background", action="store_true", help="run as an `evaluate` job")
     p.add_argument("--wait", action="store_true", help="with --background: wait and import")
     p.add_argument("--backend", default="local", choices=("local", "ray"))

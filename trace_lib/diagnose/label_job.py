@@ -197,26 +197,14 @@ def _run_local(rd: Path, cfg: dict[str, Any], todo: list[str], done: list[dict[s
 
 def _run_ray(rd: Path, cfg: dict[str, Any], todo: list[str], done: list[dict[str, Any]],
              total: int, should_stop: Callable[[], bool]) -> None:
-    import ray
+    from trace_lib.jobs.ray import run_tasks
 
-    from trace_lib.jobs.kinds import Cancelled
+    def finished(totals: dict[str, Any]) -> None:
+        done.append(totals)
+        _progress(rd, done, total)
 
-    # Under the Ray Jobs API the entry point runs on the cluster with RAY_ADDRESS set.
-    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), ignore_reinit_error=True,
-             log_to_driver=True)
-    task = ray.remote(num_cpus=float(cfg.get("shard_cpus", 1)))(label_shard)
-    pending = [task.remote(str(rd), cfg, name) for name in todo]
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
-            for ref in ready:
-                done.append(ray.get(ref))
-                _progress(rd, done, total)
-            if pending and should_stop():
-                raise Cancelled()
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+    run_tasks(label_shard, [(str(rd), cfg, name) for name in todo],
+              float(cfg.get("shard_cpus", 1)), should_stop, finished)
 
 
 def run_job(spec: JobSpec, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:

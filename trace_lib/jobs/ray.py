@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from trace_lib.errors import UserInputError
 from trace_lib.jobs.backends import entrypoint, job_env
 from trace_lib.jobs.run_dir import SPEC, update_status
 from trace_lib.jobs.spec import RUNS_ENV, JobSpec
+
+T = TypeVar("T")
 
 RAY_ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
 FORWARDED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
@@ -87,3 +90,45 @@ class RayBackend:
             if str(client.get_job_status(spec.id)).rsplit(".", 1)[-1] in RAY_ENDED:
                 return
             time.sleep(0.2)
+
+
+def run_tasks(fn: Callable[..., T], calls: list[tuple[Any, ...]], num_cpus: float,
+              should_stop: Callable[[], bool], on_result: Callable[[T], None]) -> list[T]:
+    """Inside a job's entry point on the ray backend: `fn(*call)` for each call as one Ray
+    task, `num_cpus` each, while this process only waits. Results are handed to
+    `on_result` as they finish (completion order) and returned. A stop cancels the tasks
+    still pending and raises `Cancelled`.
+
+    `ray.init` replaces the SIGTERM handler with a `sys.exit`, so a stopped job would end
+    `failed` from inside `ray.wait`: the job's own handler (which sets `should_stop`) is
+    put back."""
+    import signal
+    import threading
+
+    import ray
+
+    from trace_lib.jobs.kinds import Cancelled
+
+    if not calls:
+        return []
+    on_term = signal.getsignal(signal.SIGTERM)
+    # Under the Ray Jobs API the entry point runs on the cluster with RAY_ADDRESS set.
+    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), ignore_reinit_error=True,
+             log_to_driver=True)
+    if on_term is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+    task = ray.remote(num_cpus=float(num_cpus))(fn)
+    pending = [task.remote(*call) for call in calls]
+    results: list[T] = []
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                results.append(ray.get(ref))
+                on_result(results[-1])
+            if pending and should_stop():
+                raise Cancelled()
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return results

@@ -14,8 +14,9 @@ Design decisions
   run started without a store still says what it evaluated.
 - Foreground `evaluate` runs in this process and imports the episodes at once;
   `launch_evaluation` submits an `evaluate` job (it never opens the store: it writes its
-  episodes file and result.json into its run directory) and `sync_evaluations` imports
-  finished jobs' files, idempotently, when a page or verb looks at jobs.
+  episodes file and result.json into its run directory; on Ray its entry point reserves
+  no CPU, the shard tasks do) and `sync_evaluations` imports finished jobs' files,
+  idempotently, when a page or verb looks at jobs.
 - Comparison and the one-task view are read-only (`trace_lib.compare`).
 """
 
@@ -101,8 +102,11 @@ def launch_evaluation(db: Db, config: Any, backend: str = "local",
     from trace_lib.workbench.training import record_job
 
     cfg = _with_provenance(db, make_config(config))
+    options = dict(backend_options or {})
+    if backend == "ray":
+        options.setdefault("num_cpus", 0)  # the driver only waits; the shard tasks work
     spec = jobs.JobSpec(kind=JOB_KIND, config=cfg.to_dict(), backend=backend,
-                        backend_options=backend_options or {})
+                        backend_options=options)
     cfg.run_id = cfg.run_id or spec.id
     spec.config = cfg.to_dict()
     jobs.submit(spec)
