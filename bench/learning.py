@@ -738,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-seed-start", type=int, default=100_000)
     p.add_argument("--samples", type=int, default=2)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=80)
+    # tool_calling_precision's reference call is 112 SmolLM2 tokens at the median, 187 at
+    # most (difficulty 1): a smaller budget cuts every call mid-JSON (session 4 used 48)
+    p.add_argument("--max-tokens", type=int, default=224)
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--sft-seeds", type=int, default=64)
