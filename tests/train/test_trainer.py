@@ -5,6 +5,7 @@ Reward rising, checkpoint/resume equivalence, KL/epochs/hints paths, config erro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -165,3 +166,28 @@ def test_a_checkpoint_interrupted_while_written_leaves_no_step_folder(tmp_path):
     assert load_file(str(second / "adapter_model.safetensors"))
     assert torch.load(second / "trainer_state.pt")["step"] == 2
     assert not list((tmp_path / "checkpoints").glob(".partial-*"))
+
+
+def test_a_turn_budget_below_the_reference_call_is_said(capsys):
+    """airline/tool_calling_precision's passenger-list call does not fit in 16 tokens: the
+    trainer says so before any step, with the length it measured; a budget that holds the
+    longest reference turn says nothing."""
+    from trace_lib.envs.capabilities import make_capability_env
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+    from trace_lib.train.local_rollouts import longest_reference_turn
+    from trace_lib.train.trainer import _check_turn_budget
+
+    def make_env():
+        return make_capability_env("airline", "tool_calling_precision", difficulty=1,
+                                   tools="capability", policy="excerpt", distractors=0)
+
+    tok = load_tokenizer(resolve_model("tiny"))
+    longest = longest_reference_turn(make_env(), range(4), tok, max_turns=2)
+    assert longest > 40  # a JSON call with a nested passenger list
+    cfg = TrainConfig(env="airline/tool_calling_precision", model="tiny", max_tokens=16,
+                      max_turns=2)
+    _check_turn_budget(cfg, make_env, tok)
+    out = capsys.readouterr().out
+    assert "warning: --max-tokens 16 is below" in out and f"({longest} tokens" in out
+    _check_turn_budget(dataclasses.replace(cfg, max_tokens=longest), make_env, tok)
+    assert capsys.readouterr().out == ""

@@ -315,6 +315,21 @@ def reference_episode(env: Environment, seed: int, tokenizer: Any,
     return (seq, mask) if any(mask) else None
 
 
+def longest_reference_turn(env: Environment, seeds: Any, tokenizer: Any,
+                           max_turns: int = 8) -> int:
+    """Tokens of the longest assistant turn of the reference episodes on `seeds` (0 when
+    the environment has no reference): what a rollout's `max_tokens` must hold for the
+    right answer to fit at all."""
+    longest = 0
+    for seed in seeds:
+        ep = reference_episode(env, seed, tokenizer, max_turns)
+        run = 0
+        for keep in (ep[1] if ep else []):
+            run = run + 1 if keep else 0
+            longest = max(longest, run)
+    return longest
+
+
 def sft(
     params: list[torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -230,6 +231,27 @@ def _eval_log(label: str) -> Callable[[int, int], None]:
     return lambda k, n: print(f"[eval {label}] {k}/{n} held-out seeds", flush=True)
 
 
+def _check_turn_budget(cfg: TrainConfig, make_env: Callable[[], Environment],
+                       tokenizer: Any) -> None:
+    """Say so, loudly, when a reference turn does not fit in `max_tokens`: every rollout
+    that tries the right call is then cut mid-JSON and earns nothing, and GRPO sees only
+    "no signal" steps (found twice on airline/tool_calling_precision: its passenger-list
+    call is 112-187 SmolLM2 tokens, and 48 / 96 were tried)."""
+    from trace_lib.train.local_rollouts import longest_reference_turn
+
+    env = make_env()
+    try:
+        longest = longest_reference_turn(env, range(4), tokenizer, cfg.max_turns)
+    finally:
+        if hasattr(env, "close"):
+            env.close()
+    if longest > cfg.max_tokens:
+        print(f"[train] warning: --max-tokens {cfg.max_tokens} is below the longest reference "
+              f"turn of {cfg.env} ({longest} tokens of this model, seeds 0-3): rollouts that "
+              f"make the right call are cut before it ends; use --max-tokens "
+              f"{32 * math.ceil(longest * 1.25 / 32)} or more", flush=True)
+
+
 # ------------------------------------------------------------------------ the loop
 
 
@@ -298,6 +320,7 @@ def train(
         if cfg.sft_steps > 0:
             warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir)
 
+    _check_turn_budget(cfg, make_env, tokenizer)
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
     eval_path = run_dir / "eval.json"
     evals: dict[str, Any] = json.loads(eval_path.read_text()) if eval_path.exists() else {}
