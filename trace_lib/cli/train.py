@@ -39,6 +39,11 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs-per-step", type=int, default=None)
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward pass (long prompts, less RAM)")
+    p.add_argument("--device", default=None,
+                   help="where the trained model runs: auto (CUDA if torch sees a GPU, "
+                   "default), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="base weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--hint-share", type=float, default=None)
     p.add_argument("--kl", type=float, default=None, help="KL coefficient (0 = off)")
     p.add_argument("--adv-scale", choices=("group", "batch", "none"), default=None)
@@ -80,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         temperature=args.temperature, micro_batch=args.micro_batch,
         epochs_per_step=args.epochs_per_step,
         gradient_checkpointing=args.gradient_checkpointing, hint_share=args.hint_share,
+        device=args.device, dtype=args.dtype,
         checkpoint_every=args.checkpoint_every, eval_seeds=args.eval_seeds, seed=args.seed,
         server_url=args.server_url, server=args.server, served_model=args.served_model,
         api_key_env=args.api_key_env, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,

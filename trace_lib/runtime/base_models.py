@@ -245,6 +245,34 @@ def load_tokenizer(name_or_path: str):
     return tok
 
 
+def resolve_device(device: str = "auto") -> str:
+    """"auto" -> "cuda" when torch sees a GPU, else "cpu"; a named CUDA device that torch
+    cannot see is a clear error, not a CUDA traceback at the first forward pass."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserInputError(f"device {device!r}: torch sees no CUDA GPU on this machine "
+                                 f"(torch {torch.__version__}); use --device cpu")
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise UserInputError(f"device {device!r}: this machine has "
+                                 f"{torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    """"auto" -> bfloat16 on CUDA (what GPU training runs in), float32 on the CPU (bf16
+    matmuls are slower than fp32 on most CPUs and lose precision for nothing)."""
+    import torch
+
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
 def load_model(
     name_or_path: str, dtype: Any = None, device: str = "cpu"
 ) -> tuple[Any, Any]:

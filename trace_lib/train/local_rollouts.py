@@ -359,6 +359,7 @@ def sft(
             ids = torch.tensor([s + [pad_id] * (width - len(s)) for s, _ in rows])
             att = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in rows])
             mask = torch.tensor([m + [0] * (width - len(m)) for _, m in rows])[:, 1:].float()
+            ids, att, mask = (t.to(params[0].device) for t in (ids, att, mask))
             first = min(m.index(1) for _, m in rows)
             optimizer.zero_grad(set_to_none=True)
             lp = forward(ids, att, max(first - 1, 0), []).logprobs

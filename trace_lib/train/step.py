@@ -210,7 +210,9 @@ class GRPOStep:
             a = torch.tensor([advantages[i] for i in idx], dtype=torch.float32)
             firsts = [r.loss_mask.index(1) for r in rows if 1 in r.loss_mask]
             keep_from = max(min(firsts) - 1, 0) if firsts else ids.shape[1] - 1
-            tensors.append((ids, att, mask, samp, hinted, a, keep_from, rows))
+            dev = self.params[0].device  # the model's device (CPU or CUDA)
+            tensors.append((ids.to(dev), att.to(dev), mask.to(dev), samp.to(dev),
+                            hinted.to(dev), a.to(dev), keep_from, rows))
         old: list[torch.Tensor | None] = [None] * len(tensors)
         if s.epochs_per_step > 1:
             for k, (ids, att, mask, samp, _h, _a, kf, rows) in enumerate(tensors):

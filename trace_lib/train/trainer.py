@@ -270,7 +270,12 @@ def train(
     progress: bool = False,
 ) -> TrainResult:
     """Train one LoRA adapter on `cfg.env`; everything goes into `run_dir`."""
-    from trace_lib.runtime.base_models import load_model, resolve_model
+    from trace_lib.runtime.base_models import (
+        load_model,
+        resolve_device,
+        resolve_dtype,
+        resolve_model,
+    )
 
     cfg.validate()
     t_start = time.perf_counter()
@@ -286,7 +291,10 @@ def train(
     stop = should_stop or (lambda: False)
 
     model_path = resolve_model(cfg.model)
-    base, tokenizer = load_model(model_path)
+    device = resolve_device(cfg.device)
+    base, tokenizer = load_model(model_path, dtype=resolve_dtype(cfg.dtype, device),
+                                 device=device)
+    print(f"[train] model on {device} ({next(base.parameters()).dtype})", flush=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
