@@ -88,14 +88,31 @@ def test_precision_partial_credit_is_the_share_of_right_arguments():
     env.reset(seed)
     gold = env.ground_truth["reference_actions"][0]
     args = dict(gold["arguments"])
-    args["insurance"] = "no" if args["insurance"] == "yes" else "yes"  # one of 11 wrong
-    env.step(json.dumps({"name": gold["name"], "arguments": args}))
+    args["flight_type"] = "round_trip" if args["flight_type"] == "one_way" else "one_way"
+    obs = env.step(json.dumps({"name": gold["name"], "arguments": args}))  # one of 11 wrong
+    assert not obs.startswith("Error"), obs  # the tool accepts it: a precision miss
     env.step({"content": "booked"})
     summary = env.summary()
     assert not summary["passed"]
     write = next(c for c in summary["checks"] if c["check"] == "write")
     assert 0.5 < write["score"] < 1.0
     assert 0.0 < summary["reward"] < 1.0
+
+
+def test_a_call_the_tool_refuses_earns_no_share_of_its_arguments():
+    # The loophole GRPO found (session 11): the right reservation id with a cut-down
+    # passenger list, which the tool rejects, used to earn 0.25 every time.
+    env = make_capability_env("airline", "tool_calling_precision", difficulty=1)
+    seed = _seed_where(env, lambda gt: len(gt["reference_actions"][0]["arguments"]
+                                           ["passengers"]) > 1)
+    env.reset(seed)
+    gold = env.ground_truth["reference_actions"][0]
+    args = {**gold["arguments"], "passengers": gold["arguments"]["passengers"][:1]}
+    assert env.step({"name": gold["name"], "arguments": args}).startswith("Error")
+    env.step({"content": f"Done: reservation {args['reservation_id']} updated."})
+    summary = env.summary()
+    write = next(c for c in summary["checks"] if c["check"] == "write")
+    assert write["score"] == 0.0 and summary["reward"] == 0.0
 
 
 def test_reasoning_answer_must_carry_the_figure():

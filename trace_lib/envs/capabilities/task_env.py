@@ -14,7 +14,8 @@ Design decisions
   `reset` raises (a builder bug, never an agent's fault).
 - The verdict is a list of checks, each with a score in [0, 1] and a reason:
   one per reference write (the share of its arguments the agent got right in its best
-  matching call: partial credit for precision), one per required read (made before the
+  matching call the tool accepted: partial credit for precision; a refused call earns
+  nothing, or half when every argument was right), one per required read (made before the
   first write), one per answer item (found in the final reply), and the database check
   (final hash == expected hash, with the first differing paths as the reason).
   reward = mean of the non-database checks, times 0.5 if the database is wrong, times 0
@@ -343,8 +344,12 @@ class TaskEnvironment:
             got = self._normalised_args(call["name"], call["arguments"])
             wrong = [k for k in want if got.get(k) != want[k]]
             score = 1.0 - len(wrong) / max(1, len(want))
-            if call["write"] is False and score == 1.0:
-                score = 0.5  # the right call, but the tool refused it
+            if call["write"] is False:  # the tool refused it: nothing was written
+                # An exactly right call the tool still refused keeps half; a partly right
+                # one earns nothing. (It used to earn its share of right arguments: GRPO
+                # from a short SFT learned to send the right id with a cut-down passenger
+                # list, which the tool rejects, for a steady 0.25; session 11.)
+                score = 0.5 if score == 1.0 else 0.0
                 wrong = ["(the tool returned an error)"]
             if score > best:
                 best, best_wrong = score, wrong
