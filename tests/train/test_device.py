@@ -11,16 +11,12 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from toy_training import TOY
 
 from trace_lib.errors import UserInputError
 from trace_lib.runtime.base_models import resolve_device, resolve_dtype
 from trace_lib.train.trainer import TrainConfig, train
 
-TOY = {
-    "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 8,
-    "groups_per_step": 2, "max_tokens": 3, "lr": 2e-2, "checkpoint_every": 0,
-    "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj", "lm_head"]},
-}
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -39,6 +35,7 @@ def test_a_gpu_that_is_not_there_is_a_clear_error():
 
 
 @pytest.mark.parametrize(("patch", "field"), [({"device": "tpu"}, "device"),
+                                              ({"device": "cuda:first"}, "device"),
                                               ({"dtype": "float16"}, "dtype")])
 def test_device_and_dtype_errors_name_the_field(patch, field):
     with pytest.raises(UserInputError, match=f"`{field}`"):

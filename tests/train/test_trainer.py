@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from toy_training import TOY
 
 from trace_lib.errors import UserInputError  # noqa: E402
 from trace_lib.train.trainer import (  # noqa: E402
@@ -20,19 +21,6 @@ from trace_lib.train.trainer import (  # noqa: E402
     train,
     write_checkpoint,
 )
-
-# The `tiny` model ties its output layer to embeddings initialised with std 0.02, so LoRA
-# on the blocks alone can move a next-token log-prob only from about -6.9 to -5.6; adding
-# `lm_head` to the targets lets a few steps visibly change behaviour.
-# `device: cpu`: these tests compare the sampler's log-probs with the loss's to 1e-4, which
-# holds when both run the same fp32 weights; on a GPU box `auto` would train in bf16 on CUDA
-# against the fp32 CPU server (gap ~1e-2, measured on an H200). test_device.py covers CUDA.
-TOY = {
-    "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "device": "cpu",
-    "group": 8, "groups_per_step": 2,
-    "max_tokens": 3, "lr": 2e-2, "checkpoint_every": 0,
-    "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj", "lm_head"]},
-}
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -147,7 +148,8 @@ class TrainConfig:
             (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
             (self.server in ("ours", "vllm"), "server", "ours or vllm"),
-            (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            (self.device in ("auto", "cpu", "cuda")
+             or re.fullmatch(r"cuda:\d+", self.device) is not None,
              "device", "auto, cpu, cuda or cuda:N"),
             (self.dtype in ("auto", "float32", "bfloat16"), "dtype",
              "auto, float32 or bfloat16"),

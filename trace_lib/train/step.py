@@ -198,6 +198,7 @@ class GRPOStep:
             return {}
         chunks = [list(range(i, min(i + s.micro_batch, len(batch))))
                   for i in range(0, len(batch), s.micro_batch)]
+        dev = self.params[0].device  # the model's device (CPU or CUDA); batches move there
         tensors = []
         for idx in chunks:
             rows = [batch[i] for i in idx]
@@ -210,7 +211,6 @@ class GRPOStep:
             a = torch.tensor([advantages[i] for i in idx], dtype=torch.float32)
             firsts = [r.loss_mask.index(1) for r in rows if 1 in r.loss_mask]
             keep_from = max(min(firsts) - 1, 0) if firsts else ids.shape[1] - 1
-            dev = self.params[0].device  # the model's device (CPU or CUDA)
             tensors.append((ids.to(dev), att.to(dev), mask.to(dev), samp.to(dev),
                             hinted.to(dev), a.to(dev), keep_from, rows))
         old: list[torch.Tensor | None] = [None] * len(tensors)

@@ -152,15 +152,6 @@ def policy_endpoint(cfg: TrainConfig, model_path: str,
 # -------------------------------------------------------------------------- helpers
 
 
-def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
-
-
-def _batches(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def write_checkpoint(run_dir: Path, step: int, model: Any, model_path: str,
                      trainer_state: dict[str, Any]) -> Path:
     """`checkpoints/step_<step>`: the adapter and `trainer_state.pt`, whole or not at all.
