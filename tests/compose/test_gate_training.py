@@ -210,3 +210,44 @@ def test_gate_movement_summary_and_warning() -> None:
     assert "1/3 GRPO steps with signal" in movement_line(m)
     assert gate_movement([])["moved"] is None and gate_movement([])["warning"] is None
     assert "no warm-start or GRPO step" in gate_movement([], finished=True)["warning"]
+
+
+@pytest.mark.parametrize(("patch", "field"), [({"device": "gpu"}, "device"),
+                                              ({"device": "cuda:one"}, "device"),
+                                              ({"dtype": "float16"}, "dtype")])
+def test_gate_device_and_dtype_errors_name_the_field(patch, field) -> None:
+    with pytest.raises(UserInputError, match=f"`{field}`"):
+        GateTrainConfig.from_dict({"moe": "m", "envs": SMOKE, **patch}, where="gates")
+
+
+def test_the_gates_cli_flags_reach_the_config(moe_dir) -> None:
+    from trace_lib.cli import build_parser
+    from trace_lib.workbench import composition
+
+    args = build_parser().parse_args(["gates", "--moe", str(moe_dir), "--envs", ",".join(SMOKE),
+                                      "--device", "cpu", "--dtype", "bfloat16"])
+    cfg = composition.gate_config(args.moe, args.envs, device=args.device, dtype=args.dtype)
+    assert (cfg.device, cfg.dtype) == ("cpu", "bfloat16")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gates_train_on_the_gpu_and_save_to_the_cpu(moe_dir, tmp_path) -> None:
+    """`device: cuda`: rollouts decode and the gates update on the GPU (bf16 base, fp32
+    gates); the saved gates load back on the CPU."""
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=SMOKE, warm_seeds=1, warm_steps=10,
+                          steps=3, group=6, groups_per_step=2, max_turns=2, max_tokens=4,
+                          lr=0.05, balance_coef=0.01, device="cuda")
+    result = train_gates(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "grpo"] == [1, 2, 3]
+    assert result["gates_moved"] is True
+    from safetensors.torch import load_file
+
+    from trace_lib.compose.gated import load_moe
+
+    gates = load_file(str(Path(result["moe_path"]) / "gates.safetensors"))
+    assert {t.dtype for t in gates.values()} == {torch.float32}
+    moe = load_moe(result["moe_path"])  # the CPU by default
+    with torch.no_grad(), moe.recording() as rec:
+        moe(input_ids=torch.randint(5, 900, (1, 16)))
+    assert rec.chosen.numel() > 0

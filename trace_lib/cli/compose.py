@@ -112,7 +112,7 @@ def _gates(args: argparse.Namespace) -> int:
         steps=args.steps, group=args.group, groups_per_step=args.groups_per_step,
         max_tokens=args.max_tokens, max_turns=args.max_turns, lr=args.lr,
         balance_coef=args.balance_coef, eval_seeds=args.eval_seeds, seed=args.seed,
-        warm_lr=args.warm_lr, estimator=args.estimator)
+        warm_lr=args.warm_lr, estimator=args.estimator, device=args.device, dtype=args.dtype)
     result = composition.train_gates(args.db, cfg, background=args.background,
                                      backend=args.backend, progress=not args.json)
     if args.json:
@@ -232,6 +232,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--estimator", default=None, choices=["full", "chosen"],
                    help="gate gradient: full straight-through (default; learns from zero)")
     p.add_argument("--balance-coef", type=float, default=0.01)
+    p.add_argument("--device", default=None,
+                   help="where the composed model runs (rollouts and gate update): auto "
+                   "(CUDA if torch sees a GPU, default), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="base weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--eval-seeds", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--background", action="store_true", help="run as a background job")

@@ -60,6 +60,7 @@ import torch
 from trace_lib.compose.gated import GatedMoE, load_moe
 from trace_lib.compose.local_client import LocalMoEClient, env_factory
 from trace_lib.errors import UserInputError
+from trace_lib.runtime.base_models import DEVICE_NAMES, is_device_name
 from trace_lib.train.grpo import LossConfig
 
 JOB_KIND = "train_gates"
@@ -89,6 +90,11 @@ class GateTrainConfig:
     eval_seed_start: int = 10_000
     seed: int = 0
     torch_threads: int = 0  # 0 = torch's default; 1 is fastest for tiny models on a busy box
+    # Where the composed model runs, as `TrainConfig.device`: "auto" is CUDA when torch sees
+    # a GPU. Rollouts decode in-process with the gated model, so on a GPU both the rollouts
+    # and the gate update move there. The gates stay float32 whatever `dtype` the base has.
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 on the CPU) | float32 | bfloat16
     estimator: str = "full"  # straight-through over every slot: gates learn from zero
     micro_batch: int = 4  # rollouts per loss forward
     env_specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> EnvSpec json
@@ -125,6 +131,12 @@ class GateTrainConfig:
             raise UserInputError(f"{where}: field `group` must be >= 2 for GRPO")
         if self.warm_temperature <= 0:
             raise UserInputError(f"{where}: field `warm_temperature` must be > 0")
+        if not is_device_name(self.device):
+            raise UserInputError(f"{where}: field `device` is {self.device!r}; expected "
+                                 f"{DEVICE_NAMES}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise UserInputError(f"{where}: field `dtype` is {self.dtype!r}; expected auto, "
+                                 "float32 or bfloat16")
         if self.estimator not in ("full", "chosen"):
             raise UserInputError(f"{where}: field `estimator` must be full or chosen, got "
                                  f"{self.estimator!r}")
@@ -189,9 +201,10 @@ def soft_targets(rewards: list[float], tau: float) -> torch.Tensor:
 def routing_stats(collected: list[tuple[int, torch.Tensor, torch.Tensor]], k1: int,
                   mask: torch.Tensor | None = None) -> dict[str, Any]:
     """Load-balance loss (with grad), mean entropy and per-slot share over collected layers."""
-    balance = torch.zeros(())
+    device = collected[0][1].device if collected else torch.device("cpu")
+    balance = torch.zeros((), device=device)
     ent_sum, n = 0.0, 0
-    share = torch.zeros(k1)
+    share = torch.zeros(k1, device=device)
     for _layer, probs, chosen in collected:
         p = probs.reshape(-1, k1)
         c = chosen.reshape(-1)
@@ -399,6 +412,7 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     notebook); other names resolve through `env_makers_for`.
     """
     from trace_lib.jobs import Cancelled
+    from trace_lib.runtime.base_models import resolve_device, resolve_dtype
     from trace_lib.runtime.rollout import RolloutConfig, evaluate, run_group
 
     cfg.validate()
@@ -412,7 +426,9 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     torch.manual_seed(cfg.seed)
     if cfg.torch_threads > 0:
         torch.set_num_threads(cfg.torch_threads)
-    moe = load_moe(cfg.moe)
+    device = resolve_device(cfg.device)
+    moe = load_moe(cfg.moe, device=device, dtype=resolve_dtype(cfg.dtype, device))
+    print(f"[gates] model on {device} ({next(moe.model.parameters()).dtype})", flush=True)
     moe.config.estimator = cfg.estimator  # type: ignore[assignment]
     makers = env_makers_for(cfg, env_makers)
     initial = _snapshot(moe)

@@ -216,12 +216,15 @@ def request_mask(ids: torch.Tensor,
     return out.to(ids.device)
 
 
-def load_base(name_or_path: str) -> tuple[nn.Module, Any]:
+def load_base(name_or_path: str, device: str = "cpu", dtype: Any = None
+              ) -> tuple[nn.Module, Any]:
     """(model, tokenizer) through the training stage's registry: a name (`tiny`,
-    `smollm2-135m`) or any HF folder; the same loader the trainer and the server use."""
+    `smollm2-135m`) or any HF folder; the same loader the trainer and the server use.
+    `device` is a resolved torch device ("cpu", "cuda:0"), `dtype` a torch dtype (None:
+    float32)."""
     from trace_lib.runtime.base_models import load_model
 
-    model, tokenizer = load_model(name_or_path)
+    model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
     return model.eval(), tokenizer
 
 
@@ -624,8 +627,11 @@ def load_moe(
     mode: str | None = None,
     base: tuple[nn.Module, Any] | None = None,
     dispatch: str | None = None,
+    device: str = "cpu",
+    dtype: Any = None,
 ) -> GatedMoE:
-    """Load a composed model folder (its base, adapters and trained gates)."""
+    """Load a composed model folder (its base, adapters and trained gates); `device` and
+    `dtype` place the base (and with it the adapters' factors; the gates stay float32)."""
     from safetensors.torch import load_file
 
     root = Path(folder).expanduser()
@@ -637,7 +643,8 @@ def load_moe(
     config = MoEConfig(mode=mode or meta.get("mode", "top1"),
                        dispatch=dispatch or meta.get("dispatch", "sparse"),
                        estimator=meta.get("estimator", "full"))
-    model, tokenizer = base if base is not None else load_base(meta["base_model"])
+    model, tokenizer = (base if base is not None
+                        else load_base(meta["base_model"], device=device, dtype=dtype))
     moe = GatedMoE(model, specs, config, tokenizer=tokenizer, base_model=meta["base_model"])
     gates = root / "gates.safetensors"
     if gates.is_file():

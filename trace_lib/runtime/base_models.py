@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -243,6 +244,15 @@ def load_tokenizer(name_or_path: str):
     if not tok.chat_template:
         tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def is_device_name(device: str) -> bool:
+    """The device names the training configs accept (`DEVICE_NAMES`); resolved later by
+    `resolve_device`, on the machine that runs the job."""
+    return device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device) is not None
 
 
 def resolve_device(device: str = "auto") -> str:

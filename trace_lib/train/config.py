@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from trace_lib.errors import UserInputError
+from trace_lib.runtime.base_models import DEVICE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
 
 __all__ = ["DEFAULT_TARGETS", "LoraSettings", "LossConfig", "TrainConfig"]
@@ -148,9 +148,7 @@ class TrainConfig:
             (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
             (self.server in ("ours", "vllm"), "server", "ours or vllm"),
-            (self.device in ("auto", "cpu", "cuda")
-             or re.fullmatch(r"cuda:\d+", self.device) is not None,
-             "device", "auto, cpu, cuda or cuda:N"),
+            (is_device_name(self.device), "device", DEVICE_NAMES),
             (self.dtype in ("auto", "float32", "bfloat16"), "dtype",
              "auto, float32 or bfloat16"),
             (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
