@@ -42,7 +42,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu_train import build_model, demos_of, peak_gib, sync  # noqa: E402
+from bench.gpu_train import (  # noqa: E402
+    build_model,
+    demos_of,
+    peak_gib,
+    shape_arguments,
+    sync,
+)
 from trace_lib.compose.adapters import Adapter, LoRAFactors  # noqa: E402
 from trace_lib.compose.gate_training import (  # noqa: E402
     GateTrainConfig,
@@ -173,27 +179,13 @@ def run_shape(shape: str, args: argparse.Namespace, tokenizer, demos: list,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--shapes", default="smollm2-135m")
-    p.add_argument("--tokenizer", default=str(ROOT / "data" / "models" / "smollm2-135m"),
-                   help="a folder with SmolLM2's tokenizer.json (no weights needed)")
-    p.add_argument("--env", default="airline/tool_calling_precision")
-    p.add_argument("--seeds", type=int, default=8, help="reference episodes to train on")
+    p = shape_arguments(__doc__, seeds=8)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--warm-prompts", type=int, default=8)
     p.add_argument("--warm-prompt-tokens", type=int, default=1200)
     p.add_argument("--warm-steps", type=int, default=100)
-    p.add_argument("--grpo-steps", type=int, default=2)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--groups-per-step", type=int, default=2)
-    p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=224)
     p.add_argument("--decode-reps", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="JSON file for the rows")
     args = p.parse_args()
 
     from transformers import AutoTokenizer

@@ -175,25 +175,32 @@ def run_shape(shape: str, args: argparse.Namespace, demos: list, device: str) ->
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def shape_arguments(doc: str, seeds: int) -> argparse.ArgumentParser:
+    """The flags every GPU-shape bench shares (this one and bench/gpu_gates.py): where it
+    runs, which shapes, the episodes it trains on and the GRPO step's shape."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--shapes", default="smollm2-135m")
     p.add_argument("--tokenizer", default=str(ROOT / "data" / "models" / "smollm2-135m"),
                    help="a folder with SmolLM2's tokenizer.json (no weights needed)")
     p.add_argument("--env", default="airline/tool_calling_precision")
-    p.add_argument("--seeds", type=int, default=16, help="reference episodes to train on")
-    p.add_argument("--sft-steps", type=int, default=3)
-    p.add_argument("--sft-batch", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=seeds, help="reference episodes to train on")
     p.add_argument("--grpo-steps", type=int, default=2)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups-per-step", type=int, default=2)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file for the rows")
+    return p
+
+
+def main() -> None:
+    p = shape_arguments(__doc__, seeds=16)
+    p.add_argument("--sft-steps", type=int, default=3)
+    p.add_argument("--sft-batch", type=int, default=2)
+    p.add_argument("--gradient-checkpointing", action="store_true")
     args = p.parse_args()
 
     from transformers import AutoTokenizer
