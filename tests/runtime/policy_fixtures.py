@@ -79,10 +79,13 @@ def make_lora(base_dir: Path, out_dir: Path, seed: int, lr: float = 0.05) -> Pat
     return out_dir
 
 
-def teacher_forced_logprobs(model, prompt_ids: list[int], completion_ids: list[int]):
-    """Logprob of each completion token under `model`, from one forward pass."""
+def teacher_forced_logprobs(model, prompt_ids: list[int], completion_ids: list[int],
+                            temperature: float = 1.0):
+    """Logprob of each completion token under `model` at `temperature`, from one forward
+    pass (what the trainer's loss computes)."""
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)])
     with torch.inference_mode():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        logits = model(input_ids=ids).logits[0].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)
     n = len(prompt_ids)
     return [float(logp[n - 1 + i, t]) for i, t in enumerate(completion_ids)]

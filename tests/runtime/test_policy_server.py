@@ -100,6 +100,23 @@ def test_logprobs_equal_a_teacher_forced_pass_under_batching(client, tool_model)
             assert comp.logprobs == pytest.approx(ref, abs=2e-4)
 
 
+def test_logprobs_are_of_the_tempered_distribution_sampled_from(client, tool_model):
+    """At temperature 0.7 the reported log-probs are of logits / 0.7 (vLLM's
+    processed_logprobs), the behaviour policy the trainer's loss scores; top-p masks the
+    tail and renormalises, so a nucleus token's log-prob rises above the tempered one."""
+    model, _ = models.load_model(str(tool_model))
+    comp = client.chat(ASK, n=2, max_tokens=12, temperature=0.7, seed=3)
+    for c in comp:
+        ref = teacher_forced_logprobs(model, c.prompt_token_ids, c.token_ids, temperature=0.7)
+        assert c.logprobs == pytest.approx(ref, abs=2e-4)
+        raw = teacher_forced_logprobs(model, c.prompt_token_ids, c.token_ids)
+        assert max(abs(a - b) for a, b in zip(c.logprobs, raw, strict=True)) > 1e-3
+    nucleus = client.chat(ASK, n=1, max_tokens=12, temperature=0.7, top_p=0.5, seed=3)[0]
+    ref = teacher_forced_logprobs(model, nucleus.prompt_token_ids, nucleus.token_ids,
+                                  temperature=0.7)
+    assert all(a >= b - 1e-5 for a, b in zip(nucleus.logprobs, ref, strict=True))
+
+
 def test_seed_reproduces_and_greedy_matches_generate(client, tool_model):
     a = client.chat(ASK, n=2, max_tokens=10, seed=7)
     b = client.chat(ASK, n=2, max_tokens=10, seed=7)

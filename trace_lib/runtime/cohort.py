@@ -185,19 +185,34 @@ def row_kv(cohort: Cohort, row: int, prompt: list[int],
     return prompt + tokens[:-1], kv
 
 
-def sample_next(logits: Any, params: SamplingParams, draws: list[tuple[int, int, Any]]) -> Any:
-    """Next token per row; `draws` = (start, stop, generator) per request in the batch."""
+def processed_logprobs(logits: Any, params: SamplingParams) -> Any:
+    """Log-probabilities of the distribution a row is sampled from: `logits / temperature`,
+    tokens outside the top-p nucleus at -inf, renormalised (vLLM's
+    `logprobs_mode=processed_logprobs`, which the trainer starts vLLM with). These are
+    what GRPO needs as the behaviour policy's log-probs at any temperature; greedy rows
+    (temperature 0) get the raw log-softmax, as in vLLM."""
     import torch
 
     if params.temperature <= 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+        return torch.log_softmax(logits, dim=-1)
+    scaled = logits / params.temperature
     if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
+        sorted_p, order = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True)
         # keep the smallest prefix whose mass reaches top_p (always the first token)
         drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(1, order, sorted_p)
+        scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(1, order, drop),
+                                    float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def sample_next(logp: Any, params: SamplingParams, draws: list[tuple[int, int, Any]]) -> Any:
+    """Next token per row from `processed_logprobs`; `draws` = (start, stop, generator) per
+    request in the batch."""
+    import torch
+
+    if params.temperature <= 0:
+        return logp.argmax(dim=-1)
+    probs = logp.exp()
     if len(draws) == 1:
         return torch.multinomial(probs, 1, generator=draws[0][2])[:, 0]
     # Row slices of a contiguous tensor: each request's draw sees exactly its own rows.

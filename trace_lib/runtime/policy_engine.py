@@ -5,9 +5,12 @@ Design decisions
   only the sampled token's logprob and the top-k per step (never a vocab-sized tensor per
   step), computes prefill logits for the last position only (`logits_to_keep=1`), and stops
   each row on its own EOS or limit.
-- Logprobs are the model's raw distribution (log-softmax of the logits before temperature
-  and top-p), as vLLM reports them by default (`logprobs_mode=raw_logprobs`): at
-  temperature 1 they are exactly the behaviour policy's logprobs GRPO needs.
+- Logprobs are of the distribution the token was sampled from (temperature and top-p
+  applied, `cohort.processed_logprobs`), as vLLM reports them with
+  `logprobs_mode=processed_logprobs` (how `VLLMConfig` starts it): at any temperature they
+  are the behaviour policy's logprobs GRPO needs. Raw logprobs (vLLM's default) differ from
+  the policy at temperature != 1, which made the old-policy ratio and the hint weights
+  wrong there.
 - Continuous batching by cohorts. Requests with the same adapter and sampling settings that
   are waiting together (or arrive within 10 ms of an idle engine) form one cohort, decoded
   as one left-padded batch. The worker advances every live cohort by one unit of work in
@@ -67,6 +70,7 @@ from trace_lib.runtime.cohort import (
     cut_rows,
     merge,
     mergeable,
+    processed_logprobs,
     row_kv,
     sample_next,
     samples,
@@ -463,12 +467,12 @@ class PolicyEngine:
         """Sample each row's next token from `logits` and keep what the response needs."""
         import torch
 
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = processed_logprobs(logits, cohort.params)
         draws, k = [], 0
         for j in cohort.jobs:
             draws.append((k, k + j.n, cohort.gens[j.id]))
             k += j.n
-        nxt = sample_next(logits, cohort.params, draws)
+        nxt = sample_next(logp, cohort.params, draws)
         cohort.hist_ids.append(nxt)
         cohort.hist_lp.append(logp.gather(1, nxt[:, None])[:, 0])
         if cohort.top_k:

@@ -508,7 +508,10 @@ class VLLMConfig:
                "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
                "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
                "--max-loras", str(self.max_loras),
-               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
+               # Logprobs of the tempered distribution the tokens were drawn from (vLLM's
+               # default is the raw one): the trainer's old policy at any temperature.
+               "--logprobs-mode", "processed_logprobs"]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
         if self.max_model_len:
