@@ -100,7 +100,7 @@ def test_logprobs_equal_a_teacher_forced_pass_under_batching(client, tool_model)
             assert comp.logprobs == pytest.approx(ref, abs=2e-4)
 
 
-def test_logprobs_are_of_the_tempered_distribution_sampled_from(client, tool_model):
+def test_logprobs_are_of_the_tempered_distribution_sampled_from(server, client, tool_model):
     """At temperature 0.7 the reported log-probs are of logits / 0.7 (vLLM's
     processed_logprobs), the behaviour policy the trainer's loss scores; top-p masks the
     tail and renormalises, so a nucleus token's log-prob rises above the tempered one."""
@@ -115,6 +115,17 @@ def test_logprobs_are_of_the_tempered_distribution_sampled_from(client, tool_mod
     ref = teacher_forced_logprobs(model, nucleus.prompt_token_ids, nucleus.token_ids,
                                   temperature=0.7)
     assert all(a >= b - 1e-5 for a, b in zip(nucleus.logprobs, ref, strict=True))
+    # Tokens outside the nucleus are -inf: over HTTP they arrive as vLLM's -9999.0, valid
+    # JSON (a bare -Infinity is not, and failed the response).
+    raw = httpx.post(server.base_url + "/chat/completions", json={
+        "messages": ASK, "temperature": 0.7, "top_p": 0.2, "seed": 3, "max_tokens": 4,
+        "logprobs": True, "top_logprobs": 20})
+    assert raw.status_code == 200, raw.text
+    def no_constants(name):
+        raise AssertionError(f"{name} in the JSON")
+    tops = [t["logprob"] for c in json.loads(raw.text, parse_constant=no_constants)[
+        "choices"][0]["logprobs"]["content"] for t in c["top_logprobs"]]
+    assert min(tops) == -9999.0 and max(tops) <= 0.0
 
 
 def test_seed_reproduces_and_greedy_matches_generate(client, tool_model):

@@ -249,13 +249,15 @@ class ChatService:
         return f"token_id:{tid}" if as_ids else self.tokenizer.decode([tid])
 
     def _logprobs(self, s: Sample, as_ids: bool) -> dict[str, Any]:
+        # Outside a top-p nucleus a token's log-prob is -inf, which JSON cannot carry:
+        # clamped to -9999.0, as vLLM does.
         content = []
         for k, (tid, lp) in enumerate(zip(s.token_ids, s.logprobs, strict=True)):
             text = self._token_text(tid, as_ids)
-            tops = [{"token": self._token_text(t, as_ids), "logprob": v,
+            tops = [{"token": self._token_text(t, as_ids), "logprob": max(v, -9999.0),
                      "bytes": list(self._token_text(t, False).encode("utf-8"))}
                     for t, v in (s.top_logprobs[k] if s.top_logprobs else [])]
-            content.append({"token": text, "logprob": lp,
+            content.append({"token": text, "logprob": max(lp, -9999.0),
                             "bytes": list(self.tokenizer.decode([tid]).encode("utf-8")),
                             "top_logprobs": tops})
         return {"content": content}
