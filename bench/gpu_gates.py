@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench.gpu_train import (  # noqa: E402
     build_model,
     demos_of,
+    env_maker,
     peak_gib,
     shape_arguments,
     sync,
@@ -81,13 +82,8 @@ def random_adapter(model: torch.nn.Module, name: str, rank: int, seed: int) -> A
 
 
 def env_prompt(env_name: str, seed: int) -> tuple[list[dict], list[dict]]:
-    """The first turn an agent sees in `env_name` (difficulty 1, capability tools, excerpt)."""
-    from trace_lib.train.config import TrainConfig
-    from trace_lib.train.trainer import build_options, env_factory
-
-    cfg = TrainConfig(env=env_name, difficulty=1, tools="capability", policy="excerpt",
-                      distractors=1)
-    env = env_factory(cfg.env, None, build_options(cfg))()
+    """The first turn an agent sees in `env_name`, built as the episodes are (`env_maker`)."""
+    env = env_maker(env_name)()
     env.reset(seed)
     return list(env.messages), env.tool_schemas
 

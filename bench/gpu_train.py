@@ -87,10 +87,16 @@ def peak_gib(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def demos_of(args: argparse.Namespace, tokenizer) -> list[tuple[list[int], list[int]]]:
-    cfg = TrainConfig(env=args.env, difficulty=1, tools="capability", policy="excerpt",
+def env_maker(env_name: str):
+    """`env_name` as the learning benchmark trains it: difficulty 1, the capability's tools
+    plus one distractor, the policy excerpt."""
+    cfg = TrainConfig(env=env_name, difficulty=1, tools="capability", policy="excerpt",
                       distractors=1)
-    make_env = env_factory(cfg.env, None, build_options(cfg))
+    return env_factory(cfg.env, None, build_options(cfg))
+
+
+def demos_of(args: argparse.Namespace, tokenizer) -> list[tuple[list[int], list[int]]]:
+    make_env = env_maker(args.env)
     out = []
     for seed in range(args.seeds):
         env = make_env()

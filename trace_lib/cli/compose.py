@@ -21,6 +21,7 @@ import json
 import sys
 
 from trace_lib.cli.output import print_json
+from trace_lib.cli.train import add_device_arguments
 
 
 def _compose(args: argparse.Namespace) -> int:
@@ -232,11 +233,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--estimator", default=None, choices=["full", "chosen"],
                    help="gate gradient: full straight-through (default; learns from zero)")
     p.add_argument("--balance-coef", type=float, default=0.01)
-    p.add_argument("--device", default=None,
-                   help="where the composed model runs (rollouts and gate update): auto "
-                   "(CUDA if torch sees a GPU, default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
-                   help="base weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
+    add_device_arguments(p, "the composed model (rollouts and gate update)")
     p.add_argument("--eval-seeds", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--background", action="store_true", help="run as a background job")

@@ -18,6 +18,18 @@ from typing import Any
 from trace_lib.cli.output import print_json
 
 
+def add_device_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """`--device` / `--dtype`, shared by `train` and `gates` (the configs' one rule:
+    `runtime.base_models.is_device_name`, `DTYPE_NAMES`)."""
+    from trace_lib.runtime.base_models import DTYPE_NAMES
+
+    p.add_argument("--device", default=None,
+                   help=f"where {what} runs: auto (CUDA if torch sees a GPU, default), cpu, "
+                   "cuda, cuda:N")
+    p.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
+                   help="base weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
+
+
 def _train_args(p: argparse.ArgumentParser) -> None:
     # Settings left out default to None: `TrainConfig`'s own defaults apply, the same ones
     # the Training page's form shows (one source of defaults).
@@ -39,11 +51,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs-per-step", type=int, default=None)
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward pass (long prompts, less RAM)")
-    p.add_argument("--device", default=None,
-                   help="where the trained model runs: auto (CUDA if torch sees a GPU, "
-                   "default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default=None,
-                   help="base weights' dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
+    add_device_arguments(p, "the trained model")
     p.add_argument("--hint-share", type=float, default=None)
     p.add_argument("--kl", type=float, default=None, help="KL coefficient (0 = off)")
     p.add_argument("--adv-scale", choices=("group", "batch", "none"), default=None)

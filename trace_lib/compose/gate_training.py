@@ -60,7 +60,7 @@ import torch
 from trace_lib.compose.gated import GatedMoE, load_moe
 from trace_lib.compose.local_client import LocalMoEClient, env_factory
 from trace_lib.errors import UserInputError
-from trace_lib.runtime.base_models import DEVICE_NAMES, is_device_name
+from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.train.grpo import LossConfig
 
 JOB_KIND = "train_gates"
@@ -134,9 +134,9 @@ class GateTrainConfig:
         if not is_device_name(self.device):
             raise UserInputError(f"{where}: field `device` is {self.device!r}; expected "
                                  f"{DEVICE_NAMES}")
-        if self.dtype not in ("auto", "float32", "bfloat16"):
-            raise UserInputError(f"{where}: field `dtype` is {self.dtype!r}; expected auto, "
-                                 "float32 or bfloat16")
+        if self.dtype not in DTYPE_NAMES:
+            raise UserInputError(f"{where}: field `dtype` is {self.dtype!r}; expected "
+                                 f"{', '.join(DTYPE_NAMES)}")
         if self.estimator not in ("full", "chosen"):
             raise UserInputError(f"{where}: field `estimator` must be full or chosen, got "
                                  f"{self.estimator!r}")

@@ -247,6 +247,7 @@ def load_tokenizer(name_or_path: str):
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+DTYPE_NAMES = ("auto", "float32", "bfloat16")  # the base weights' dtypes a config accepts
 
 
 def is_device_name(device: str) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trace_lib.errors import UserInputError
-from trace_lib.runtime.base_models import DEVICE_NAMES, is_device_name
+from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
 
 __all__ = ["DEFAULT_TARGETS", "LoraSettings", "LossConfig", "TrainConfig"]
@@ -149,8 +149,7 @@ class TrainConfig:
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
             (self.server in ("ours", "vllm"), "server", "ours or vllm"),
             (is_device_name(self.device), "device", DEVICE_NAMES),
-            (self.dtype in ("auto", "float32", "bfloat16"), "dtype",
-             "auto, float32 or bfloat16"),
+            (self.dtype in DTYPE_NAMES, "dtype", ", ".join(DTYPE_NAMES)),
             (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),
         ]
         for ok, name, expected in checks:
