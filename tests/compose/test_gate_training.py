@@ -91,6 +91,30 @@ def test_train_gates_warm_start_then_grpo(moe_dir, tmp_path, toy_env) -> None:
     assert json.loads((Path(result["moe_path"]) / "moe.json").read_text())["trained_by"] == "run"
 
 
+def test_warm_start_takes_a_reward_table_measured_elsewhere(moe_dir, tmp_path,
+                                                            toy_env) -> None:
+    """A table measured by a served engine (vLLM) replaces the in-process greedy rollouts:
+    the gates fit it (slot 2 best on every seed -> the request goes to slot 2)."""
+    from trace_lib.compose.export import request_choice
+    from trace_lib.compose.gated import load_moe
+
+    table = {"toy": {str(s): [0.0, 0.0, 1.0, 0.0] for s in (0, 1)}}
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy"], warm_seeds=2, warm_steps=40,
+                          steps=0, max_turns=1, max_tokens=8)
+    result = train_gates(cfg, tmp_path / "run", env_makers={"toy": toy_env},
+                         warm_rewards=table)
+    assert result["warm_rewards"] == table
+    env = toy_env()
+    env.reset(0)
+    choice = request_choice(load_moe(result["moe_path"]), env.messages)
+    assert choice == [2] * len(choice)
+    bad = {"toy": {"0": [0.0, 1.0]}}
+    with pytest.raises(UserInputError, match=r"warm_rewards\['toy'\]\['0'\]: expected 4"):
+        train_gates(cfg, tmp_path / "bad", env_makers={"toy": toy_env}, warm_rewards=bad)
+    with pytest.raises(UserInputError, match="no rewards for environment 'toy'"):
+        train_gates(cfg, tmp_path / "bad2", env_makers={"toy": toy_env}, warm_rewards={})
+
+
 def test_config_errors_name_the_field(moe_dir) -> None:
     with pytest.raises(UserInputError, match="envs"):
         GateTrainConfig.from_dict({"moe": str(moe_dir)}, where="gates")

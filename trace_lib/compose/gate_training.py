@@ -6,6 +6,10 @@ Design decisions
   become a soft target over slots, softmax(r / tau), and the gates fit it by KL on the
   request tokens (the user's turn, the tokens trajectory routing pools over; every prompt
   token when there is no user turn) of every layer.
+- The reward table can come from elsewhere (`train_gates(..., warm_rewards=)`, checked
+  against the envs, warm seeds and slots): greedy episodes of the base and of each
+  adapter served by vLLM as merged models cost ~1 CPU-s each on SmolLM2 where the
+  in-process composed model takes 15-30 s (`bench/compose_real.py --engine vllm`).
 - The warm start never overshoots: it fits on hidden states computed once, each prompt
   routed to its target slot (a convex softmax regression per layer, each step a few
   small matrix products, consistent at the optimum), with Adam at `warm_lr` (0.1) and a
@@ -191,6 +195,27 @@ def reward_table(moe: GatedMoE, makers: dict[str, Callable[[], Any]], seeds: lis
             if progress:
                 progress(f"warm rewards {env_name} seed {seed}: {row}")
     return table
+
+
+def check_reward_table(table: Any, envs: list[str], seeds: list[int], slots: int
+                       ) -> dict[str, dict[str, list[float]]]:
+    """`table` as `reward_table` returns it, or a UserInputError naming what is missing."""
+    if not isinstance(table, dict):
+        raise UserInputError(f"warm_rewards: expected a mapping env -> seed -> rewards, got "
+                             f"{type(table).__name__}")
+    out: dict[str, dict[str, list[float]]] = {}
+    for env in envs:
+        if env not in table:
+            raise UserInputError(f"warm_rewards: no rewards for environment {env!r}")
+        out[env] = {}
+        for seed in seeds:
+            row = table[env].get(str(seed))
+            if (not isinstance(row, list) or len(row) != slots
+                    or not all(isinstance(r, int | float) for r in row)):
+                raise UserInputError(f"warm_rewards[{env!r}][{str(seed)!r}]: expected "
+                                     f"{slots} rewards (one per slot), got {row!r}")
+            out[env][str(seed)] = [float(r) for r in row]
+    return out
 
 
 def soft_targets(rewards: list[float], tau: float) -> torch.Tensor:
@@ -405,11 +430,17 @@ def gate_grpo_step(step: Any, forward: GateForward, groups: list[list[Any]]) -> 
 def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
                 should_stop: Callable[[], bool] | None = None,
                 progress: bool = False,
-                env_makers: dict[str, Callable[[], Any]] | None = None) -> dict[str, Any]:
+                env_makers: dict[str, Callable[[], Any]] | None = None,
+                warm_rewards: dict[str, dict[str, list[float]]] | None = None
+                ) -> dict[str, Any]:
     """Warm start + GRPO on the gates of `cfg.moe`; everything goes into `run_dir`.
 
     `env_makers` maps names in `cfg.envs` to constructors (your own environments from a
-    notebook); other names resolve through `env_makers_for`.
+    notebook); other names resolve through `env_makers_for`. `warm_rewards` is a reward
+    table measured elsewhere (`reward_table`'s shape: env -> str(seed) -> one reward per
+    slot, for every env of `cfg.envs` and every warm seed), e.g. greedy episodes of each
+    adapter served by vLLM, which costs a fraction of the in-process rollouts on a CPU;
+    without it the table is measured here.
     """
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.base_models import resolve_device, resolve_dtype
@@ -469,8 +500,11 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     table: dict[str, Any] = {}
     if cfg.warm_seeds and cfg.warm_steps:
         seeds = [cfg.warm_seed_start + i for i in range(cfg.warm_seeds)]
-        table = reward_table(moe, makers, seeds, greedy,
-                             progress=(lambda m: print(m, flush=True)))
+        if warm_rewards is not None:
+            table = check_reward_table(warm_rewards, cfg.envs, seeds, moe.k + 1)
+        else:
+            table = reward_table(moe, makers, seeds, greedy,
+                                 progress=(lambda m: print(m, flush=True)))
         (run / "warm_rewards.json").write_text(json.dumps({"slots": moe.slots, "rewards": table},
                                                           indent=2))
         prompts = [(_prompt_ids(moe, makers[name], seed),
