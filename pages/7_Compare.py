@@ -40,9 +40,26 @@ def _evaluate_form() -> None:
         st.error(markdown_literal(exc))
         return
     kind = st.radio("Policy", ["base model", "base + adapter", "composed model",
+                               "composed, per request (as vLLM serves it)",
                                "OpenAI-compatible endpoint"], key="eval_kind")
     config: dict = {}
-    if kind == "OpenAI-compatible endpoint":
+    if kind.startswith("composed, per request"):
+        config["router"] = st.text_input(
+            "Router folder", key="eval_router",
+            help="what `moe-merge --per-request --out` wrote: one adapter per capability "
+                 "and the gates' router; each episode goes to the adapter its request "
+                 "routes to") or None
+        if not config["router"]:
+            st.info("Give the folder `moe-merge --per-request --out` wrote (Routing page, "
+                    "or the CLI).")
+            return
+        url = st.text_input("Server URL (blank: a local server loads the adapters)",
+                            key="eval_router_url")
+        if url:
+            config["server_url"] = url
+            config["served_model"] = st.text_input("Served base model name",
+                                                   key="eval_router_served") or None
+    elif kind == "OpenAI-compatible endpoint":
         config["server_url"] = st.text_input("Server URL", "http://127.0.0.1:8000/v1",
                                              key="eval_url")
         config["served_model"] = st.text_input("Served model name", key="eval_served")

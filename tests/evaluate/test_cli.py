@@ -68,6 +68,7 @@ def test_bad_input_exits_1_with_a_sentence(db_path, tmp_path):
     runs = tmp_path / "runs"
     for args, message in ((["--domain", "telecom"], "unknown domain"),
                           (["--adapter", str(tmp_path)], "not a PEFT adapter folder"),
+                          (["--router", str(tmp_path)], "no router.json"),
                           (["--server-url", "http://127.0.0.1:9/v1"], "needs --served-model")):
         proc = _cli("evaluate", *args, db=db_path, runs=runs)
         assert proc.returncode == 1, (args, proc.stderr)

@@ -99,3 +99,27 @@ def test_launch_an_evaluation_and_see_it_as_a_dataset(env, two_runs):
     assert metrics["Latest evaluation"] == "succeeded"
     names = [d["name"] for d in evaluation.datasets(env)]
     assert len(names) == 3 and any(n.startswith("tiny__airline__") for n in names)
+
+
+def test_launch_the_per_request_composition_from_the_page(env, tmp_path):
+    """The router kind: an empty folder says what to give; a real export is evaluated as a
+    background job (the local server loads its adapters) and lands as a dataset."""
+    from routed_export import make_routed_export
+
+    export = make_routed_export(tmp_path)
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    at.radio(key="eval_kind").set_value("composed, per request (as vLLM serves it)").run()
+    assert any("moe-merge --per-request --out" in i.value for i in at.info)
+    assert "eval_launch" not in [b.key for b in at.button]  # nothing to launch yet
+    at.text_input(key="eval_router").set_value(str(export)).run()
+    at.number_input(key="eval_tasks").set_value(1)
+    at.radio(key="eval_tools").set_value("capability")
+    at.number_input(key="eval_turns").set_value(1)
+    at.number_input(key="eval_max_tokens").set_value(8)
+    at.number_input(key="eval_ctx").set_value(16384)
+    at.button(key="eval_launch").click().run()
+    assert not at.exception
+    assert jobs.wait(at.session_state["eval_job"], timeout_s=600).state == "succeeded"
+    evaluation.sync_evaluations(env)
+    names = [d["name"] for d in evaluation.datasets(env)]
+    assert any(n.startswith("tiny+router-export__airline__") for n in names), names

@@ -36,7 +36,7 @@ def _tasks(text: str) -> int | None:
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "model": args.model, "adapter": args.adapter, "moe": args.moe,
+        "model": args.model, "adapter": args.adapter, "moe": args.moe, "router": args.router,
         "server_url": args.server_url, "served_model": args.served_model,
         "api_key_env": args.api_key_env, "domain": args.domain, "tasks": args.tasks,
         "trials": args.trials, "tools": args.tools, "max_turns": args.max_turns,
@@ -148,6 +148,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--model", default="tiny", help="base model: tiny | smollm2-135m | folder")
     p.add_argument("--adapter", default=None, help="PEFT LoRA folder served on --model")
     p.add_argument("--moe", default=None, help="composed model folder")
+    p.add_argument("--router", default=None,
+                   help="`moe-merge --per-request` folder: each episode to the adapter its "
+                        "request routes to (on --server-url, or a local server)")
     p.add_argument("--server-url", default=None, help="OpenAI-compatible endpoint (vLLM, ...)")
     p.add_argument("--served-model", default=None, help="model name on --server-url")
     p.add_argument("--api-key-env", default=None, help="env var holding --server-url's key")

@@ -163,7 +163,7 @@ def export_per_request(
             agree = sum(c == pattern for c in choices) / len(choices)
         else:
             pattern, agree = [slot] * moe.layers, None
-        safe = cap.replace("/", "_")
+        safe = served_name(cap)
         folder = merged_for_pattern(moe, pattern, root / safe, cap)
         routes[cap] = {"layer_slots": pattern, "adapter": safe if folder else None,
                        "requests": len(examples), "pattern_agreement": agree}
@@ -179,8 +179,13 @@ def export_per_request(
     return {"path": str(root.resolve()), **meta, "vllm": vllm_command(moe.base_model, routes)}
 
 
+def served_name(capability: str) -> str:
+    """The model name a capability's merged adapter is served under (vLLM ids: no `/`)."""
+    return capability.replace("/", "_")
+
+
 def vllm_command(base_model: str, routes: dict[str, Any]) -> str:
-    mods = " ".join(f"{cap.replace('/', '_')}={entry['adapter']}"
+    mods = " ".join(f"{served_name(cap)}={entry['adapter']}"
                     for cap, entry in routes.items() if entry["adapter"])
     return f"vllm serve {base_model} --enable-lora --lora-modules {mods}"
 

@@ -60,6 +60,7 @@ class EvalConfig:
     model: str = "tiny"  # base model: registry name or HF folder (ignored with server_url)
     adapter: str | None = None  # PEFT LoRA folder, served on top of `model`
     moe: str | None = None  # composed model folder (its own base)
+    router: str | None = None  # `moe-merge --per-request` folder: per-episode adapter choice
     server_url: str | None = None  # an OpenAI-compatible endpoint instead of a local server
     served_model: str | None = None  # the model name on `server_url`
     api_key_env: str | None = None  # env var holding `server_url`'s key (never stored)
@@ -97,10 +98,11 @@ class EvalConfig:
         return asdict(self)
 
     def validate(self, where: str = "evaluate") -> None:
-        modes = [m for m in ("adapter", "moe", "server_url") if getattr(self, m)]
-        if len(modes) > 1:
-            raise UserInputError(f"{where}: give at most one of --adapter, --moe, --server-url "
-                                 f"(got {', '.join('--' + m.replace('_', '-') for m in modes)})")
+        modes = [m for m in ("adapter", "moe", "router", "server_url") if getattr(self, m)]
+        if len(modes) > 1 and modes != ["router", "server_url"]:
+            raise UserInputError(f"{where}: give at most one of --adapter, --moe, --router, "
+                                 f"--server-url (--router may come with --server-url; got "
+                                 f"{', '.join('--' + m.replace('_', '-') for m in modes)})")
         if self.server_url and not self.served_model:
             raise UserInputError(f"{where}: --server-url needs --served-model (the model name "
                                  "the server knows)")
@@ -135,6 +137,10 @@ class EvalConfig:
         if self.moe and not (Path(self.moe).expanduser() / "moe.json").is_file():
             raise UserInputError(f"{where}: --moe {self.moe}: not a composed model folder "
                                  "(no moe.json)")
+        if self.router:
+            from trace_lib.evaluate.routed import router_meta
+
+            router_meta(self.router, where)
         if self.api_key_env and not os.environ.get(self.api_key_env):
             raise UserInputError(f"{where}: --api-key-env {self.api_key_env}: that environment "
                                  "variable is not set")
@@ -143,6 +149,11 @@ class EvalConfig:
         """`agent_model` of the trajectories: the base plus what sits on it."""
         if self.label:
             return self.label
+        if self.router:
+            from trace_lib.evaluate.routed import router_meta
+
+            base = _short(router_meta(self.router).get("base_model") or self.model)
+            return f"{base}+router:{Path(self.router).expanduser().resolve().name}"
         if self.server_url:
             return str(self.served_model)
         if self.moe:
@@ -206,6 +217,14 @@ def provenance(cfg: EvalConfig, run_id: str) -> dict[str, Any]:
         prov.update(server_url=cfg.server_url, served_model=cfg.served_model)
     else:
         prov["model"] = cfg.model
+    if cfg.router:
+        from trace_lib.evaluate.routed import router_meta
+
+        meta = router_meta(cfg.router)
+        prov.update(router=str(Path(cfg.router).expanduser().resolve()),
+                    model=meta.get("base_model", cfg.model),
+                    moe_mode="trajectory (per request)",
+                    routes={cap: e.get("adapter") for cap, e in meta.get("routes", {}).items()})
     if cfg.adapter:
         prov.update(adapter_provenance(cfg.adapter))
     if cfg.moe:
@@ -278,6 +297,13 @@ class EvalChatClient:
 def policy_endpoint(cfg: EvalConfig) -> Iterator[tuple[EvalChatClient, str]]:
     """(client, model name to request) for the configured policy; a local server lives for
     the duration of the `with` block."""
+    if cfg.router:
+        from trace_lib.evaluate.routed import routed_endpoint
+
+        key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+        with routed_endpoint(cfg, key) as pair:
+            yield pair
+        return
     if cfg.server_url:
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         client = EvalChatClient(cfg.server_url, key, cfg.request_timeout_s)

@@ -158,8 +158,12 @@ class Episodes:
         summary = env.summary()
         term = "agent_stop" if env.final_answer is not None else (
             "max_steps" if env.done else "max_turns")
-        return episode_record(cfg, self.ts, task, trial, rollout, summary, self.prov, term,
-                       env.tool_schemas if k == 0 else None)
+        rec = episode_record(cfg, self.ts, task, trial, rollout, summary, self.prov, term,
+                             env.tool_schemas if k == 0 else None)
+        if hasattr(client, "routed_capability"):  # --router: where this episode went
+            rec["meta"]["routed_to"] = client.routed_capability(rollout.messages,
+                                                                env.tool_schemas or None)
+        return rec
 
 
 def run_shards(eps: Episodes, todo: list[int], client: Any, model_name: str, *,
