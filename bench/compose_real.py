@@ -287,10 +287,12 @@ def standin_adapters(base: str, caps: list[str], out: Path) -> dict[str, Path]:
     return paths
 
 
-def env_maker(name: str) -> Any:
+def env_maker(name: str, distractors: int = 2) -> Any:
     """`small:DOMAIN/CAPABILITY` = the built-in at difficulty 1 with the capability's tools
-    and the policy excerpt (the prompt a 135M model can hold, ~1.3-1.5k SmolLM2 tokens
-    instead of ~4.5k); anything else resolves through the environments registry."""
+    (+ `distractors` other tools) and the policy excerpt (the prompt a 135M model can hold,
+    ~1.3-1.5k SmolLM2 tokens instead of ~4.5k); anything else resolves through the
+    environments registry. Use the adapters' training settings (`bench/learning.py`
+    trains with `--distractors 1`)."""
     from trace_lib.compose.local_client import env_factory
 
     if name.startswith("small:"):
@@ -298,7 +300,7 @@ def env_maker(name: str) -> Any:
 
         domain, _, cap = name[len("small:"):].partition("/")
         return lambda: make_capability_env(domain, cap, difficulty=1, tools="capability",
-                                           policy="excerpt")
+                                           policy="excerpt", distractors=distractors)
     return env_factory(name)
 
 
@@ -343,6 +345,8 @@ def main() -> int:
     ap.add_argument("--env-max-turns", default=None,
                     help="CAP=N,...: per-environment --max-turns (default --max-turns)")
     ap.add_argument("--warm-seed-start", type=int, default=10_000)
+    ap.add_argument("--distractors", type=int, default=2,
+                    help="small: environments' distractor tools (match the adapters' training)")
     ap.add_argument("--local-seeds", type=int, default=8,
                     help="vllm engine: seeds per environment for the in-process top1/soft rows")
     ap.add_argument("--workers", type=int, default=96, help="vllm: episodes in flight")
@@ -380,7 +384,7 @@ def main() -> int:
                              for c, p in parse_pairs(args.adapters, "adapters").items()}
         if set(env_names) != set(adapter_paths):
             raise SystemExit("--adapters and --envs must name the same capabilities")
-        makers = {cap: env_maker(env_names[cap]) for cap in adapter_paths}
+        makers = {cap: env_maker(env_names[cap], args.distractors) for cap in adapter_paths}
         setting = f"{base}, environments {env_names}"
     caps = list(adapter_paths)
     if args.routing_only:
