@@ -34,6 +34,7 @@ is one set of weights per request is served that way, by the product's `VLLMServ
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -171,15 +172,26 @@ def run_served(args: Any, base: str, adapter_paths: dict[str, Path],
     warm_rows: dict[str, Any] = {}
     cpu: dict[str, float] = {}
 
+    # Every served policy's rows are kept in `served_rows.json` as soon as they exist, and
+    # reused from there by a re-run with the same --out (a crash later loses no episodes).
+    kept_path = work / "served_rows.json"
+    kept: dict[str, Any] = json.loads(kept_path.read_text()) if kept_path.exists() else {}
+
     def serve(label: str, adapter: Path | None,
               runs: list[tuple[dict[str, list[int]], int]]) -> list[dict[str, Any]]:
         """One server for `label`; each run = (seeds per env, samples per seed)."""
+        key = json.dumps([label, str(adapter), runs, args.max_tokens, max_turns])
+        if key in kept:
+            print(f"  [{label}] rows kept from an earlier run ({kept_path})", flush=True)
+            return kept[key]
         t0 = time.perf_counter()
         with ServedPolicy(args, base, label, adapter, work) as policy:
             rows = [policy.run(named, seeds, samples, args.max_tokens, max_turns)
                     for seeds, samples in runs]
         cpu[label] = round(policy.cpu_s, 1)
         timings[f"{label}_s"] = time.perf_counter() - t0
+        kept[key] = rows
+        kept_path.write_text(json.dumps(kept))
         return rows
 
     # ---- base and each adapter: held-out seeds (greedy + samples) and warm seeds (greedy)

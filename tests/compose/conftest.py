@@ -67,3 +67,9 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def adapter_maker():
+    """`make_adapter`, for tests that need adapters on another base (SmolLM2)."""
+    return make_adapter

@@ -106,3 +106,51 @@ def test_an_environment_episode_runs_through_the_served_composition(tiny_dir, ad
     assert routing["trace_id"] in data["routing_trace_ids"]
     calls = sum(r.turns for r in rollouts) + 1
     assert len(list(record.glob("*.npz"))) == calls  # one trace per completion
+
+
+def test_the_composed_smollm2_model_serves_an_airline_episode(tmp_path, adapter_maker) -> None:
+    """The real small instruct model, composed with two LoRA adapters behind gates that
+    prefer the second in trajectory mode, served by moe-serve's server: an airline
+    capability episode (the SmolLM2-sized prompt: difficulty 1, the capability's tools, the
+    policy excerpt) rolls through it over HTTP and every completion says where it went."""
+    import httpx
+    import torch
+
+    from trace_lib.envs.capabilities import make_capability_env
+    from trace_lib.runtime.base_models import ensure_model_dir
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
+    from trace_lib.runtime.rollout import RolloutConfig, run_group
+
+    base = ensure_model_dir("smollm2-135m")
+    adapters = [adapter_maker(base, tmp_path / cap, seed=i, targets=["q_proj", "v_proj"],
+                             capability=cap)
+                for i, cap in enumerate(["tool_calling_precision", "precondition_verification"])]
+    moe = compose(str(base), [(None, p) for p in adapters])
+    with torch.no_grad():
+        for gate in moe.gates:
+            gate.bias.copy_(torch.tensor([0.0, 0.0, 3.0]))
+    moe.config.mode = "trajectory"
+    moe.save(tmp_path / "moe")
+
+    def make_env():
+        return make_capability_env("airline", "tool_calling_precision", difficulty=1,
+                                   tools="capability", policy="excerpt", distractors=1)
+
+    with MoEPolicyServer(tmp_path / "moe", port=0, torch_threads=1) as srv:
+        client = OpenAIPolicyClient(srv.url)
+        try:
+            rollout = run_group(make_env, 0, client, RolloutConfig(max_turns=1, max_tokens=8),
+                                model=srv.model_name, group_size=1, request_seed=0)[0]
+        finally:
+            client.close()
+        env = make_env()
+        env.reset(0)
+        body = {"model": srv.model_name, "messages": env.messages, "tools": env.tool_schemas,
+                "max_tokens": 4, "temperature": 0.0}
+        data = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=600).json()
+    assert rollout.turns == 1 and rollout.n_sampled > 0
+    assert len(rollout.token_ids) > 1000  # the whole airline prompt went through the gates
+    routing = data["choices"][0]["routing"]
+    assert routing["slots"] == ["base", "tool_calling_precision", "precondition_verification"]
+    assert routing["request_slot"] == 2 and set(routing["request_choice"]) == {2}
+    assert len(routing["request_choice"]) == 30  # SmolLM2's 30 blocks, each gated
