@@ -61,17 +61,37 @@ def test_server_refuses_a_folder_that_is_not_composed(tmp_path: Path, missing: s
         MoEPolicyServer(tmp_path / missing, port=0).start()
 
 
+def _episodes_and_one_completion(srv, make_env, seed: int, group_size: int, max_turns: int,
+                                 max_tokens: int):
+    """`group_size` episodes of `make_env` at `seed` through the served model (the rollout
+    loop over HTTP), then one raw greedy completion of its opening request (the routing)."""
+    import httpx
+
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
+    from trace_lib.runtime.rollout import RolloutConfig, run_group
+
+    client = OpenAIPolicyClient(srv.url)
+    try:
+        rollouts = run_group(make_env, seed, client, RolloutConfig(max_turns=max_turns,
+                                                                   max_tokens=max_tokens),
+                             model=srv.model_name, group_size=group_size, request_seed=1)
+    finally:
+        client.close()
+    env = make_env()
+    env.reset(seed)
+    body = {"model": srv.model_name, "messages": env.messages, "tools": env.tool_schemas,
+            "max_tokens": 4, "temperature": 0.0}
+    return rollouts, httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=600).json()
+
+
 def test_an_environment_episode_runs_through_the_served_composition(tiny_dir, adapter_dirs,
                                                                     tmp_path) -> None:
     """moe-serve's server, trained-looking gates in trajectory mode, a tool environment:
     the rollout loop talks to it over HTTP like any policy (tools in the request, tool
     calls parsed back), and every completion carries its routing."""
-    import httpx
     import torch
 
     from trace_lib.compose.gated import load_moe
-    from trace_lib.runtime.policy_client import OpenAIPolicyClient
-    from trace_lib.runtime.rollout import RolloutConfig, run_group
     from trace_lib.train.smoke_envs import LookupEnv
 
     moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]])
@@ -83,17 +103,8 @@ def test_an_environment_episode_runs_through_the_served_composition(tiny_dir, ad
     assert load_moe(tmp_path / "moe").config.mode == "trajectory"
     record = tmp_path / "traces"
     with MoEPolicyServer(tmp_path / "moe", record_dir=record, port=0, torch_threads=1) as srv:
-        client = OpenAIPolicyClient(srv.url)
-        try:
-            rollouts = run_group(LookupEnv, 3, client, RolloutConfig(max_turns=2, max_tokens=6),
-                                 model=srv.model_name, group_size=2, request_seed=1)
-        finally:
-            client.close()
-        env = LookupEnv()
-        env.reset(3)
-        body = {"model": srv.model_name, "messages": env.messages, "tools": env.tool_schemas,
-                "max_tokens": 4, "temperature": 0.0}
-        data = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=120).json()
+        rollouts, data = _episodes_and_one_completion(srv, LookupEnv, 3, group_size=2,
+                                                      max_turns=2, max_tokens=6)
     assert len(rollouts) == 2 and all(r.turns >= 1 and r.n_sampled > 0 for r in rollouts)
     tool_text = "\n".join(str(t) for t in [moe.tokenizer.decode(rollouts[0].token_ids)])
     assert '"name": "lookup"' in tool_text  # the tools block reached the served prompt
@@ -113,13 +124,10 @@ def test_the_composed_smollm2_model_serves_an_airline_episode(tmp_path, adapter_
     prefer the second in trajectory mode, served by moe-serve's server: an airline
     capability episode (the SmolLM2-sized prompt: difficulty 1, the capability's tools, the
     policy excerpt) rolls through it over HTTP and every completion says where it went."""
-    import httpx
     import torch
 
     from trace_lib.envs.capabilities import make_capability_env
     from trace_lib.runtime.base_models import ensure_model_dir
-    from trace_lib.runtime.policy_client import OpenAIPolicyClient
-    from trace_lib.runtime.rollout import RolloutConfig, run_group
 
     base = ensure_model_dir("smollm2-135m")
     adapters = [adapter_maker(base, tmp_path / cap, seed=i, targets=["q_proj", "v_proj"],
@@ -137,17 +145,8 @@ def test_the_composed_smollm2_model_serves_an_airline_episode(tmp_path, adapter_
                                    tools="capability", policy="excerpt", distractors=1)
 
     with MoEPolicyServer(tmp_path / "moe", port=0, torch_threads=1) as srv:
-        client = OpenAIPolicyClient(srv.url)
-        try:
-            rollout = run_group(make_env, 0, client, RolloutConfig(max_turns=1, max_tokens=8),
-                                model=srv.model_name, group_size=1, request_seed=0)[0]
-        finally:
-            client.close()
-        env = make_env()
-        env.reset(0)
-        body = {"model": srv.model_name, "messages": env.messages, "tools": env.tool_schemas,
-                "max_tokens": 4, "temperature": 0.0}
-        data = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=600).json()
+        (rollout,), data = _episodes_and_one_completion(srv, make_env, 0, group_size=1,
+                                                        max_turns=1, max_tokens=8)
     assert rollout.turns == 1 and rollout.n_sampled > 0
     assert len(rollout.token_ids) > 1000  # the whole airline prompt went through the gates
     routing = data["choices"][0]["routing"]

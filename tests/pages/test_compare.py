@@ -82,14 +82,19 @@ def test_two_runs_side_by_side(env, two_runs):
     assert any("exact McNemar" in m.value for m in at.markdown)
 
 
-def test_launch_an_evaluation_and_see_it_as_a_dataset(env, two_runs):
-    at = AppTest.from_file(PAGE, default_timeout=60).run()
+def _launch_smallest(at: AppTest) -> None:
+    """One task, one turn of 8 tokens on tiny at 16k context, launched from the form."""
     at.number_input(key="eval_tasks").set_value(1)
     at.radio(key="eval_tools").set_value("capability")
     at.number_input(key="eval_turns").set_value(1)
     at.number_input(key="eval_max_tokens").set_value(8)
     at.number_input(key="eval_ctx").set_value(16384)
     at.button(key="eval_launch").click().run()
+
+
+def test_launch_an_evaluation_and_see_it_as_a_dataset(env, two_runs):
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    _launch_smallest(at)
     assert not at.exception
     job_id = at.session_state["eval_job"]
     assert jobs.wait(job_id, timeout_s=600).state == "succeeded"
@@ -112,12 +117,7 @@ def test_launch_the_per_request_composition_from_the_page(env, tmp_path):
     assert any("moe-merge --per-request --out" in i.value for i in at.info)
     assert "eval_launch" not in [b.key for b in at.button]  # nothing to launch yet
     at.text_input(key="eval_router").set_value(str(export)).run()
-    at.number_input(key="eval_tasks").set_value(1)
-    at.radio(key="eval_tools").set_value("capability")
-    at.number_input(key="eval_turns").set_value(1)
-    at.number_input(key="eval_max_tokens").set_value(8)
-    at.number_input(key="eval_ctx").set_value(16384)
-    at.button(key="eval_launch").click().run()
+    _launch_smallest(at)
     assert not at.exception
     assert jobs.wait(at.session_state["eval_job"], timeout_s=600).state == "succeeded"
     evaluation.sync_evaluations(env)
