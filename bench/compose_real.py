@@ -99,21 +99,11 @@ def policies(moe: Any) -> list[tuple[str, dict[str, Any], str | None]]:
     return out
 
 
-def episode_slot(moe: Any, rollout: Any) -> int:
-    """The slot most of the episode's sampled token x layer choices went to."""
-    import torch
-
-    ids = torch.tensor([rollout.token_ids])
-    with torch.no_grad(), moe.recording() as rec:
-        moe.model(input_ids=ids, use_cache=False)
-    sampled = torch.tensor(rollout.loss_mask).bool()
-    chosen = rec.chosen[0][sampled] if bool(sampled.any()) else rec.chosen[0]
-    return int(torch.bincount(chosen.reshape(-1).long(), minlength=moe.k + 1).argmax())
-
-
 def evaluate_policy(moe: Any, makers: dict[str, Any], own_slot: dict[str, int],
                     kwargs: dict[str, Any], mode: str | None, seeds: list[int], samples: int,
                     max_tokens: int, max_turns: int) -> dict[str, Any]:
+    from compose_served import episode_slot
+
     from trace_lib.compose.local_client import LocalMoEClient
     from trace_lib.runtime.rollout import RolloutConfig, run_group
 

@@ -41,7 +41,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compose_real import episode_slot
+
+def episode_slot(moe: Any, rollout: Any) -> int:
+    """The slot most of the episode's sampled token x layer choices went to."""
+    import torch
+
+    ids = torch.tensor([rollout.token_ids])
+    with torch.no_grad(), moe.recording() as rec:
+        moe.model(input_ids=ids, use_cache=False)
+    sampled = torch.tensor(rollout.loss_mask).bool()
+    chosen = rec.chosen[0][sampled] if bool(sampled.any()) else rec.chosen[0]
+    return int(torch.bincount(chosen.reshape(-1).long(), minlength=moe.k + 1).argmax())
 
 
 def _row(rollouts: list[Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The policy an evaluation runs and one episode's record: config, endpoint, provenance.
 
 The entry points are in runner.py (`run_evaluation`, the `evaluate` job), the episodes'
-shards in shards.py.
+shards in shards.py, the chat client in client.py, per-request routing in routed.py.
 
 Design decisions
 - The same rollout code as training: every episode is `rollout.run_group` with a group of
@@ -11,7 +11,7 @@ Design decisions
   `MoEPolicyServer` for a composed folder), and `--server-url` points the very same client
   at vLLM or any provider. So a number measured here and one measured on a GPU server come
   from one code path.
-- The evaluation client speaks plain OpenAI (no `logprobs`, no vLLM `return_token_ids`):
+- The evaluation client (`client.py`) speaks plain OpenAI (no `logprobs`, no vLLM `return_token_ids`):
   evaluation needs no token ids, and hosted providers refuse unknown fields. The rollout
   loop runs with `token_ids=False` and keeps the transcript and the reward.
 - Decoding is greedy by default (temperature 0), so a run replays exactly; at temperature
@@ -45,9 +45,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from trace_lib.errors import UserInputError
+from trace_lib.evaluate.client import EvalChatClient
 from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet
 
 EPISODES_FILE = "episodes.jsonl"
@@ -235,62 +234,6 @@ def provenance(cfg: EvalConfig, run_id: str) -> dict[str, Any]:
                               for a in meta.get("adapters", [])])
     prov.update({k: v for k, v in cfg.provenance.items() if v is not None})
     return prov
-
-
-# ----------------------------------------------------------------------- the client
-
-
-class EvalChatClient:
-    """The rollout loop's `ChatClient` over plain OpenAI `/v1/chat/completions`."""
-
-    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0):
-        url = base_url.rstrip("/")
-        self.base_url = url[: -len("/v1")] if url.endswith("/v1") else url
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def chat(self, messages: list[dict[str, Any]], *,
-             tools: list[dict[str, Any]] | None = None, model: str | None = None, n: int = 1,
-             temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 128,
-             seed: int | None = None) -> list[Any]:
-        from trace_lib.runtime.policy_client import Completion
-
-        body: dict[str, Any] = {"model": model, "messages": messages, "n": n,
-                                "max_tokens": max_tokens, "temperature": temperature}
-        if top_p != 1.0:
-            body["top_p"] = top_p
-        if tools:
-            body["tools"] = tools
-        if seed is not None:
-            body["seed"] = seed
-        try:
-            resp = self._http.post("/v1/chat/completions", json=body)
-        except httpx.TimeoutException as exc:
-            raise UserInputError(
-                f"{self.base_url}: the policy server did not answer within "
-                f"{self.timeout_s:.0f} s (raise request_timeout_s, or lower concurrency)") \
-                from exc
-        except httpx.HTTPError as exc:
-            raise UserInputError(f"{self.base_url}: cannot reach the policy server ({exc})") \
-                from exc
-        if resp.status_code != 200:
-            raise UserInputError(f"{self.base_url}/v1/chat/completions answered "
-                                 f"{resp.status_code}: {resp.text[:400]}")
-        out = []
-        for choice in resp.json().get("choices", []):
-            msg = choice.get("message") or {}
-            calls = msg.get("tool_calls") or []
-            message = {"role": "assistant", "content": msg.get("content"),
-                       **({"tool_calls": calls} if calls else {})}
-            out.append(Completion(message=message, token_ids=[], logprobs=[],
-                                  finish_reason=choice.get("finish_reason") or "stop"))
-        if not out:
-            raise UserInputError(f"{self.base_url}: the response has no choices")
-        return out
 
 
 @contextlib.contextmanager

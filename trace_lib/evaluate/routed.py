@@ -97,7 +97,7 @@ def routed_endpoint(cfg: Any, key: str | None) -> Iterator[tuple[RoutedChatClien
     """(routed client, base model's served name) for `cfg.router`; a local server (when no
     `server_url`) lives for the duration of the `with` block."""
     from trace_lib.compose.export import Router, served_name
-    from trace_lib.evaluate.policy import EvalChatClient
+    from trace_lib.evaluate.client import EvalChatClient
 
     folder = Path(cfg.router).expanduser()
     meta = router_meta(folder)
