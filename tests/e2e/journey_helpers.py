@@ -148,9 +148,11 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
             # data-testid="glide-cell-COL-ROW" aria-selected="true">): Enter only once the
             # target is the selected one. Under load an arrow key was lost and a
             # reliability run edited the column to the left.
-            target.wait_for(state="attached", timeout=10_000)
+            # 20 s each: a 2-core box running a benchmark beside the suite took >10 s
+            # four times in a row (session 13); an idle CI machine takes well under 1 s.
+            target.wait_for(state="attached", timeout=20_000)
             page.wait_for_function("el => el.getAttribute('aria-selected') === 'true'",
-                                   arg=target.element_handle(timeout=10_000), timeout=10_000)
+                                   arg=target.element_handle(timeout=20_000), timeout=20_000)
             page.keyboard.press("Enter")
             editor.wait_for(state="visible", timeout=20_000)
             break
