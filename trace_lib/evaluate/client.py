@@ -30,6 +30,25 @@ class EvalChatClient:
     def close(self) -> None:
         self._http.close()
 
+    def load_adapter(self, name: str, path: str, what: str) -> None:
+        """Hot-load a PEFT adapter as model `name` (`/v1/load_lora_adapter`, as vLLM does);
+        `what` names it in the error (the flag the user gave)."""
+        resp = self._http.post("/v1/load_lora_adapter",
+                               json={"lora_name": name, "lora_path": path})
+        if resp.status_code != 200:
+            raise UserInputError(f"{what}: the policy server could not load it: "
+                                 f"{resp.text[:400]}")
+
+    def model_ids(self) -> set[str] | None:
+        """The endpoint's `/v1/models` ids, or None when it has no such list."""
+        try:
+            resp = self._http.get("/v1/models")
+            if resp.status_code != 200:
+                return None
+            return {m.get("id") for m in resp.json().get("data", [])} - {None}
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
     def chat(self, messages: list[dict[str, Any]], *,
              tools: list[dict[str, Any]] | None = None, model: str | None = None, n: int = 1,
              temperature: float = 0.0, top_p: float = 1.0, max_tokens: int = 128,

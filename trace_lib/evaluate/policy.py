@@ -273,11 +273,8 @@ def policy_endpoint(cfg: EvalConfig) -> Iterator[tuple[EvalChatClient, str]]:
             name = server.model_name
             if cfg.adapter:
                 name = "eval-adapter"
-                resp = client._http.post("/v1/load_lora_adapter", json={
-                    "lora_name": name, "lora_path": str(Path(cfg.adapter).expanduser())})
-                if resp.status_code != 200:
-                    raise UserInputError(f"--adapter {cfg.adapter}: the policy server could not "
-                                         f"load it: {resp.text[:400]}")
+                client.load_adapter(name, str(Path(cfg.adapter).expanduser()),
+                                    f"--adapter {cfg.adapter}")
             yield client, name
         finally:
             client.close()

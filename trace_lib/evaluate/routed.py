@@ -126,11 +126,8 @@ def routed_endpoint(cfg: Any, key: str | None) -> Iterator[tuple[RoutedChatClien
             for cap, entry in meta["routes"].items():
                 if not entry["adapter"]:
                     continue
-                resp = inner._http.post("/v1/load_lora_adapter", json={
-                    "lora_name": names[cap], "lora_path": str(folder / entry["adapter"])})
-                if resp.status_code != 200:
-                    raise UserInputError(f"--router {folder}: the policy server could not load "
-                                         f"the adapter of {cap}: {resp.text[:400]}")
+                inner.load_adapter(names[cap], str(folder / entry["adapter"]),
+                                   f"--router {folder}: the adapter of {cap}")
             yield RoutedChatClient(inner, router, names), server.model_name
         finally:
             inner.close()
@@ -141,17 +138,12 @@ def _check_served(client: Any, names: dict[str, str | None], meta: dict[str, Any
     """Every adapter name the router sends to must be a model of the endpoint."""
     from trace_lib.compose.export import vllm_command
 
-    try:
-        resp = client._http.get("/v1/models")
-        served = {m.get("id") for m in resp.json().get("data", [])} if resp.status_code == 200 \
-            else None
-    except Exception:  # noqa: BLE001 - an endpoint without /v1/models is checked by use
-        served = None
-    if served is None:
+    served = client.model_ids()
+    if served is None:  # an endpoint without /v1/models is checked by use
         return
     missing = sorted(n for n in [*names.values(), base_name] if n and n not in served)
     if missing:
         raise UserInputError(
             f"--router: {client.base_url} does not serve {missing} (it serves "
-            f"{sorted(s for s in served if s)}); start it with the router's adapters, e.g. "
+            f"{sorted(served)}); start it with the router's adapters, e.g. "
             f"`{vllm_command(meta['base_model'], meta['routes'])}`")
