@@ -85,3 +85,98 @@ def test_moe_merge_per_request_cli(moe, tmp_path, db_path, capsys) -> None:
     assert (out / "router.json").is_file() and (out / "moe" / "moe.json").is_file()
     assert main(["moe-merge", "--db", str(db_path), "--per-request", "--out", str(out)]) != 0
     assert "give --moe" in capsys.readouterr().err  # a clear message, not a traceback
+
+
+def _request_dependent_moe(tiny_dir: Path, adapter_dirs: list[Path]):
+    """Gates with random weights: different requests make different choices."""
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]],
+                  config=MoEConfig("trajectory"))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for gate in moe.gates:
+            gate.weight.copy_(torch.randn(gate.weight.shape, generator=g) * 6.0)
+    return moe
+
+
+# One long shared system block, as a target benchmark's prompts have, and short requests.
+SHARED = {"role": "system", "content": "You are an airline agent. " * 40}
+REQUESTS = [[SHARED, {"role": "user", "content": f"Please cancel reservation {c}{i}X{i * 7}"}]
+            for i in range(12) for c in "AB"]
+
+
+def test_router_over_the_cached_shared_prefix_routes_as_the_full_prefill(
+        tiny_dir, adapter_dirs, tmp_path) -> None:
+    moe = _request_dependent_moe(tiny_dir, adapter_dirs)
+    full = [request_choice(moe, m) for m in REQUESTS]
+    kinds = sorted({tuple(c) for c in full}, key=lambda c: -full.count(list(c)))
+    assert len(kinds) >= 3  # two routes, and requests that fit neither
+    cap1, cap2 = moe.slots[1:]
+    examples = {cap: [(REQUESTS[full.index(list(kinds[i]))], None)]
+                for i, cap in enumerate((cap1, cap2))}
+    export_per_request(moe, tmp_path / "export", examples)
+    router = Router.load(tmp_path / "export")
+    assert [router.patterns[cap1], router.patterns[cap2]] == [list(kinds[0]), list(kinds[1])]
+    routed = [router.route(m) for m in REQUESTS]
+    assert routed == [router.route_from_choice(c) for c in full]
+    # A choice that is no route's pattern pays the full prefill the first time it is seen;
+    # its prefix cache is kept, so the next request making it runs over the cache too.
+    seen, first_seen = set(kinds[:2]), 0
+    for c in full:
+        first_seen += tuple(c) not in seen
+        seen.add(tuple(c))
+    assert first_seen >= 1
+    assert router.route_stats == {"prefix_cache": len(REQUESTS) - first_seen,
+                                  "full_prefill": first_seen}
+    assert len(router._prefixes) == 1  # every request shared the one prefix
+    assert set(next(iter(router._prefixes.values()))) == seen
+    assert [router.route(m) for m in REQUESTS[::-1]] == routed[::-1]  # all over the cache now
+    assert router.route_stats["full_prefill"] == first_seen
+
+
+def test_a_request_over_a_prefix_prefilled_under_its_own_choice_is_the_full_prefill(
+        tiny_dir, adapter_dirs) -> None:
+    from trace_lib.compose.export import request_ids
+
+    moe = _request_dependent_moe(tiny_dir, adapter_dirs)
+    router = Router(moe=moe, patterns={}, adapters={})
+    ids = request_ids(moe, REQUESTS[0])
+    split = router.shared_prefix_length(ids)
+    assert 0 < split < len(ids) - 5
+    pattern = request_choice(moe, REQUESTS[0])
+    assert router._full_choice(ids, split)[0] == pattern
+    with torch.no_grad():
+        whole = moe(input_ids=torch.tensor([ids])).logits[0, -1]
+        with moe.force(pattern):
+            cache = moe(input_ids=torch.tensor([ids[:split]]), use_cache=True).past_key_values
+        moe.request_after_prefix = True
+        try:
+            with moe.recording() as rec:
+                tail = moe(input_ids=torch.tensor([ids[split:]]), past_key_values=cache,
+                           use_cache=True).logits[0, -1]
+        finally:
+            moe.request_after_prefix = False
+    assert rec.chosen[0, -1].tolist() == pattern
+    torch.testing.assert_close(tail, whole, atol=1e-5, rtol=1e-4)
+    with pytest.raises(UserInputError, match="a pattern of 1 layers"), moe.force([1]):
+        pass
+
+
+def test_router_prefix_bench_routes_target_tasks_both_ways(moe, tmp_path, capsys) -> None:
+    """bench/router_prefix.py on tiny: the airline target tasks' opening requests, full
+    prefill and cached prefix, the same routes."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_router_prefix",
+                                                  root / "bench" / "router_prefix.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    export_per_request(moe, tmp_path / "export")
+    out = tmp_path / "figures.json"
+    assert bench.main(["--router", str(tmp_path / "export"), "--tasks", "3",
+                       "--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["routes_agree"] == "3/3" and figures["requests"] == 3
+    assert 0 < figures["shared_prefix_tokens"] < figures["prompt_tokens"]
+    assert sum(figures["paths"].values()) == 3
+    assert "ratio" in capsys.readouterr().out

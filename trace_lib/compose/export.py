@@ -20,6 +20,20 @@ Design decisions
   choice pattern is nearest (fewest layers that differ; ties to the first). It needs the
   base model for that prefill, which is the honest cost: one prefill per request beside
   vLLM (CPU is fine at SmolLM2 size), or `route_from_choice` with a choice you computed.
+- The router's prefill is over the whole prompt, and a target benchmark's prompts are
+  ~95% one shared system + tools block (2,892 of SmolLM2's tokens on airline). So the
+  router keeps, per route pattern, the KV cache of that shared prefix computed under the
+  pattern (`force(pattern)`), and routes a request by running only its own tokens (the user
+  turn) over it. That is exact when the choice comes back equal to the pattern it assumed:
+  at layer l the choice pools over request tokens whose inputs depend only on the choices
+  at layers < l, so by induction the full prefill makes the same choices, and two patterns
+  cannot both come back equal. When no candidate comes back equal to itself (a request
+  between routes), the router runs the full prefill, and keeps its KV cache cropped to the
+  prefix (the prefix under exactly that choice) as one more candidate: requests on a target
+  benchmark that the gates place between the routes tend to make the same few choices.
+  `route_stats` counts both paths. A cache costs 2 x layers x kv-width floats per prefix
+  token (129 MB for SmolLM2's airline prefix); `max_patterns` per prefix and the last
+  `max_prefixes` prefixes are kept.
 - `router.json` records, per capability, the pattern, the merged adapter's folder and
   how many requests measured it, so `vllm serve BASE --enable-lora --lora-modules
   cap=DIR ...` can be written from it (`vllm_command`).
@@ -28,7 +42,9 @@ Design decisions
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +58,21 @@ ROUTER_FORMAT = "trace-router/1"
 BASE_TARGET = "base"
 
 
-def request_choice(moe: GatedMoE, messages: list[dict[str, Any]],
-                   tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """The per-layer slot `trajectory` routing picks for this request (one prefill)."""
+def request_ids(moe: GatedMoE, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The prompt's token ids, as the router's prefill sees them."""
     from trace_lib.runtime.chat_format import render_prompt
 
     if moe.tokenizer is None:
         raise UserInputError("routing a request needs the base model's tokenizer")
-    ids = moe.tokenizer(render_prompt(messages, tools), add_special_tokens=False)["input_ids"]
+    return list(moe.tokenizer(render_prompt(messages, tools), add_special_tokens=False)
+                ["input_ids"])
+
+
+def request_choice(moe: GatedMoE, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The per-layer slot `trajectory` routing picks for this request (one prefill)."""
+    ids = request_ids(moe, messages, tools)
     previous = moe.config.mode
     moe.set_mode("trajectory")
     try:
@@ -107,15 +130,24 @@ class Router:
     moe: GatedMoE
     patterns: dict[str, list[int]]
     adapters: dict[str, str | None]  # capability -> merged adapter folder (None = base)
+    max_prefixes: int = 4  # shared prefixes whose per-pattern KV caches are kept
+    max_patterns: int = 8  # KV caches kept per prefix (one per choice pattern)
+    route_stats: dict[str, int] = field(default_factory=lambda: {"prefix_cache": 0,
+                                                                 "full_prefill": 0})
+    _prefixes: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
-    def load(cls, folder: str | Path, base: tuple[Any, Any] | None = None) -> Router:
+    def load(cls, folder: str | Path, base: tuple[Any, Any] | None = None,
+             meta: dict[str, Any] | None = None) -> Router:
+        """The router of a `moe-merge --per-request` folder; `meta` is its router.json when
+        the caller has read and checked it already."""
         root = Path(folder)
         path = root / "router.json"
-        if not path.is_file():
+        if meta is None and not path.is_file():
             raise UserInputError(f"{root}: no router.json (write one with `moe-merge "
                                  f"--per-request`)")
-        meta = json.loads(path.read_text())
+        meta = meta if meta is not None else json.loads(path.read_text())
         if meta.get("format") != ROUTER_FORMAT:
             raise UserInputError(f"{path}: format {meta.get('format')!r}, expected "
                                  f"{ROUTER_FORMAT!r}")
@@ -134,8 +166,88 @@ class Router:
 
     def route(self, messages: list[dict[str, Any]],
               tools: list[dict[str, Any]] | None = None) -> str:
-        """The capability (adapter name in vLLM) this request goes to."""
-        return self.route_from_choice(request_choice(self.moe, messages, tools))
+        """The capability (adapter name in vLLM) this request goes to: the gates' choice
+        over the whole prompt, computed over the cached shared prefix when it can be."""
+        ids = request_ids(self.moe, messages, tools)
+        split = self.shared_prefix_length(ids)
+        with self._lock:
+            if split == 0:
+                self.route_stats["full_prefill"] += 1
+                return self.route_from_choice(self._full_choice(ids, 0)[0])
+            caches = self._prefix_caches(tuple(ids[:split]))
+            # the choices this prefix made most recently first, then the routes' patterns
+            candidates = list(reversed(caches))
+            candidates += [p for p in dict.fromkeys(tuple(p) for p in self.patterns.values())
+                           if p not in caches]
+            for pattern in candidates:
+                if pattern not in caches:
+                    caches[pattern] = self._prefill_under(ids[:split], list(pattern))
+                if self._choice_over(ids, split, caches[pattern]) == list(pattern):
+                    caches[pattern] = caches.pop(pattern)  # most recent last
+                    self.route_stats["prefix_cache"] += 1
+                    return self.route_from_choice(list(pattern))
+            self.route_stats["full_prefill"] += 1
+            choice, cache = self._full_choice(ids, split)
+            if len(caches) < self.max_patterns:  # the next request may make the same choice
+                caches[tuple(choice)] = cache
+            return self.route_from_choice(choice)
+
+    def shared_prefix_length(self, ids: list[int]) -> int:
+        """Where the first user turn's header starts (0: no user turn to split at). The
+        suffix keeps the header so the request tokens are found in it as in a full prefill."""
+        request = self.moe.request_tokens(ids)
+        markers = self.moe.request_markers
+        if markers is None or bool(request.all()):
+            return 0
+        split = int(request.nonzero()[0]) - 1 - len(markers[1])
+        return split if split > 0 and ids[split] == markers[0] else 0
+
+    def _prefix_caches(self, key: tuple[int, ...]) -> dict[tuple[int, ...], Any]:
+        """pattern -> KV cache of the prefix `key` under that pattern (the last
+        `max_prefixes` prefixes are kept)."""
+        caches = self._prefixes.pop(key, None) or {}
+        self._prefixes[key] = caches  # most recent last
+        while len(self._prefixes) > self.max_prefixes:
+            self._prefixes.popitem(last=False)
+        return caches
+
+    def _forward(self, ids: list[int], **kw: Any) -> Any:
+        device = next(self.moe.model.parameters()).device
+        previous = self.moe.config.mode
+        self.moe.set_mode("trajectory")
+        try:
+            with torch.no_grad():
+                return self.moe.model(input_ids=torch.tensor([ids], device=device), **kw)
+        finally:
+            self.moe.set_mode(previous)
+
+    def _prefill_under(self, prefix: list[int], pattern: list[int]) -> Any:
+        with self.moe.force(pattern):
+            return self._forward(prefix, use_cache=True).past_key_values
+
+    def _full_choice(self, ids: list[int], split: int) -> tuple[list[int], Any]:
+        """The full prefill's choice, and (split > 0) its KV cache cropped to the prefix:
+        the prefix under exactly that choice."""
+        with self.moe.recording() as rec:
+            out = self._forward(ids, use_cache=split > 0)
+        cache = out.past_key_values if split > 0 else None
+        if cache is not None:
+            cache.crop(split - len(ids))
+        assert rec.chosen is not None
+        return [int(c) for c in rec.chosen[0, -1].tolist()], cache
+
+    def _choice_over(self, ids: list[int], split: int, cache: Any) -> list[int]:
+        """The trajectory choice of `ids[split:]` as a new request over `cache` (the
+        prefix `ids[:split]`); the cache is cropped back to the prefix afterwards."""
+        self.moe.request_after_prefix = True
+        try:
+            with self.moe.recording() as rec:
+                self._forward(ids[split:], past_key_values=cache, use_cache=True)
+        finally:
+            self.moe.request_after_prefix = False
+            cache.crop(split - len(ids))
+        assert rec.chosen is not None
+        return [int(c) for c in rec.chosen[0, -1].tolist()]
 
 
 def export_per_request(

@@ -122,7 +122,8 @@ class _RoutingState(threading.local):
     can share one model, each with its own force/mix/recording and in-flight routes."""
 
     def __init__(self) -> None:
-        self.force_slot: int | None = None
+        self.force_slot: int | list[int] | None = None
+        self.request_after_prefix = False
         self.mix_weights: torch.Tensor | None = None
         self.current: dict[int, LayerRoute] = {}
         self.held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -231,7 +232,11 @@ def load_base(name_or_path: str, device: str = "cpu", dtype: Any = None
 class GatedMoE:
     """A base causal LM with K LoRA experts and per-block top-1 gates installed in place."""
 
-    force_slot = _state_property("force_slot", "route every token to this slot (None = gates)")
+    force_slot = _state_property("force_slot", "route every token to this slot, or to slot "
+                                 "[l] at layer l (None = gates)")
+    request_after_prefix = _state_property(
+        "request_after_prefix", "the next forward is a new request over a cached prefix: "
+        "trajectory pools over its own request tokens, not held choices")
     mix_weights = _state_property("mix_weights", "fixed [K+1] mixture (the linear merge)")
     prompt_mask = _state_property("prompt_mask", "[B, T] prompt tokens for trajectory pooling")
     collect = _state_property("collect", "gate training: route() appends (layer, probs, chosen)")
@@ -339,7 +344,7 @@ class GatedMoE:
         if cache is not None and hasattr(cache, "get_seq_length"):
             past = int(cache.get_seq_length())
         st = self._state
-        st.new_sequence = past == 0
+        st.new_sequence = past == 0 or st.request_after_prefix
         if st.new_sequence:
             st.held = {}
             st.attention_mask = kwargs.get("attention_mask")
@@ -376,7 +381,8 @@ class GatedMoE:
             weights = w.expand(b, t, self.k + 1)
             grad = False
         elif self.force_slot is not None:
-            chosen = torch.full((b, t), self.force_slot, dtype=torch.long, device=hidden.device)
+            slot = self.force_slot if isinstance(self.force_slot, int) else self.force_slot[layer]
+            chosen = torch.full((b, t), slot, dtype=torch.long, device=hidden.device)
             weights = F.one_hot(chosen, self.k + 1).to(probs.dtype)
             grad = False
         elif mode == "soft":
@@ -474,10 +480,15 @@ class GatedMoE:
 
     # ---------------------------------------------------------------------- controls
     @contextlib.contextmanager
-    def force(self, slot: int | None) -> Iterator[None]:
-        """Route every token to `slot` (0 = base only) inside the block."""
-        if slot is not None and not 0 <= slot <= self.k:
-            raise UserInputError(f"force: slot must be in 0..{self.k}, got {slot}")
+    def force(self, slot: int | list[int] | None) -> Iterator[None]:
+        """Route every token to `slot` (0 = base only) inside the block; a list is one slot
+        per layer (a request-level choice pattern, what a merged per-request adapter is)."""
+        slots = [slot] if isinstance(slot, int) else list(slot or [])
+        if isinstance(slot, list) and len(slot) != self.layers:
+            raise UserInputError(f"force: a pattern of {len(slot)} layers for a model with "
+                                 f"{self.layers}")
+        if any(not 0 <= s <= self.k for s in slots):
+            raise UserInputError(f"force: slots must be in 0..{self.k}, got {slot}")
         previous, self.force_slot = self.force_slot, slot
         try:
             yield
@@ -513,6 +524,11 @@ class GatedMoE:
         self.config = MoEConfig(mode=mode, dispatch=self.config.dispatch,  # type: ignore[arg-type]
                                 estimator=self.config.estimator)
         self.config.check()
+
+    @property
+    def request_markers(self) -> tuple[int, list[int], list[int], int | None] | None:
+        """The tokenizer's ChatML user-turn markers (`request_markers`), None without."""
+        return self._markers
 
     def request_tokens(self, ids: list[int]) -> torch.Tensor:
         """[T] bool: the request (user-turn) tokens of `ids`, what `trajectory` pools over;

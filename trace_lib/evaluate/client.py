@@ -1,4 +1,5 @@
-"""The evaluation's chat client: plain OpenAI `/v1/chat/completions`, no token ids.
+"""The evaluation's chat client: plain OpenAI `/v1/chat/completions`, no token ids; and the
+project's own server's settings when the evaluation has no `--server-url`.
 
 Design decisions
 - Plain OpenAI only (no `logprobs`, no vLLM `return_token_ids`): evaluation needs the
@@ -10,6 +11,7 @@ Design decisions
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
@@ -87,3 +89,13 @@ class EvalChatClient:
         if not out:
             raise UserInputError(f"{self.base_url}: the response has no choices")
         return out
+
+
+def local_server_config(cfg: Any, model: str) -> Any:
+    """The project's own policy server for an evaluation without `--server-url`: the
+    evaluation's context and token limits, torch threads from OMP_NUM_THREADS."""
+    from trace_lib.runtime.policy_server import ServerConfig
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or None
+    return ServerConfig(model=model, max_model_len=cfg.max_model_len,
+                        default_max_tokens=cfg.max_tokens, torch_threads=threads)

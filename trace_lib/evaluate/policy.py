@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.errors import UserInputError
-from trace_lib.evaluate.client import EvalChatClient
+from trace_lib.evaluate.client import EvalChatClient, local_server_config
 from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet
 
 EPISODES_FILE = "episodes.jsonl"
@@ -255,11 +255,9 @@ def policy_endpoint(cfg: EvalConfig) -> Iterator[tuple[EvalChatClient, str]]:
         finally:
             client.close()
         return
-    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
+    from trace_lib.runtime.policy_server import PolicyServer
 
-    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or None
-    server_cfg = ServerConfig(model=cfg.model, max_model_len=cfg.max_model_len,
-                              default_max_tokens=cfg.max_tokens, torch_threads=threads)
+    server_cfg = local_server_config(cfg, cfg.model)
     if cfg.moe:
         from trace_lib.compose.serving import MoEPolicyServer
 

@@ -20,9 +20,11 @@ Design decisions
   missing name is a clear error naming the `vllm serve` command); without it, the
   project's own policy server starts on the router's base model and hot-loads each
   adapter through `/v1/load_lora_adapter`, exactly as vLLM would be asked to.
-- The router runs one prefill of the base (+ gates) here, under a lock (its recording
-  hooks are process-wide state): the honest cost of per-request routing, small beside the
-  episode at SmolLM2 size.
+- The router runs here, one route per distinct opening request, under a lock. It keeps
+  the KV cache of the prompt's shared system + tools block per route pattern and prefills
+  only the user turn over it (`compose.export.Router.route`: exact, with the full prefill
+  as the fallback), so routing a target task costs a few hundred tokens, not the whole
+  ~3k-token prompt (`bench/router_prefix.py`).
 - Every episode's record says where it went (`meta.routed_to`), so routing accuracy on the
   target tasks can be read from the dataset.
 """
@@ -101,7 +103,7 @@ def routed_endpoint(cfg: Any, key: str | None) -> Iterator[tuple[RoutedChatClien
 
     folder = Path(cfg.router).expanduser()
     meta = router_meta(folder)
-    router = Router.load(folder)
+    router = Router.load(folder, meta=meta)
     names = {cap: (served_name(cap) if entry["adapter"] else None)
              for cap, entry in meta["routes"].items()}
     if cfg.server_url:
@@ -112,15 +114,10 @@ def routed_endpoint(cfg: Any, key: str | None) -> Iterator[tuple[RoutedChatClien
         finally:
             inner.close()
         return
-    import os
+    from trace_lib.evaluate.client import local_server_config
+    from trace_lib.runtime.policy_server import PolicyServer
 
-    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
-
-    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or None
-    server = PolicyServer(ServerConfig(model=meta["base_model"], max_model_len=cfg.max_model_len,
-                                       default_max_tokens=cfg.max_tokens,
-                                       torch_threads=threads))
-    with server:
+    with PolicyServer(local_server_config(cfg, meta["base_model"])) as server:
         inner = EvalChatClient(server.url, timeout_s=cfg.request_timeout_s)
         try:
             for cap, entry in meta["routes"].items():
