@@ -102,7 +102,7 @@ def _stored_row(db: Path, dataset: str) -> dict:
     finally:
         con.close()
     return {"policy": "base", "agent_model": agent, "dataset": ds_id, "n": n, "successes": k,
-            "pass_rate": k / n, "ci95": list(wilson(k, n)), "wall_s": float("nan"),
+            "pass_rate": k / n, "ci95": list(wilson(k, n)), "wall_s": None,
             "write_tasks": {"trajectories": wn, "successes": wk}, "reused": True}
 
 
