@@ -32,7 +32,7 @@ class Cancelled(Exception):
 
 
 JOB_KINDS: Registry[JobFn] = Registry("job kind", builtins={
-    "train_adapter": "trace_lib.jobs.kinds:train_adapter",
+    "train_adapter": "trace_lib.train.trainer:run_job",
     "train_gates": "trace_lib.compose.gate_training:run_job",
     "evaluate": "trace_lib.evaluate.runner:run_job",
     "label": "trace_lib.diagnose.label_job:run_job",
@@ -42,13 +42,3 @@ JOB_KINDS: Registry[JobFn] = Registry("job kind", builtins={
 def job_function(kind: str) -> JobFn:
     """The function that runs jobs of `kind` (a UserInputError lists the known kinds)."""
     return JOB_KINDS.get(kind)
-
-
-def train_adapter(spec: JobSpec, run_dir: Path, should_stop: Callable[[], bool]) -> dict:
-    """GRPO training of one LoRA adapter (`config` is a TrainConfig); resumes from the
-    run directory's last checkpoint."""
-    from trace_lib.train.config import TrainConfig
-    from trace_lib.train.trainer import train
-
-    cfg = TrainConfig.from_dict(spec.config, where=f"{run_dir / 'spec.json'}: config")
-    return train(cfg, run_dir, should_stop=should_stop, resume=True).to_dict()

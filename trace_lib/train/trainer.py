@@ -465,3 +465,11 @@ def train(
         base_model=cfg.model, eval_before=evals.get("before"), eval_after=evals.get("after"),
         wall_s=time.perf_counter() - t_start,
     )
+
+
+def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:
+    """The `train_adapter` job kind (listed in `trace_lib.jobs.kinds`): GRPO training of
+    one LoRA adapter (`config` is a TrainConfig); resumes from the run directory's last
+    checkpoint."""
+    cfg = TrainConfig.from_dict(spec.config, where=f"{run_dir / 'spec.json'}: config")
+    return train(cfg, run_dir, should_stop=should_stop, resume=True).to_dict()
