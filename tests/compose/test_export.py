@@ -135,7 +135,7 @@ def test_router_over_the_cached_shared_prefix_routes_as_the_full_prefill(
 
 def test_a_request_over_a_prefix_prefilled_under_its_own_choice_is_the_full_prefill(
         tiny_dir, adapter_dirs) -> None:
-    from trace_lib.compose.export import request_ids
+    from trace_lib.compose.export import prefill_choice, request_ids
 
     moe = _request_dependent_moe(tiny_dir, adapter_dirs)
     router = Router(moe=moe, patterns={}, adapters={})
@@ -143,18 +143,14 @@ def test_a_request_over_a_prefix_prefilled_under_its_own_choice_is_the_full_pref
     split = router.shared_prefix_length(ids)
     assert 0 < split < len(ids) - 5
     pattern = request_choice(moe, REQUESTS[0])
-    assert router._full_choice(ids, split)[0] == pattern
+    assert prefill_choice(moe, ids, keep_prefix=split)[0] == pattern
     with torch.no_grad():
         whole = moe(input_ids=torch.tensor([ids])).logits[0, -1]
         with moe.force(pattern):
             cache = moe(input_ids=torch.tensor([ids[:split]]), use_cache=True).past_key_values
-        moe.request_after_prefix = True
-        try:
-            with moe.recording() as rec:
-                tail = moe(input_ids=torch.tensor([ids[split:]]), past_key_values=cache,
-                           use_cache=True).logits[0, -1]
-        finally:
-            moe.request_after_prefix = False
+        with moe.request_over_prefix(), moe.recording() as rec:
+            tail = moe(input_ids=torch.tensor([ids[split:]]), past_key_values=cache,
+                       use_cache=True).logits[0, -1]
     assert rec.chosen[0, -1].tolist() == pattern
     torch.testing.assert_close(tail, whole, atol=1e-5, rtol=1e-4)
     with pytest.raises(UserInputError, match="a pattern of 1 layers"), moe.force([1]):

@@ -72,17 +72,36 @@ def request_ids(moe: GatedMoE, messages: list[dict[str, Any]],
 def request_choice(moe: GatedMoE, messages: list[dict[str, Any]],
                    tools: list[dict[str, Any]] | None = None) -> list[int]:
     """The per-layer slot `trajectory` routing picks for this request (one prefill)."""
-    ids = request_ids(moe, messages, tools)
+    return prefill_choice(moe, request_ids(moe, messages, tools))[0]
+
+
+def _trajectory_forward(moe: GatedMoE, ids: list[int], **kw: Any) -> Any:
+    """One forward of `ids` in trajectory mode, no grad (the mode is restored after)."""
+    device = next(moe.model.parameters()).device
     previous = moe.config.mode
     moe.set_mode("trajectory")
     try:
-        with torch.no_grad(), moe.recording() as rec:
-            moe.model(input_ids=torch.tensor([ids], device=next(moe.model.parameters()).device),
-                      use_cache=False)
+        with torch.no_grad():
+            return moe.model(input_ids=torch.tensor([ids], device=device), **kw)
     finally:
         moe.set_mode(previous)
+
+
+def _held_choice(rec: Any) -> list[int]:
     assert rec.chosen is not None
     return [int(c) for c in rec.chosen[0, -1].tolist()]  # held: equal at every token
+
+
+def prefill_choice(moe: GatedMoE, ids: list[int], keep_prefix: int = 0
+                   ) -> tuple[list[int], Any]:
+    """The full prefill's choice, and (keep_prefix > 0) its KV cache cropped to the first
+    `keep_prefix` tokens: that prefix under exactly this choice."""
+    with moe.recording() as rec:
+        out = _trajectory_forward(moe, ids, use_cache=keep_prefix > 0)
+    cache = out.past_key_values if keep_prefix > 0 else None
+    if cache is not None:
+        cache.crop(keep_prefix - len(ids))
+    return _held_choice(rec), cache
 
 
 def _majority(patterns: list[list[int]], k1: int) -> list[int]:
@@ -144,10 +163,11 @@ class Router:
         the caller has read and checked it already."""
         root = Path(folder)
         path = root / "router.json"
-        if meta is None and not path.is_file():
-            raise UserInputError(f"{root}: no router.json (write one with `moe-merge "
-                                 f"--per-request`)")
-        meta = meta if meta is not None else json.loads(path.read_text())
+        if meta is None:
+            if not path.is_file():
+                raise UserInputError(f"{root}: no router.json (write one with `moe-merge "
+                                     f"--per-request`)")
+            meta = json.loads(path.read_text())
         if meta.get("format") != ROUTER_FORMAT:
             raise UserInputError(f"{path}: format {meta.get('format')!r}, expected "
                                  f"{ROUTER_FORMAT!r}")
@@ -173,7 +193,7 @@ class Router:
         with self._lock:
             if split == 0:
                 self.route_stats["full_prefill"] += 1
-                return self.route_from_choice(self._full_choice(ids, 0)[0])
+                return self.route_from_choice(prefill_choice(self.moe, ids)[0])
             caches = self._prefix_caches(tuple(ids[:split]))
             # the choices this prefix made most recently first, then the routes' patterns
             candidates = list(reversed(caches))
@@ -187,7 +207,7 @@ class Router:
                     self.route_stats["prefix_cache"] += 1
                     return self.route_from_choice(list(pattern))
             self.route_stats["full_prefill"] += 1
-            choice, cache = self._full_choice(ids, split)
+            choice, cache = prefill_choice(self.moe, ids, keep_prefix=split)
             if len(caches) < self.max_patterns:  # the next request may make the same choice
                 caches[tuple(choice)] = cache
             return self.route_from_choice(choice)
@@ -211,43 +231,20 @@ class Router:
             self._prefixes.popitem(last=False)
         return caches
 
-    def _forward(self, ids: list[int], **kw: Any) -> Any:
-        device = next(self.moe.model.parameters()).device
-        previous = self.moe.config.mode
-        self.moe.set_mode("trajectory")
-        try:
-            with torch.no_grad():
-                return self.moe.model(input_ids=torch.tensor([ids], device=device), **kw)
-        finally:
-            self.moe.set_mode(previous)
-
     def _prefill_under(self, prefix: list[int], pattern: list[int]) -> Any:
         with self.moe.force(pattern):
-            return self._forward(prefix, use_cache=True).past_key_values
-
-    def _full_choice(self, ids: list[int], split: int) -> tuple[list[int], Any]:
-        """The full prefill's choice, and (split > 0) its KV cache cropped to the prefix:
-        the prefix under exactly that choice."""
-        with self.moe.recording() as rec:
-            out = self._forward(ids, use_cache=split > 0)
-        cache = out.past_key_values if split > 0 else None
-        if cache is not None:
-            cache.crop(split - len(ids))
-        assert rec.chosen is not None
-        return [int(c) for c in rec.chosen[0, -1].tolist()], cache
+            return _trajectory_forward(self.moe, prefix, use_cache=True).past_key_values
 
     def _choice_over(self, ids: list[int], split: int, cache: Any) -> list[int]:
         """The trajectory choice of `ids[split:]` as a new request over `cache` (the
         prefix `ids[:split]`); the cache is cropped back to the prefix afterwards."""
-        self.moe.request_after_prefix = True
         try:
-            with self.moe.recording() as rec:
-                self._forward(ids[split:], past_key_values=cache, use_cache=True)
+            with self.moe.request_over_prefix(), self.moe.recording() as rec:
+                _trajectory_forward(self.moe, ids[split:], past_key_values=cache,
+                                    use_cache=True)
         finally:
-            self.moe.request_after_prefix = False
             cache.crop(split - len(ids))
-        assert rec.chosen is not None
-        return [int(c) for c in rec.chosen[0, -1].tolist()]
+        return _held_choice(rec)
 
 
 def export_per_request(

@@ -235,8 +235,8 @@ class GatedMoE:
     force_slot = _state_property("force_slot", "route every token to this slot, or to slot "
                                  "[l] at layer l (None = gates)")
     request_after_prefix = _state_property(
-        "request_after_prefix", "the next forward is a new request over a cached prefix: "
-        "trajectory pools over its own request tokens, not held choices")
+        "request_after_prefix", "forwards continue a cached prefix as a new request "
+        "(`request_over_prefix`)")
     mix_weights = _state_property("mix_weights", "fixed [K+1] mixture (the linear merge)")
     prompt_mask = _state_property("prompt_mask", "[B, T] prompt tokens for trajectory pooling")
     collect = _state_property("collect", "gate training: route() appends (layer, probs, chosen)")
@@ -494,6 +494,16 @@ class GatedMoE:
             yield
         finally:
             self.force_slot = previous
+
+    @contextlib.contextmanager
+    def request_over_prefix(self) -> Iterator[None]:
+        """Forwards inside the block continue a cached prefix as a new request: trajectory
+        pools over their own request tokens instead of holding the previous choice."""
+        previous, self.request_after_prefix = self.request_after_prefix, True
+        try:
+            yield
+        finally:
+            self.request_after_prefix = previous
 
     @contextlib.contextmanager
     def mix(self, weights: list[float] | None) -> Iterator[None]:

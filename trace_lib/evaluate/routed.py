@@ -80,7 +80,7 @@ class RoutedChatClient:
                           tools: list[dict[str, Any]] | None) -> str:
         opening = opening_request(messages)
         key = json.dumps([opening, tools], sort_keys=True, default=str)
-        with self._lock:  # the router's recording hooks are process-wide
+        with self._lock:  # one route per distinct opening request, even when episodes race
             if key not in self._routes:
                 self._routes[key] = self.router.route(opening, tools)
             return self._routes[key]
