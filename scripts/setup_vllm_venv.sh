@@ -34,6 +34,18 @@ if [ -f "$MARKER" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
   exit 0
 fi
 
+# Say so before pip does: the venv takes ~3.5 GiB installed and pip unpacks the wheels in
+# TMPDIR on top, and a full disk otherwise ends in pip's bare "[Errno 28]".
+NEED_GIB=6
+for dir in "$(dirname "$(realpath -m "$VENV")")" "${TMPDIR:-/tmp}"; do
+  free_gib=$(( $(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1048576 ))
+  if [ "$free_gib" -lt "$NEED_GIB" ]; then
+    echo "setup_vllm_venv: $free_gib GiB free on $dir; building $VENV needs about $NEED_GIB GiB" \
+         "(3.5 GiB installed, the wheels unpacked in TMPDIR). Free some space and rerun." >&2
+    exit 1
+  fi
+done
+
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
