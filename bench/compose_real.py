@@ -57,6 +57,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from composed_episodes import evaluate_policy  # noqa: E402
+
 
 # ------------------------------------------------------------------------- statistics
 def mean_ci(values: list[float]) -> tuple[float, float, float]:
@@ -96,39 +98,6 @@ def policies(moe: Any) -> list[tuple[str, dict[str, Any], str | None]]:
     out += [(f"adapter {name}", {"force": k + 1}, None) for k, name in enumerate(moe.slots[1:])]
     out.append(("linear merge", {"mix": [0.0] + [1.0 / moe.k] * moe.k}, None))
     out += [(f"composed {mode}", {}, mode) for mode in ("top1", "trajectory", "soft")]
-    return out
-
-
-def evaluate_policy(moe: Any, makers: dict[str, Any], own_slot: dict[str, int],
-                    kwargs: dict[str, Any], mode: str | None, seeds: list[int], samples: int,
-                    max_tokens: int, max_turns: int) -> dict[str, Any]:
-    from compose_served import episode_slot
-
-    from trace_lib.compose.local_client import LocalMoEClient
-    from trace_lib.runtime.rollout import RolloutConfig, run_group
-
-    if mode is not None:
-        moe.set_mode(mode)
-    client = LocalMoEClient(moe, **kwargs)
-    sampled_cfg = RolloutConfig(max_turns, max_tokens, 8192, temperature=1.0)
-    greedy_cfg = RolloutConfig(max_turns, max_tokens, 8192, temperature=0.0)
-    out: dict[str, Any] = {}
-    for env_name, make in makers.items():
-        per_seed = []
-        for seed in seeds:
-            row: dict[str, Any] = {"seed": seed}
-            if samples:
-                rs = run_group(make, seed, client, sampled_cfg, model="moe",
-                               group_size=samples, request_seed=seed)
-                row["reward"] = sum(r.reward for r in rs) / len(rs)
-                row["passed"] = sum(r.passed for r in rs) / len(rs)
-            g = run_group(make, seed, client, greedy_cfg, model="moe", group_size=1,
-                          request_seed=seed)[0]
-            row["greedy_reward"], row["greedy_passed"] = g.reward, float(g.passed)
-            if mode is not None:
-                row["routed_own"] = float(episode_slot(moe, g) == own_slot[env_name])
-            per_seed.append(row)
-        out[env_name] = per_seed
     return out
 
 
@@ -407,7 +376,7 @@ def main() -> int:
             moe=str(out / "moe_init"), envs=list(named_makers), warm_seeds=args.warm_seeds,
             warm_steps=args.warm_steps, steps=args.gate_steps, groups_per_step=2,
             group=args.gate_group, lr=args.gate_lr, max_tokens=args.max_tokens,
-            max_turns=args.max_turns, torch_threads=args.threads, seed=args.seed)
+            max_turns=max(max_turns.values()), torch_threads=args.threads, seed=args.seed)
         if args.warm_lr is not None:
             fields["warm_lr"] = args.warm_lr
         gates = train_gates(GateTrainConfig(**fields), out / "gates", env_makers=named_makers)
@@ -433,7 +402,7 @@ def main() -> int:
     for label, kwargs, mode in policies(moe):
         t1 = time.perf_counter()
         results[label] = evaluate_policy(moe, named_makers, own_slot, kwargs, mode, seeds,
-                                         args.samples, args.max_tokens, args.max_turns)
+                                         args.samples, args.max_tokens, max_turns)
         summ = {e: summarise(v) for e, v in results[label].items()}
         print(f"[{label}] {time.perf_counter() - t1:.0f}s " + "; ".join(
             f"{e}: greedy pass {fmt(s['greedy_pass'])}"

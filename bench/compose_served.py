@@ -41,34 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def episode_slot(moe: Any, rollout: Any) -> int:
-    """The slot most of the episode's sampled token x layer choices went to."""
-    import torch
-
-    ids = torch.tensor([rollout.token_ids])
-    with torch.no_grad(), moe.recording() as rec:
-        moe.model(input_ids=ids, use_cache=False)
-    sampled = torch.tensor(rollout.loss_mask).bool()
-    chosen = rec.chosen[0][sampled] if bool(sampled.any()) else rec.chosen[0]
-    return int(torch.bincount(chosen.reshape(-1).long(), minlength=moe.k + 1).argmax())
-
-
-def _row(rollouts: list[Any]) -> dict[str, Any]:
-    """One seed: greedy episode first, then the sampled ones."""
-    greedy, sampled = rollouts[0], rollouts[1:]
-    row: dict[str, Any] = {"greedy_reward": float(greedy.reward),
-                           "greedy_passed": float(greedy.passed),
-                           "greedy_calls": [c["function"]["name"]
-                                            for m in greedy.messages if m["role"] == "assistant"
-                                            for c in m.get("tool_calls") or []],
-                           "greedy_final": next((m.get("content") or "" for m
-                                                 in reversed(greedy.messages)
-                                                 if m["role"] == "assistant"), "")[:300]}
-    if sampled:
-        row["reward"] = sum(r.reward for r in sampled) / len(sampled)
-        row["passed"] = sum(r.passed for r in sampled) / len(sampled)
-    return row
+from composed_episodes import episode_row, evaluate_policy
 
 
 class ServedPolicy:
@@ -128,7 +101,8 @@ class ServedPolicy:
             per_seed = engine.run(makers[env], seeds[env], temps)
             print(f"  [{self.label}] {env}: {len(seeds[env])} seeds x {len(temps)} episodes "
                   f"in {time.perf_counter() - t0:.0f}s", flush=True)
-            return [{"seed": s, **_row(rs)} for s, rs in zip(seeds[env], per_seed, strict=True)]
+            return [{"seed": s, **episode_row(rs)}
+                    for s, rs in zip(seeds[env], per_seed, strict=True)]
 
         with ThreadPoolExecutor(len(makers)) as pool:
             rows = dict(zip(makers, pool.map(one, list(makers)), strict=True))
@@ -276,26 +250,12 @@ def run_served(args: Any, base: str, adapter_paths: dict[str, Path],
 
     # ---- token-level modes: in-process, greedy, the first --local-seeds seeds
     if args.local_seeds:
-        from trace_lib.compose.local_client import LocalMoEClient
-        from trace_lib.runtime.rollout import RolloutConfig, run_group
-
         own_slot = {env_of[c]: moe.slots.index(c) for c in caps}
         for mode in ("top1", "soft"):
             t0 = time.perf_counter()
-            moe.set_mode(mode)
-            client = LocalMoEClient(moe)
-            rows_mode: dict[str, list[dict[str, Any]]] = {}
-            for env_name, make in named.items():
-                cfg = RolloutConfig(max_turns[env_name], args.max_tokens, 8192, temperature=0.0)
-                rows_mode[env_name] = []
-                for seed in tqdm(held[:args.local_seeds], desc=f"{mode} {env_name}",
-                                 unit="episode"):
-                    g = run_group(make, seed, client, cfg, model="moe", group_size=1,
-                                  request_seed=seed)[0]
-                    rows_mode[env_name].append(
-                        {"seed": seed, **_row([g]),
-                         "routed_own": float(episode_slot(moe, g) == own_slot[env_name])})
-            results[f"composed {mode}"] = rows_mode
+            results[f"composed {mode}"] = evaluate_policy(
+                moe, named, own_slot, {}, mode, held[:args.local_seeds], 0, args.max_tokens,
+                max_turns)
             timings[f"{mode}_s"] = time.perf_counter() - t0
     order = ["base"] + [f"adapter {c}" for c in caps] + ["linear merge"] + [
         f"composed {m}" for m in ("top1", "trajectory", "soft")]
