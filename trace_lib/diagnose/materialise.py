@@ -1,7 +1,7 @@
 """Materialised labels: majority and effective labels, and the ranking's counts, as tables.
 
 Design decisions
-- The views `majority_labels`, `effective_labels` and `effective_run_labels` (store.py)
+- The views `majority_labels`, `effective_labels` and `effective_run_labels` (trace_lib/store)
   stay the definition; the tables here hold the same answers so that the ranking, the
   Labels grid, the review queue and the exports read them in milliseconds at 100k
   trajectories x 10 runs (14M label rows) instead of re-aggregating every label:
