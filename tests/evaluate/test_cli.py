@@ -31,6 +31,24 @@ def test_foreground_json(db_path, tmp_path):
     assert out["ci95"][0] == 0.0
 
 
+def test_a_named_split_is_evaluated_and_recorded(db_path, tmp_path):
+    proc = _cli("evaluate", *TINY, "--split", "dev", "--json", db=db_path, runs=tmp_path / "r")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["split"] == "dev" and out["tasks"] == 1
+    with store.connect(db_path, read_only=True) as con:
+        task_id, meta = con.execute(
+            "SELECT t.task_id, t.meta FROM trajectories t JOIN datasets d "
+            "ON t.dataset_id = d.id WHERE d.name = ?", [out["dataset"]]).fetchone()
+    meta = json.loads(meta)
+    # the record names its split wherever it is read: its meta and its provenance
+    assert task_id == "airline_1_000" and meta["split"] == "dev"
+    assert meta["provenance"]["split"] == "dev" and meta["provenance"]["task_set_seed"] == 1
+    bad = _cli("evaluate", *TINY, "--split", "dev", "--seed", "5", db=db_path, runs=tmp_path / "r")
+    assert bad.returncode == 1 and "--split dev is task-set seed 1" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_retail_target_tasks_evaluate_into_a_dataset(db_path, tmp_path):
     proc = _cli("evaluate", "--domain", "retail", "--tasks", "3", "--trials", "1", "--model",
                 "tiny", "--tools", "capability", "--max-model-len", "16384", "--max-tokens",
@@ -38,7 +56,7 @@ def test_retail_target_tasks_evaluate_into_a_dataset(db_path, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["trajectories"] == 3 and out["successes"] + out["failures"] == 3
-    assert out["dataset"].startswith("tiny__retail__")
+    assert out["dataset"].startswith("tiny__retail__") and out["split"] == "demo"
     with store.connect(db_path, read_only=True) as con:
         rows = con.execute("SELECT t.task_id, t.domain FROM trajectories t JOIN datasets d "
                            "ON t.dataset_id = d.id WHERE d.name = ? ORDER BY t.task_id",

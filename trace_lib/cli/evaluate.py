@@ -42,7 +42,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "trials": args.trials, "tools": args.tools, "max_turns": args.max_turns,
         "max_tokens": args.max_tokens, "max_sequence": args.max_sequence,
         "max_model_len": args.max_model_len, "temperature": args.temperature,
-        "seed": args.seed, "concurrency": args.concurrency, "label": args.label,
+        "split": args.split, "seed": args.seed, "concurrency": args.concurrency, "label": args.label,
         "request_timeout_s": args.request_timeout, "shard_episodes": args.shard_episodes,
         "shard_cpus": args.shard_cpus,
     }
@@ -55,7 +55,8 @@ def _print_result(out: dict[str, Any], as_json: bool) -> None:
     lo, hi = out["ci95"]
     rate = "n/a" if out["pass_rate"] is None else f"{out['pass_rate']:.1%}"
     ci = "" if lo is None else f" (95% CI {lo:.1%}-{hi:.1%})"
-    print(f"{out['policy']} on {out['tasks']} {out['domain']} tasks x {out['trials']} trials: "
+    split = f" {out['split']}" if out.get("split") else ""
+    print(f"{out['policy']} on {out['tasks']} {out['domain']}{split} tasks x {out['trials']} trials: "
           f"{out['successes']}/{out['trajectories']} passed, {rate}{ci}")
     print(f"dataset {out['dataset']} ({out['dataset_id']})")
 
@@ -165,7 +166,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--max-model-len", type=int, default=None,
                    help="local server's context (default: the model's)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0, help="task set seed (the demo's is 0)")
+    p.add_argument("--split", default=None, choices=("demo", "dev", "test"),
+                   help="target-task split: demo (the 50 tasks the demo played, the default), "
+                        "dev (100: choose settings here), test (150: held out, once per "
+                        "final configuration)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="a task-set seed of your own instead of a split")
     p.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
     p.add_argument("--request-timeout", type=float, default=3600.0,
                    help="seconds one chat request may take")

@@ -47,7 +47,14 @@ from typing import Any
 
 from trace_lib.errors import UserInputError
 from trace_lib.evaluate.client import EvalChatClient, local_server_config
-from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet
+from trace_lib.evaluate.tasks import (
+    DEFAULT_SPLIT,
+    SPLITS,
+    TOOLS_MODES,
+    TaskSet,
+    get_split,
+    split_of,
+)
 
 EPISODES_FILE = "episodes.jsonl"
 
@@ -72,7 +79,8 @@ class EvalConfig:
     max_sequence: int = 8192  # episode token budget, prompt included
     max_model_len: int | None = None  # local server's context (default: the model's)
     temperature: float = 0.0
-    seed: int = 0  # the task set's seed (the demo's is 0)
+    split: str | None = None  # demo | dev | test (tasks.SPLITS); None: the seed's split
+    seed: int | None = None  # a task-set seed of one's own; None: the split's (demo: 0)
     concurrency: int = 4
     shard_episodes: int = 10  # (task, trial) episodes per shard: resume unit, one Ray task
     shard_cpus: float = 1.0  # CPUs Ray reserves per shard task (ray backend)
@@ -96,6 +104,13 @@ class EvalConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def task_seed(self) -> int:
+        """The task set's seed: the split's, the one given, else the demo split's."""
+        if self.split is not None:
+            return get_split(self.split).seed
+        return SPLITS[DEFAULT_SPLIT].seed if self.seed is None else self.seed
+
     def validate(self, where: str = "evaluate") -> None:
         modes = [m for m in ("adapter", "moe", "router", "server_url") if getattr(self, m)]
         if len(modes) > 1 and modes != ["router", "server_url"]:
@@ -117,6 +132,11 @@ class EvalConfig:
                 or not self.shard_cpus >= 0):
             raise UserInputError(f"{where}: shard_cpus must be a number >= 0 (CPUs per Ray "
                                  f"shard task), got {self.shard_cpus!r}")
+        if self.split is not None:
+            split = get_split(self.split)
+            if self.seed is not None and self.seed != split.seed:
+                raise UserInputError(f"{where}: --split {self.split} is task-set seed "
+                                     f"{split.seed}; --seed {self.seed} names another set")
         if self.tasks is not None and (not isinstance(self.tasks, int) or self.tasks < 1):
             raise UserInputError(f"{where}: --tasks must be a positive number or 'all', "
                                  f"got {self.tasks!r}")
@@ -209,7 +229,8 @@ def adapter_provenance(path: str | Path) -> dict[str, Any]:
 def provenance(cfg: EvalConfig, run_id: str) -> dict[str, Any]:
     """Provenance every record carries: the policy and everything it was built from."""
     prov: dict[str, Any] = {"run_id": run_id, "policy": cfg.policy_label(),
-                            "domain": cfg.domain, "tools": cfg.tools,
+                            "domain": cfg.domain, "split": split_of(cfg.task_seed),
+                            "task_set_seed": cfg.task_seed, "tools": cfg.tools,
                             "temperature": cfg.temperature, "trials": cfg.trials,
                             "max_turns": cfg.max_turns, "max_tokens": cfg.max_tokens}
     if cfg.server_url:
@@ -313,6 +334,8 @@ def episode_record(cfg: EvalConfig, ts: TaskSet, task: Any, trial: int, rollout:
     rec["expected_actions"] = task.expected_actions
     rec["meta"] = {
         "source": "trace_lib.evaluate",
+        "split": ts.split,
+        "task_set_seed": ts.seed,
         "provenance": prov,
         "reasons": summary.get("reasons", []),
         "db_match": summary.get("db_match"),

@@ -46,6 +46,7 @@ def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> d
         "write_tasks": result.get("write_tasks"),
         "policy": result.get("policy"),
         "domain": result.get("domain"),
+        "split": result.get("split"),
         "tasks": result.get("tasks"),
         "trials": result.get("trials"),
         "run_id": result.get("run_id"),

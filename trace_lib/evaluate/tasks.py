@@ -41,6 +41,14 @@ Design decisions
   same list for every task, so no task's tool list gives its answer away). It is the
   prompt budget the capability environments train with; a call to a tool not offered is
   an error observation, as an unknown tool is.
+- Named splits (`SPLITS`): a split is a task-set seed and a size, the same for every
+  domain. `demo` (seed 0, 50 tasks) is the set the demo's scripted agents played, kept so
+  an evaluation pairs with the demo dataset; `dev` (seed 1, 100) is where a person or the
+  loop diagnoses, chooses settings and checkpoints; `test` (seed 2, 150) is held out: each
+  final configuration is run on it once, and nothing is chosen on it. Seeds differ, so
+  the splits are drawn from the same generator over different databases (other users,
+  reservations, products): no task, user or record id is shared, which a test checks.
+  A split's tasks are a prefix-stable draw, so `--tasks N` is its first N.
 - Nothing here opens the store: this module runs inside evaluation jobs.
 """
 
@@ -65,8 +73,36 @@ from trace_lib.errors import UserInputError
 # constant is repeated here because a job must not import the demo module (it imports the
 # store). tests/evaluate checks that the two agree.
 DEMO_TASKS = 50
-RETAIL_TASKS = 50  # as many as airline's, so the two domains' figures read alike
 TOOLS_MODES = ("all", "capability")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A named slice of a domain's target tasks: the task-set seed and how many tasks."""
+
+    name: str
+    seed: int
+    size: int
+    purpose: str
+
+
+SPLITS: dict[str, Split] = {s.name: s for s in (
+    Split("demo", 0, DEMO_TASKS, "the tasks the demo's scripted agents played"),
+    Split("dev", 1, 100, "diagnosis, settings and checkpoints are chosen here"),
+    Split("test", 2, 150, "held out: each final configuration runs here once"),
+)}
+DEFAULT_SPLIT = "demo"
+
+
+def get_split(name: str) -> Split:
+    if name not in SPLITS:
+        raise UserInputError(f"--split {name!r}: expected one of {', '.join(SPLITS)}")
+    return SPLITS[name]
+
+
+def split_of(seed: int) -> str:
+    """The split a task-set seed belongs to ("custom" for a seed no split uses)."""
+    return next((s.name for s in SPLITS.values() if s.seed == seed), "custom")
 
 
 @dataclass
@@ -99,6 +135,10 @@ class TaskSet:
     tasks: list[TargetTask]
     scorer: Scorer
     total: int  # tasks in the whole set (the selection may be a prefix)
+
+    @property
+    def split(self) -> str:
+        return split_of(self.seed)
 
     @property
     def spec(self) -> Domain:
@@ -152,7 +192,7 @@ def code_verdict(task: CodeVerdictTask, final_db: Any, calls: list[dict[str, Any
             "db_match": db_match, "missing_writes": missing, "missing_answer": unsaid}
 
 
-def _airline(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+def _airline(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     from trace_lib.envs.domains.airline.tasks import generate_tasks, score
 
     db = get_domain("airline").make_db(seed)
@@ -161,13 +201,13 @@ def _airline(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
                    opportunities=sorted({o for op in t.operations for o in op.opportunities}),
                    operations=[op.kind for op in t.operations], raw=t,
                    writes=len(t.expected_writes))
-        for t in generate_tasks(db, DEMO_TASKS, seed=seed)
+        for t in generate_tasks(db, total, seed=seed)
     ]
     return (db, tasks, lambda task, final_db, calls, answer: score(task.raw, final_db, calls),
-            DEMO_TASKS)
+            total)
 
 
-def _retail(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+def _retail(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     from trace_lib.envs.capabilities import CAPABILITIES, builtin_pairs
 
     domain = get_domain("retail")
@@ -175,7 +215,7 @@ def _retail(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     writes = set(domain.write_tools())
     capabilities = sorted(c for d, c in builtin_pairs() if d == "retail")
     tasks: list[TargetTask] = []
-    for k in range(RETAIL_TASKS):
+    for k in range(total):
         capability = capabilities[k % len(capabilities)]
         for attempt in range(50):
             rng = random.Random(f"retail-target:{seed}:{k}:{attempt}")
@@ -200,24 +240,30 @@ def _retail(seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
                                 [list(item) for item in task.answer_items])))
     return (db, tasks, lambda task, final_db, calls, answer: code_verdict(task.raw, final_db,
                                                                           calls, answer),
-            RETAIL_TASKS)
+            total)
 
 
-# domain -> builder (seed) -> (database, all tasks, scorer, total). A domain without a
-# builder has no target task set yet, and evaluation says so.
-TASK_SETS: dict[str, Callable[[int], tuple[Any, list[TargetTask], Scorer, int]]] = {
+# domain -> builder (seed, total) -> (database, the first `total` tasks, scorer, total). A
+# domain without a builder has no target task set yet, and evaluation says so.
+TASK_SETS: dict[str, Callable[[int, int], tuple[Any, list[TargetTask], Scorer, int]]] = {
     "airline": _airline,
     "retail": _retail,
 }
 
-_CACHE: dict[tuple[str, int], tuple[Any, list[TargetTask], Scorer, int]] = {}
+_CACHE: dict[tuple[str, int, int], tuple[Any, list[TargetTask], Scorer, int]] = {}
+
+
+def set_size(seed: int) -> int:
+    """How many tasks the set for `seed` has: its split's size (a custom seed: the demo's)."""
+    name = split_of(seed)
+    return SPLITS[name].size if name != "custom" else DEMO_TASKS
 
 
 def _build(domain: str, seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
-    key = (domain, seed)
+    key = (domain, seed, set_size(seed))
     if key not in _CACHE:
         _CACHE.clear()  # one set at a time: a database is ~1 MB of objects
-        _CACHE[key] = TASK_SETS[domain](seed)
+        _CACHE[key] = TASK_SETS[domain](seed, key[2])
     return _CACHE[key]
 
 
@@ -225,8 +271,17 @@ def task_set_domains() -> list[str]:
     return sorted(TASK_SETS)
 
 
-def load_task_set(domain: str, n: int | None = None, seed: int = 0) -> TaskSet:
-    """The domain's target tasks (the first `n`, or all with None)."""
+def load_task_set(domain: str, n: int | None = None, seed: int | None = None,
+                  split: str | None = None) -> TaskSet:
+    """The domain's target tasks of `split` (or of the task-set `seed`; the demo split by
+    default): the first `n`, or all with None."""
+    if split is not None:
+        chosen = get_split(split)
+        if seed is not None and seed != chosen.seed:
+            raise UserInputError(f"--split {split} is task-set seed {chosen.seed}; --seed "
+                                 f"{seed} names another set (give one of the two)")
+        seed = chosen.seed
+    seed = SPLITS[DEFAULT_SPLIT].seed if seed is None else seed
     if domain not in TASK_SETS:
         try:
             get_domain(domain)
@@ -240,7 +295,8 @@ def load_task_set(domain: str, n: int | None = None, seed: int = 0) -> TaskSet:
         raise UserInputError(f"--tasks {n!r}: expected a positive number or 'all'")
     db, tasks, scorer, total = _build(domain, seed)
     if n is not None and n > total:
-        raise UserInputError(f"--tasks {n}: the {domain} task set has {total} tasks")
+        raise UserInputError(f"--tasks {n}: the {domain} {split_of(seed)} split has {total} "
+                             "tasks")
     return TaskSet(domain=domain, seed=seed, db=db, tasks=tasks[: n or total], scorer=scorer,
                    total=total)
 

