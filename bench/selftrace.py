@@ -24,6 +24,9 @@ Design decisions
   environment: every read, then the writes, then the reference reply), rendered with the
   chat format the server parses; loss on assistant tokens only; the system + tools prefix
   shared by every demo is run once per step without gradient (`PrefixForward`).
+- bf16 autocast on the CPU by default: this box's Xeon has AMX, where a bf16 matmul ran
+  10x an fp32 one (333 vs 33 GFLOPS, one thread); weights, LoRA factors and the optimizer
+  stay fp32, and the loss is computed on fp32 logits.
 - Training is resumable: every `--save-every` steps the adapter (a PEFT folder vLLM
   serves), the optimizer and the sampling order are saved under `--work`; a rerun continues
   from the last save, so a stopped session loses at most `--save-every` steps.
@@ -125,7 +128,7 @@ def train_oracle(args: argparse.Namespace) -> None:
     settings = {"model": args.model, "domain": args.domain, "tools": args.tools,
                 "train_tasks": args.train_tasks, "steps": args.steps, "batch": args.batch,
                 "lr": args.lr, "rank": args.rank, "max_turns": args.max_turns,
-                "seed": args.seed, "split": "dev"}
+                "seed": args.seed, "split": "dev", "precision": args.precision}
     # the run's identity: everything but how far it goes (a longer --steps continues it)
     key = config_key({k: v for k, v in settings.items() if k != "steps"})
     t_wall, t_cpu = time.perf_counter(), time.process_time()
@@ -178,9 +181,11 @@ def train_oracle(args: argparse.Namespace) -> None:
         losses = []
         for j, batch in enumerate(idx):  # one `sft` step per batch: batches never depend
             # on how the run was cut into sessions
-            losses += sft(params, opt, [demos[i] for i in batch], forward, steps=1,
-                          batch=args.batch, pad_id=tok.pad_token_id or 0, seed=0,
-                          train_mode=train_mode)
+            with torch.autocast("cpu", dtype=torch.bfloat16,
+                                enabled=args.precision == "bf16"):
+                losses += sft(params, opt, [demos[i] for i in batch], forward, steps=1,
+                              batch=args.batch, pad_id=tok.pad_token_id or 0, seed=0,
+                              train_mode=train_mode)
             print(f"[oracle] step {state['step'] + j + 1}/{args.steps} loss {losses[-1]:.4f}",
                   flush=True)
         state["step"] += chunk
@@ -385,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--rank", type=int, default=16)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--threads", type=int, default=1)
+    o.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
+                   help="bf16: matmuls under CPU autocast (AMX: ~10x fp32 on this box's "
+                        "Xeon), weights and LoRA factors stay fp32")
     o.add_argument("--save-every", type=int, default=2)
     o.add_argument("--checkpoint-every", type=int, default=10)
     o.add_argument("--work", default=str(WORK))

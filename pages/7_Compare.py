@@ -84,7 +84,13 @@ def _evaluate_form() -> None:
                                      key="eval_moe")
     a, b, c = st.columns(3)
     config["domain"] = a.selectbox("Domain", evaluation.task_set_domains(), key="eval_domain")
-    n_tasks = b.number_input("Tasks (0 = all)", 0, 50, 5, key="eval_tasks")
+    splits = {s["name"]: s for s in evaluation.task_splits()}
+    config["split"] = c.selectbox(
+        "Split", list(splits), key="eval_split",
+        format_func=lambda n: f"{n} ({splits[n]['size']} tasks)",
+        help="; ".join(f"{n}: {s['purpose']}" for n, s in splits.items()))
+    n_tasks = b.number_input("Tasks (0 = all)", 0, max(s["size"] for s in splits.values()), 5,
+                             key="eval_tasks")
     config["tasks"] = int(n_tasks) or None
     config["trials"] = int(c.number_input("Trials", 1, 16, 1, key="eval_trials"))
     config["tools"] = a.radio("Tools", ["all", "capability"], key="eval_tools",

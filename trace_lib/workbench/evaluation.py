@@ -159,6 +159,13 @@ def task_set_domains() -> list[str]:
     return _domains()
 
 
+def task_splits() -> list[dict[str, Any]]:
+    """The target-task splits a policy can be evaluated on (name, size, what it is for)."""
+    from trace_lib.evaluate.tasks import SPLITS
+
+    return [{"name": s.name, "size": s.size, "purpose": s.purpose} for s in SPLITS.values()]
+
+
 def compare(db: Db, a: str, b: str) -> dict[str, Any]:
     """The two runs side by side (`compare --json`)."""
     from trace_lib.compare import compare_datasets
