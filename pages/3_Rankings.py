@@ -1,7 +1,7 @@
 """Rankings: which capabilities the agent lacks, how stably, and what the kept set explains.
 
 Thin page: `trace_lib.workbench.diagnose.rankings` computes (the use case `rank` calls
-too), its `charts` draw; the sliders only choose rho, delta, K and the runs, the scope
+too), its `ranking_charts` draw; the sliders only choose rho, delta, K and the runs, the scope
 picker the datasets / agent models / domains, and every change re-selects live from the
 current (edited) labels. The export button offers the same document as
 `python -m trace_lib rank --export selected_capabilities.json` (with the same scope flags).
@@ -23,7 +23,7 @@ from trace_lib.workbench import data
 from trace_lib.workbench import diagnose as wb
 from trace_lib.workbench.errors import ActionError
 
-charts = wb.charts
+charts = wb.ranking_charts
 
 st.set_page_config(page_title="Rankings · TRACE", page_icon="🧭", layout="wide")
 st.title("Rankings")

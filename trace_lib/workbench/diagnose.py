@@ -28,8 +28,8 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES  # noqa: F401  (the grid's value menu)
 from trace_lib.diagnose import (
-    charts,  # noqa: F401  (pure plotly figures for the pages)
     materialise,
+    ranking_charts,  # noqa: F401  (pure plotly figures for the pages)
 )
 from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
     ORDERS,
@@ -37,7 +37,7 @@ from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
     StabilityConfig,
     StabilityInfo,
 )
-from trace_lib.diagnose.capabilities import (  # noqa: F401  (use cases as they are)
+from trace_lib.diagnose.capability_curation import (  # noqa: F401  (use cases as they are)
     CORE,
     add_capability,
     list_capabilities,
@@ -177,7 +177,7 @@ def undo_edit(db: Db, *, editor: str, edit_id: int | None = None,
 
 def evaluate_labels(db: Db, runs: list[str] | None = None) -> dict[str, Any]:
     """Labels vs planted deficits (demo) and the benchmark's reward breakdown."""
-    from trace_lib.diagnose.evaluation import evaluate
+    from trace_lib.diagnose.label_quality import evaluate
 
     return evaluate(db, runs=runs)
 
@@ -185,7 +185,7 @@ def evaluate_labels(db: Db, runs: list[str] | None = None) -> dict[str, Any]:
 def propose_capabilities(db: Db, provider: str = "anthropic", *, model: str | None = None,
                          base_url: str | None = None, max_pairs: int = 8) -> list[Any]:
     """Ask an LLM for new capabilities from contrastive pairs; they land as `proposed`."""
-    from trace_lib.diagnose.capabilities import propose_capabilities as _propose
+    from trace_lib.diagnose.capability_curation import propose_capabilities as _propose
     from trace_lib.llm import get_provider
 
     llm = get_provider(provider, model=model, base_url=base_url)
