@@ -45,11 +45,7 @@ if not run_ids:
 opts = wb.scope_options(DB)
 with st.sidebar:
     st.header("Scope")
-    scope = wb.Scope(
-        datasets=st.multiselect("Datasets", opts["datasets"], key="scope_datasets",
-                                help="none chosen: every dataset"),
-        agent_models=st.multiselect("Agent models", opts["agent_models"], key="scope_agents"),
-        domains=st.multiselect("Domains", opts["domains"], key="scope_domains"))
+    scope = wb.pick_scope(st.multiselect, opts)
     st.header("Selection")
     rho = st.slider("rho (min coverage)", 0.0, 1.0, 0.10, 0.01, key="rho")
     delta = st.slider("delta (min contrast)", -1.0, 1.0, 0.20, 0.01, key="delta")

@@ -9,7 +9,9 @@ Design decisions
   cover, failure clusters, the export document), so the page holds no SQL. It ranks once
   and reads the (materialised) lacking labels once; cover and export reuse them.
 - `Scope` (datasets, agent models, domains) is threaded through label, rank, export and
-  the review queue; `scope_options` is what a picker offers.
+  the review queue; `scope_options` is what a picker offers, and `pick_scope` is the one
+  picker the Labels and Rankings pages draw (the page hands it its widget function:
+  nothing under trace_lib imports streamlit).
 - `version` is the key a page caches its one query result under: it changes with every
   label run, edit, undo and capability change (and only then), so a cached result is
   never stale and a slider move on an unchanged store recomputes nothing it need not.
@@ -316,3 +318,21 @@ def review_queue_ranked(db: Db, cfg: RankConfig | None = None,
     with store.connect(db) as con:
         return review_queue_con(con, cfg, stability, limit=limit, order=order, scope=scope)
 
+
+# -------------------------------------------------------------------- the scope picker
+
+# One row per `Scope` field: (field, widget label, widget key, help). The keys are the same
+# on every page, so a scope chosen on the Labels page is still chosen on the Rankings page.
+SCOPE_PICKER: tuple[tuple[str, str, str, str | None], ...] = (
+    ("datasets", "Datasets", "scope_datasets", "none chosen: every dataset"),
+    ("agent_models", "Agent models", "scope_agents", None),
+    ("domains", "Domains", "scope_domains", None),
+)
+
+
+def pick_scope(multiselect: Callable[..., list[str]], options: dict[str, list[str]]) -> Scope:
+    """The scope a person picks: one `multiselect(label, choices, key=, help=)` widget per
+    `Scope` field over `options` (what `scope_options` returns). A page passes
+    `st.multiselect`, drawn wherever it calls this (its sidebar)."""
+    return Scope(**{name: multiselect(label, options[name], key=key, help=help_)
+                    for name, label, key, help_ in SCOPE_PICKER})
