@@ -4,13 +4,14 @@ Design decisions
 - Trajectory text is untrusted (users, tools and models wrote it). Every piece of it that
   reaches the transcript viewer's HTML goes through `html.escape(..., quote=True)` in
   exactly one helper, `escape_html` (the renderer and the search highlighter import it as
-  `_e`); the markup around it is theirs and static. A message holding `<script>` shows as
-  text.
+  `_e`); the markup around it is the caller's own and static. A message holding
+  `<script>` shows as text.
 - A markdown-rendering widget (st.caption, st.error) gets `markdown_literal`: every
   markdown/LaTeX metacharacter backslash-escaped, so a `[link](...)` in a file name or a
   field stays text.
-- Its own module so the boundary is one file to read: whatever draws trajectory text
-  imports from here and writes no escaping of its own.
+- Its own module so the boundary is one file to read: the transcript renderer, the
+  search highlighter and the run comparison (`compare.render_pair_html`) import it and
+  write no HTML escape of their own.
 """
 
 from __future__ import annotations
