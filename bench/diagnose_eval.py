@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from trace_lib.demo import build_demo
-from trace_lib.diagnose.evaluation import evaluate
+from trace_lib.diagnose.label_quality import evaluate
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.diagnose.ranking import rank
 from trace_lib.ingest import ingest_paths

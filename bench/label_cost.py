@@ -26,11 +26,11 @@ import tempfile
 from pathlib import Path
 
 from trace_lib import store
-from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
+from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
 from trace_lib.diagnose.labelers.llm import label_schema, system_prompt, user_prompt
-from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.ingest import ingest_paths
 from trace_lib.llm.protocol import PRICES_PER_MTOK
+from trace_lib.trajectories import load_transcripts
 
 REPO = Path(__file__).resolve().parent.parent
 EVIDENCE = ("At message 14 the agent called update_reservation_flights before checking the "

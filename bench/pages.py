@@ -120,7 +120,7 @@ def build(db: Path, n: int, runs: int) -> float:
     """The store for one size; returns the import's wall seconds."""
     from trace_lib import store
     from trace_lib.diagnose import materialise
-    from trace_lib.diagnose.capabilities import BUILTIN, ensure_builtin
+    from trace_lib.diagnose.capability_curation import BUILTIN, ensure_builtin
     from trace_lib.ingest import ingest_paths
 
     data = db.with_suffix(".jsonl")

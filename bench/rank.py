@@ -39,7 +39,7 @@ import pandas as pd
 
 from trace_lib import store
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.capabilities import BUILTIN, ensure_builtin
+from trace_lib.diagnose.capability_curation import BUILTIN, ensure_builtin
 from trace_lib.diagnose.ranking import RankConfig, rank_con
 
 CAPS = [b.name for b in BUILTIN]
@@ -169,9 +169,9 @@ def grow_demo(db: Path, n: int) -> int:
 
 def _labeled(db: Path) -> tuple[list, list, list]:
     """(capabilities, transcripts, the heuristic labeler's results), labeled once."""
-    from trace_lib.diagnose.capabilities import capabilities_on
+    from trace_lib.diagnose.capability_curation import capabilities_on
     from trace_lib.diagnose.labelers.heuristic import HeuristicLabeler
-    from trace_lib.diagnose.transcript import load_transcripts
+    from trace_lib.trajectories import load_transcripts
 
     lab = HeuristicLabeler()
     with store.connect(db) as con:

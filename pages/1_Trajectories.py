@@ -14,7 +14,9 @@ from trace_lib.workbench import data, explore
 from trace_lib.workbench.errors import ActionError, StoreError, UserInputError
 from trace_lib.workbench.explore import TrajectoryFilter
 
-charts, transcript = explore.charts, explore.transcript_views
+charts, render = explore.trajectory_charts, explore.transcript_render
+markdown_literal = explore.untrusted_text.markdown_literal
+count_hits = explore.search_highlight.count_hits
 
 st.set_page_config(page_title="Trajectories · TRACE", page_icon="🧭", layout="wide")
 st.title("Trajectories")
@@ -51,7 +53,7 @@ def _upload() -> None:
             except ActionError as exc:
                 failed += 1
                 # the same text the CLI prints; escaped because st.error renders markdown
-                st.error(transcript.markdown_literal(exc))
+                st.error(markdown_literal(exc))
             else:
                 done += 1
                 st.success(f"{f.name}: imported {report.trajectories} trajectories")
@@ -166,7 +168,7 @@ def _treemap(db: str, version: tuple, f: TrajectoryFilter):
 
 page = _page(str(DB), VERSION, flt)
 if not page.status.ok:
-    st.caption(transcript.markdown_literal(
+    st.caption(markdown_literal(
         "The full-text index or the derived columns are behind this store (it was written "
         "without the importer, or before they existed): answers are right but slower. Run "
         "`python -m trace_lib explore reindex` to rebuild them."))
@@ -389,7 +391,7 @@ def _trials(db: str, version: tuple, tid: str):
 try:
     view = _transcript(str(DB), VERSION, tid)
 except UserInputError as exc:
-    st.error(transcript.markdown_literal(exc))
+    st.error(markdown_literal(exc))
     st.stop()
 
 tr = view.transcript
@@ -397,27 +399,27 @@ meta = tr.trajectory
 if st.session_state.get("_scroll_to_transcript") == tid:
     # Once per map click: the script (no trajectory text) scrolls to the heading above.
     st.session_state["_scroll_to_transcript"] = None
-    st.toast(transcript.markdown_literal(f"Opened the transcript of {tid}"))
-    st.html(transcript.scroll_into_view_script("#transcript", tid, "map"),
+    st.toast(markdown_literal(f"Opened the transcript of {tid}"))
+    st.html(render.scroll_into_view_script("#transcript", tid, "map"),
             unsafe_allow_javascript=True)
 query = flt.text or None  # the search: its hits are marked in the transcript
 mode = flt.text_mode
-st.caption(transcript.markdown_literal(
+st.caption(markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
     f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
     f"termination {meta.get('termination')}"
 ))
 left, right = st.columns([3, 2])
 with left:
-    st.html(transcript.render_transcript_html(tr, query=query, query_mode=mode))
-    if query and transcript.count_hits(tr, query, mode):
-        st.html(transcript.jump_to_first_hit_script(tid, query, mode),
+    st.html(render.render_transcript_html(tr, query=query, query_mode=mode))
+    if query and count_hits(tr, query, mode):
+        st.html(render.jump_to_first_hit_script(tid, query, mode),
                 unsafe_allow_javascript=True)
 with right:
     st.markdown("**Expected vs actual actions**")
     if tr.expected:
-        st.html(transcript.render_alignment_html(view.expected_vs_actual, "expected", "agent",
-                                                 against_expected=True))
+        st.html(render.render_alignment_html(view.expected_vs_actual, "expected", "agent",
+                                             against_expected=True))
     else:
         st.caption("The benchmark ships no expected actions for this task.")
 
@@ -443,7 +445,7 @@ with st.expander(title, expanded=st.session_state.get("cmp_wanted", False), key=
                  on_change=_remember_compare) as cmp_box:
     if cmp_box.open:
         if not n_other:
-            st.info(transcript.markdown_literal(
+            st.info(markdown_literal(
                 (f"Task {meta.get('task_id')} has only this one trial in {meta.get('dataset')}"
                  if meta.get("task_id") is not None else "This trajectory has no task id")
                 + ", so there is no other trial of it to compare with. Type any trajectory id "
@@ -464,12 +466,12 @@ with st.expander(title, expanded=st.session_state.get("cmp_wanted", False), key=
             try:
                 cmp = explore.compare(DB, first, second)
             except UserInputError as exc:
-                st.error(transcript.markdown_literal(exc))
+                st.error(markdown_literal(exc))
             else:
                 short = {r.id: (f"{r.outcome} trial {r.trial}" if r.outcome != "unknown"
                                 else f"trial {r.trial}") for r in trials.itertuples()}
                 names = (short.get(first, first), short.get(second, second))
                 heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
-                st.html(transcript.render_alignment_html(cmp.alignment, *heads, names=names))
-                st.html(transcript.render_side_by_side_html(cmp.left, cmp.right, *heads,
-                                                            query=query, query_mode=mode))
+                st.html(render.render_alignment_html(cmp.alignment, *heads, names=names))
+                st.html(render.render_side_by_side_html(cmp.left, cmp.right, *heads,
+                                                        query=query, query_mode=mode))

@@ -84,11 +84,7 @@ def _guard(fn, *args, **kwargs):
 opts = _read("scope_options")
 with st.sidebar:
     st.header("Scope")
-    scope = wb.Scope(
-        datasets=st.multiselect("Datasets", opts["datasets"], key="scope_datasets",
-                                help="none chosen: every dataset"),
-        agent_models=st.multiselect("Agent models", opts["agent_models"], key="scope_agents"),
-        domains=st.multiselect("Domains", opts["domains"], key="scope_domains"))
+    scope = wb.pick_scope(st.multiselect, opts)
     editor = st.text_input("Your name (recorded with every edit)",
                            value=os.environ.get("USER", "analyst"), key="editor")
     st.header("Run a labeler")

@@ -1,7 +1,7 @@
 """Rankings: which capabilities the agent lacks, how stably, and what the kept set explains.
 
 Thin page: `trace_lib.workbench.diagnose.rankings` computes (the use case `rank` calls
-too), its `charts` draw; the sliders only choose rho, delta, K and the runs, the scope
+too), its `ranking_charts` draw; the sliders only choose rho, delta, K and the runs, the scope
 picker the datasets / agent models / domains, and every change re-selects live from the
 current (edited) labels. The export button offers the same document as
 `python -m trace_lib rank --export selected_capabilities.json` (with the same scope flags).
@@ -23,7 +23,7 @@ from trace_lib.workbench import data
 from trace_lib.workbench import diagnose as wb
 from trace_lib.workbench.errors import ActionError
 
-charts = wb.charts
+charts = wb.ranking_charts
 
 st.set_page_config(page_title="Rankings · TRACE", page_icon="🧭", layout="wide")
 st.title("Rankings")
@@ -45,11 +45,7 @@ if not run_ids:
 opts = wb.scope_options(DB)
 with st.sidebar:
     st.header("Scope")
-    scope = wb.Scope(
-        datasets=st.multiselect("Datasets", opts["datasets"], key="scope_datasets",
-                                help="none chosen: every dataset"),
-        agent_models=st.multiselect("Agent models", opts["agent_models"], key="scope_agents"),
-        domains=st.multiselect("Domains", opts["domains"], key="scope_domains"))
+    scope = wb.pick_scope(st.multiselect, opts)
     st.header("Selection")
     rho = st.slider("rho (min coverage)", 0.0, 1.0, 0.10, 0.01, key="rho")
     delta = st.slider("delta (min contrast)", -1.0, 1.0, 0.20, 0.01, key="delta")

@@ -17,8 +17,8 @@ from trace_lib.workbench.errors import ActionError, StoreError
 capability_delta_chart = evaluation.compare_views.capability_delta_chart
 provenance_line = evaluation.compare_views.provenance_line
 render_pair_html = evaluation.compare_views.render_pair_html
-markdown_literal = evaluation.transcript_views.markdown_literal
-render_side_by_side_html = evaluation.transcript_views.render_side_by_side_html
+markdown_literal = evaluation.untrusted_text.markdown_literal
+render_side_by_side_html = evaluation.transcript_render.render_side_by_side_html
 
 st.set_page_config(page_title="Compare · TRACE", page_icon="⚖️", layout="wide")
 st.title("Compare")

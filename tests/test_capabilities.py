@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trace_lib import capabilities
-from trace_lib.diagnose import capabilities as diagnose_caps
+from trace_lib.diagnose import capability_curation as diagnose_caps
 from trace_lib.envs.capabilities import CAPABILITIES
 from trace_lib.workbench import environments
 

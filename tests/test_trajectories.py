@@ -80,13 +80,13 @@ def test_many_at_once_in_order_and_unknown_ids_named(db_path, stored):
 def test_transcripts_and_trajectories_are_one_reading_of_the_rows(db_path, stored):
     """The labelers' and the viewer's `Transcript` and the pydantic `Trajectory` come from
     the same rows: same messages, calls (paired with their answers) and expected actions."""
-    from trace_lib.diagnose.transcript import load_transcript as diagnose_transcript
-    from trace_lib.explore.transcript import load_transcript as viewer_transcript
+    from trace_lib.explore.transcript_loading import load_transcript as viewer_transcript
+    from trace_lib.trajectories import load_transcript as labeler_transcript
 
     with store.connect(db_path, read_only=True) as con:
         st = load_trajectory(con, stored)
         (t,) = load_transcripts(con, [stored])
-        labeler, viewer = diagnose_transcript(con, stored), viewer_transcript(con, stored)
+        labeler, viewer = labeler_transcript(con, stored), viewer_transcript(con, stored)
         with pytest.raises(UserInputError, match="'nope': not in the store"):
             load_transcripts(con, ["nope"])
     for tr in (t, labeler, viewer):

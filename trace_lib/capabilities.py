@@ -119,7 +119,7 @@ def description(name: str) -> str:
 
 def capability_block(caps: list[Capability]) -> str:
     """The fixed capability menu text shared by the LLM labeler prompts (cached block).
-    Here, not in diagnose.capabilities, so a label job builds prompts without the store."""
+    Here, not in diagnose.capability_curation, so a label job builds prompts without the store."""
     lines = []
     for c in caps:
         lines.append(f"- {c.name}: {c.description}")

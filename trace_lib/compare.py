@@ -26,14 +26,14 @@ Design decisions
 - `task_pair` loads one task's two transcripts (a trial that agrees with each side's
   majority verdict) and aligns their tool calls with explore's alignment (LCS on name +
   canonical arguments), each call marked against the expected actions; the HTML renderer
-  escapes every piece of trajectory text through one helper, and its rows say "missed by
-  B" / "extra in B" like the transcript viewer. The page shows the two transcripts with
-  the viewer's side-by-side renderer (a shared system prompt once, folded).
+  escapes every piece of trajectory text through the viewer's one escape
+  (`explore.untrusted_text.escape_html`), and its rows say "missed by B" / "extra in B"
+  like the transcript viewer. The page shows the two transcripts with the viewer's
+  side-by-side renderer (a shared system prompt once, folded).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from dataclasses import dataclass
@@ -42,6 +42,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
+from trace_lib.explore.untrusted_text import escape_html as _e
 
 Z95 = 1.959963984540054
 MAJORITY_RULE = ("a task counts as passed when more than half of its trials passed "
@@ -263,9 +264,9 @@ def compare_datasets(db: str | Path | None, a: str, b: str) -> dict[str, Any]:
 @dataclass
 class TaskPair:
     task_id: str
-    a: Any  # explore.transcript.Transcript
+    a: Any  # transcript_model.Transcript
     b: Any
-    expected: list[Any]  # explore.transcript.Call
+    expected: list[Any]  # transcript_model.Call
     rows: list[Any]  # AlignedRow of A's calls vs B's calls
 
 
@@ -282,7 +283,8 @@ def _representative(con: Any, ds: DatasetRef, task_id: str) -> str:
 
 def task_pair(db: str | Path | None, a: str, b: str, task_id: str) -> TaskPair:
     """One task's two transcripts, aligned on tool calls, with the expected actions."""
-    from trace_lib.explore.transcript import align_calls, load_transcript
+    from trace_lib.explore.call_alignment import align_calls
+    from trace_lib.explore.transcript_loading import load_transcript
 
     with store.connect(db, read_only=True) as con:
         da, dbb = resolve_dataset(con, a), resolve_dataset(con, b)
@@ -290,11 +292,6 @@ def task_pair(db: str | Path | None, a: str, b: str, task_id: str) -> TaskPair:
         tb = load_transcript(con, _representative(con, dbb, task_id))
     expected = ta.expected or tb.expected
     return TaskPair(task_id, ta, tb, expected, align_calls(ta.agent_calls(), tb.agent_calls()))
-
-
-def _e(value: Any) -> str:
-    """The one way trajectory text enters this module's HTML."""
-    return html.escape("" if value is None else str(value), quote=True)
 
 
 _ROW_STYLE = {"same": "", "args differ": "background:#fffbeb",
@@ -305,7 +302,7 @@ def render_pair_html(pair: TaskPair, label_a: str = "A", label_b: str = "B") -> 
     """A's and B's tool calls aligned row by row, each marked against the expected actions,
     with the expected actions in a column beside them. Row statuses are the transcript
     viewer's plain words ("missed by B", "extra in B")."""
-    from trace_lib.explore.transcript import status_words
+    from trace_lib.explore.call_alignment import status_words
 
     expected_keys = {c.key for c in pair.expected}
 

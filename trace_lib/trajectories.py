@@ -187,6 +187,10 @@ def load_trajectory(con: Any, trajectory_id: str) -> StoredTrajectory:
     return load_trajectories(con, [trajectory_id])[0]
 
 
+def load_transcript(con: Any, trajectory_id: str) -> Transcript:
+    return load_transcripts(con, [trajectory_id])[0]
+
+
 def domain_tool_schemas(con: Any, domain: str | None) -> list[dict[str, Any]]:
     """The tool schemas the store keeps for `domain` (given or inferred), by name."""
     if not domain:

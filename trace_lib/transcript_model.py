@@ -8,7 +8,7 @@
 Design decisions
 - One `Call` and one `Transcript` for every stage, read from the store by the one reader
   (`trace_lib.trajectories.load_transcripts`, the same four queries that build the pydantic
-  `Trajectory`). Stages add only their extras (`explore.transcript` puts each message's
+  `Trajectory`). Stages add only their extras (`explore.transcript_loading` puts each message's
   `tool_calls` and `is_error` on for the viewer) and their rendering (plain text for
   prompts, escaped HTML for the page); so a labeler's evidence and the page's view speak
   of the same calls.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trace_lib import store
-from trace_lib.diagnose.capabilities import ensure_builtin
+from trace_lib.diagnose.capability_curation import ensure_builtin
 
 
 def make_store(db: Path, outcomes: dict[str, bool | None],

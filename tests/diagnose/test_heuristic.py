@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trace_lib.data_model import Capability
-from trace_lib.diagnose.evaluation import evaluate
+from trace_lib.diagnose.label_quality import evaluate
 from trace_lib.diagnose.labelers import get_labeler
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.diagnose.ranking import rank

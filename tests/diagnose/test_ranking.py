@@ -93,7 +93,7 @@ def test_edit_reranks_at_once_and_undo_restores(db_path: Path) -> None:
 
 
 def test_rejected_capability_is_never_selected(db_path: Path) -> None:
-    from trace_lib.diagnose.capabilities import set_status
+    from trace_lib.diagnose.capability_curation import set_status
 
     make_store(db_path, OUTCOMES, {"r1": {"upselling": [L, L, L, L, P, P, P, P]}})
     assert _by_cap(rank(db_path).rows)["upselling"].selected

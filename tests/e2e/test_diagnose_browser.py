@@ -38,7 +38,7 @@ def test_label_edit_rank_export(streamlit_server, browser_page, wait_for_app, db
     # 2. Edit one cell of the grid: first row, first capability column (after 4 id columns),
     #    to a value it does not have yet.
     from trace_lib.diagnose import labels as lb
-    from trace_lib.diagnose.capabilities import CORE
+    from trace_lib.diagnose.capability_curation import CORE
 
     first = lb.label_grid(db_path, lb.LabelFilter(capabilities=list(CORE))).iloc[0]
     target = "na" if first[CORE[0]] != "na" else "present"

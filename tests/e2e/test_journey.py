@@ -56,7 +56,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     from playwright.sync_api import expect
 
     from trace_lib import store
-    from trace_lib.diagnose import capabilities as capmod
+    from trace_lib.diagnose import capability_curation as capmod
     from trace_lib.diagnose import labels as lb
     from trace_lib.diagnose.ranking import rank
     from trace_lib.envs import is_approved

@@ -82,7 +82,7 @@ def _toy_config(steps: int) -> dict:
 def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_app,
                                           db_path: Path, tmp_path: Path) -> None:
     from trace_lib import store
-    from trace_lib.diagnose import capabilities as capmod
+    from trace_lib.diagnose import capability_curation as capmod
     from trace_lib.diagnose import labels as lb
 
     run_cli("demo", "build", "--n", "24", "--out", str(tmp_path / "demo"), db=db_path)

@@ -11,7 +11,12 @@ import pytest
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import transcript as tr
+from trace_lib.explore import (
+    call_alignment,
+    search_highlight,
+    transcript_loading,
+    transcript_render,
+)
 from trace_lib.transcript_model import Call, Transcript, pair_results
 from trace_lib.workbench import explore
 
@@ -69,7 +74,7 @@ def test_pairing_by_id_then_position_never_across_a_turn():
 
 
 def test_system_prompt_is_folded_and_pairs_are_drawn_together():
-    out = tr.render_transcript_html(transcript())
+    out = transcript_render.render_transcript_html(transcript())
     first = re.search(r'<details class="msg role-system system-prompt"([^>]*)>', out)
     assert first and " open" not in first.group(1).split("style")[0]
     assert "system prompt</b> · " in out and "61 lines" in out and "click to show" in out
@@ -82,27 +87,27 @@ def test_system_prompt_is_folded_and_pairs_are_drawn_together():
     assert out.count('data-idx="3"') == 1 and out.count('data-idx="4"') == 1
     assert "no tool message answers this call" in out
     assert out.count('class="msg role-tool unpaired"') == 1 and "late output" in out
-    assert tr.render_transcript_html(transcript(), system="omit").count("system-prompt") == 0
+    assert transcript_render.render_transcript_html(transcript(), system="omit").count("system-prompt") == 0
 
 
 def test_tool_outputs_are_pretty_json_and_fold_when_long():
-    out = tr.render_transcript_html(transcript())
+    out = transcript_render.render_transcript_html(transcript())
     short = re.search(r'<details class="tool-output" open data-idx="3".*?</details>', out, re.S)
     assert short and "JSON, 4 lines" in short.group(0)
     assert "{\n  &quot;status&quot;: &quot;open&quot;,\n  &quot;id&quot;: 7\n}" in short.group(0)
     long = re.search(r'<details class="tool-output" data-idx="4".*?</details>', out, re.S)
     assert long, "a long output starts folded"
     assert "&quot;reservations&quot;: [\n    &quot;R0&quot;," in long.group(0)
-    assert tr.pretty_output("not json {") == ("not json {", False)
-    assert tr.pretty_output("[1, 2]") == ("[\n  1,\n  2\n]", True)
-    assert tr.pretty_output('"a string"') == ('"a string"', False)
+    assert transcript_render.pretty_output("not json {") == ("not json {", False)
+    assert transcript_render.pretty_output("[1, 2]") == ("[\n  1,\n  2\n]", True)
+    assert transcript_render.pretty_output('"a string"') == ('"a string"', False)
     # call arguments, given as a dict or as a JSON string, are indented too
     assert "{\n  &quot;id&quot;: 7\n}" in out
 
 
 def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     t = transcript()
-    out = tr.render_transcript_html(t, query="REBOOK reservations")
+    out = transcript_render.render_transcript_html(t, query="REBOOK reservations")
     hits = re.findall(r'<mark class="trace-hit" id="trace-hit-(\d+)"[^>]*>([^<]*)</mark>', out)
     assert [int(i) for i, _ in hits] == list(range(len(hits)))
     assert {w.lower() for _, w in hits} == {"rebook", "reservations"}
@@ -110,83 +115,83 @@ def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     # the folded parts holding a hit open: the system prompt and the long output
     assert re.search(r'<details class="msg role-system system-prompt" open', out)
     assert re.search(r'<details class="tool-output" open data-idx="4"', out)
-    assert tr.count_hits(t, "rebook") == 60
-    none = tr.render_transcript_html(t, query="zzz")
+    assert search_highlight.count_hits(t, "rebook") == 60
+    none = transcript_render.render_transcript_html(t, query="zzz")
     assert "no match for the search" in none and "<mark" not in none
 
 def test_hits_follow_the_search_modes():
     # words (the index's reading): a word starts a token, a phrase is tokens in a row
     marked = re.compile(r"<mark[^>]*>([^<]*)</mark>")
-    assert marked.findall(tr.highlight_html("preserve the Reservation", "reserv")) == [
+    assert marked.findall(search_highlight.highlight_html("preserve the Reservation", "reserv")) == [
         "Reserv"]
-    assert marked.findall(tr.highlight_html("cancel  order, cancel orders", '"cancel order"')
+    assert marked.findall(search_highlight.highlight_html("cancel  order, cancel orders", '"cancel order"')
                           ) == ["cancel  order"]
-    assert marked.findall(tr.highlight_html("user_id=u1", "user_id")) == ["user_id"]
-    assert tr.highlight_html("a & b", "&") == "a &amp; b"  # no token: nothing to mark
+    assert marked.findall(search_highlight.highlight_html("user_id=u1", "user_id")) == ["user_id"]
+    assert search_highlight.highlight_html("a & b", "&") == "a &amp; b"  # no token: nothing to mark
     # substring: the query as typed, anywhere, case-insensitive
-    assert marked.findall(tr.highlight_html("ref xZFA04Y", "zfa0", "substring")) == ["ZFA0"]
-    assert tr.query_pattern("  ") is None and tr.query_pattern(None, "substring") is None
+    assert marked.findall(search_highlight.highlight_html("ref xZFA04Y", "zfa0", "substring")) == ["ZFA0"]
+    assert search_highlight.query_pattern("  ") is None and search_highlight.query_pattern(None, "substring") is None
 
 
 def test_highlighting_escapes_and_never_splits_entities():
-    assert tr.highlight_html("a & b", "amp") == "a &amp; b"
-    assert tr.highlight_html("a & b", "&", "substring") == (
+    assert search_highlight.highlight_html("a & b", "amp") == "a &amp; b"
+    assert search_highlight.highlight_html("a & b", "&", "substring") == (
         'a <mark class="trace-hit" id="trace-hit-0" style="background:#fde047;padding:0 1px;'
         'border-radius:2px">&amp;</mark> b')
-    out = tr.highlight_html(f"x {SCRIPT} y", "script")
+    out = search_highlight.highlight_html(f"x {SCRIPT} y", "script")
     no_markup(out)
     assert out.count("<mark") == 2 and "&lt;<mark" in out
-    hostile = tr.highlight_html("text", '<img src=x onerror="1">')
+    hostile = search_highlight.highlight_html("text", '<img src=x onerror="1">')
     no_markup(hostile)
-    out = tr.render_transcript_html(transcript(), query=f'{IMG} "{SCRIPT}"')
+    out = transcript_render.render_transcript_html(transcript(), query=f'{IMG} "{SCRIPT}"')
     no_markup(out)
     assert "&lt;script&gt;window.__xss=1&lt;/script&gt;" in re.sub(r"<mark[^>]*>|</mark>", "",
                                                                     out)
-    script = tr.jump_to_first_hit_script("t<1>", SCRIPT)
+    script = transcript_render.jump_to_first_hit_script("t<1>", SCRIPT)
     assert script.count("<script") == 1 and "xss" not in script and "t<1>" not in script
-    assert script != tr.jump_to_first_hit_script("t<2>", SCRIPT)
+    assert script != transcript_render.jump_to_first_hit_script("t<2>", SCRIPT)
 
 
 def test_every_piece_of_trajectory_text_is_escaped():
     t = transcript(system=f"{SCRIPT} policy {IMG}")
     t.calls[0].error = IMG
     t.trajectory["id"] = '"><img src=x onerror=1>'
-    for out in (tr.render_transcript_html(t), tr.render_transcript_html(t, query="x"),
-                tr.render_side_by_side_html(t, transcript(), SCRIPT, IMG, query="img"),
-                tr.render_alignment_html(tr.align_calls(t.calls, t.calls[:1]), SCRIPT, IMG,
+    for out in (transcript_render.render_transcript_html(t), transcript_render.render_transcript_html(t, query="x"),
+                transcript_render.render_side_by_side_html(t, transcript(), SCRIPT, IMG, query="img"),
+                transcript_render.render_alignment_html(call_alignment.align_calls(t.calls, t.calls[:1]), SCRIPT, IMG,
                                          names=(SCRIPT, IMG))):
         no_markup(out)
-    assert "&lt;img src=x onerror=&quot;window.__xss=2&quot;&gt;" in tr.render_transcript_html(t)
+    assert "&lt;img src=x onerror=&quot;window.__xss=2&quot;&gt;" in transcript_render.render_transcript_html(t)
 
 
 def test_alignment_says_missed_and_extra_in_plain_words():
     exp = [Call("get_user", {"id": 1}), Call("book", {"f": 1})]
     got = [Call("get_user", {"id": 1}), Call("search", {})]
-    out = tr.render_alignment_html(tr.align_calls(exp, got), "expected", "agent",
+    out = transcript_render.render_alignment_html(call_alignment.align_calls(exp, got), "expected", "agent",
                                    against_expected=True)
     assert "as expected" in out and "missed: expected, never made" in out
     assert "extra: made, not expected" in out
     assert "only left" not in out and "only right" not in out
-    two = tr.render_alignment_html(tr.align_calls(exp, got), "passed trial 0 (a)",
+    two = transcript_render.render_alignment_html(call_alignment.align_calls(exp, got), "passed trial 0 (a)",
                                    "failed trial 1 (b)",
                                    names=("passed trial 0", "failed trial 1"))
     assert "missed by failed trial 1 (only passed trial 0 made it)" in two
     assert "extra in failed trial 1 (passed trial 0 never made it)" in two
-    assert tr.status_words("only left (user)", against_expected=True) == (
+    assert call_alignment.status_words("only left (user)", against_expected=True) == (
         "missed: expected, never made — the user's action")
-    assert tr.status_words("args differ", "A", "B") == "same tool, other arguments"
-    assert tr.status_words("args differ", against_expected=True) == "right tool, other arguments"
+    assert call_alignment.status_words("args differ", "A", "B") == "same tool, other arguments"
+    assert call_alignment.status_words("args differ", against_expected=True) == "right tool, other arguments"
 
 
 def test_side_by_side_shows_a_shared_system_prompt_once():
     a, b = transcript(), transcript()
-    out = tr.render_side_by_side_html(a, b, "A", "B")
+    out = transcript_render.render_side_by_side_html(a, b, "A", "B")
     assert out.count("system-prompt") == 1 and "the same in both" in out
     assert out.count('class="trace-transcript"') == 2
     assert out.count("Rule: never rebook") == 60  # once, not once per column
-    differ = tr.render_side_by_side_html(a, transcript(system="other policy"), "A", "B")
+    differ = transcript_render.render_side_by_side_html(a, transcript(system="other policy"), "A", "B")
     assert differ.count("system-prompt") == 2 and "system prompts differ" in differ
-    hits = tr.render_side_by_side_html(a, b, "A", "B", query="thanks")
+    hits = transcript_render.render_side_by_side_html(a, b, "A", "B", query="thanks")
     assert 'id="trace-hit-a-0"' in hits and 'id="trace-hit-b-0"' in hits
 
 
@@ -213,14 +218,14 @@ def test_any_two_trials_and_a_task_run_once(known_db):
 
 def test_loaded_transcripts_pair_calls_with_results(known_db, real_db):
     with store.connect(known_db, read_only=True) as con:
-        t = tr.load_transcript(con, "t_f2")
+        t = transcript_loading.load_transcript(con, "t_f2")
     assert [(c.result_idx, c.result) for c in t.calls] == [
         (3, "Error: User u9 not found"), (5, '{"ok": true}')]
     with store.connect(real_db, read_only=True) as con:
         tid = con.execute("SELECT id FROM trajectories WHERE task_id = 'xss'").fetchone()[0]
-        x = tr.load_transcript(con, tid)
+        x = transcript_loading.load_transcript(con, tid)
     assert x.calls[0].result_idx == 3
-    out = tr.render_transcript_html(x)
+    out = transcript_render.render_transcript_html(x)
     no_markup(out)
     assert out.count("tool-pair") == 1 and "tool-error" in out
 
@@ -240,14 +245,14 @@ def test_cli_compares_any_two(known_db, capsys):
 
 
 def test_labelers_and_viewer_pair_calls_alike(known_db, real_db):
-    from trace_lib.diagnose import transcript as dt
+    from trace_lib.trajectories import load_transcripts
 
     for db in (known_db, real_db):
         with store.connect(db, read_only=True) as con:
             ids = [r[0] for r in con.execute(
                 "SELECT id FROM trajectories ORDER BY id LIMIT 40").fetchall()]
-            viewer = [tr.load_transcript(con, i) for i in ids]
-            labeler = dt.load_transcripts(con, ids)
+            viewer = [transcript_loading.load_transcript(con, i) for i in ids]
+            labeler = load_transcripts(con, ids)
         for v, lab in zip(viewer, labeler, strict=True):
             assert [(c.name, c.result_idx, c.result) for c in v.calls] == [
                 (c.name, c.result_idx, c.result) for c in lab.calls]

@@ -92,20 +92,19 @@ def test_tau2_user_side_actions_keep_their_requestor(tmp_path: Path, db_path: Pa
         assert rows == [("get_customer_by_phone", "assistant"), ("toggle_roaming", "user")]
         ids = dict(con.execute("SELECT source_id, id FROM trajectories").fetchall())
 
-        from trace_lib.explore import clusters
-        from trace_lib.explore import transcript as tr
+        from trace_lib.explore import call_alignment, clusters, transcript_loading
 
         # The success shows no deviation: the user's action is compared with the user's call.
-        ok = tr.load_transcript(con, ids["s-ok"])
-        assert [r.status for r in tr.expected_vs_actual(ok)] == ["same", "same (user)"]
+        ok = transcript_loading.load_transcript(con, ids["s-ok"])
+        assert [r.status for r in call_alignment.expected_vs_actual(ok)] == ["same", "same (user)"]
         # The failure's signature blames the user side, not a missing agent action.
-        miss = tr.load_transcript(con, ids["s-user-miss"])
-        assert [r.status for r in tr.expected_vs_actual(miss)] == ["same", "only left (user)"]
+        miss = transcript_loading.load_transcript(con, ids["s-user-miss"])
+        assert [r.status for r in call_alignment.expected_vs_actual(miss)] == ["same", "only left (user)"]
         sig = clusters.failure_signatures(con)
         assert list(sig.deviation) == ["missing (user): toggle_roaming"]
 
         # The heuristic labeler's view: the user's action is not among the agent's.
-        from trace_lib.diagnose.transcript import load_transcript
+        from trace_lib.trajectories import load_transcript
 
         t = load_transcript(con, ids["s-user-miss"])
         assert [c.name for c in t.expected_agent] == ["get_customer_by_phone"]
@@ -358,7 +357,7 @@ def test_error_outcome_is_consistent_and_left_out_of_rankings(
     path.write_text(json.dumps([run_py_episode(0, 1.0), run_py_episode(1, 0.0),
                                 crashed_episode(2)]))
     ingest_paths([path], db=db_path)
-    from trace_lib.diagnose.capabilities import ensure_builtin
+    from trace_lib.diagnose.capability_curation import ensure_builtin
     from trace_lib.diagnose.ranking import rank
 
     with store.connect(db_path) as con:

@@ -1,6 +1,6 @@
 """Chart labels are not clipped (issue 17): on the Rankings and Trajectories pages, in a real
 browser, every axis tick label, axis title and legend text of every drawn plotly chart lies
-inside its chart's `svg.main-svg`; and `charts.readable` cuts long categories on the axis
+inside its chart's `svg.main-svg`; and `chart_labels.readable` cuts long categories on the axis
 only (the data and the hover keep the full text).
 
 Design decisions
@@ -21,8 +21,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from trace_lib.diagnose.charts import cluster_bars
-from trace_lib.explore.charts import LABEL_CHARS, readable, short_label
+from trace_lib.diagnose.ranking_charts import cluster_bars
+from trace_lib.explore.chart_labels import LABEL_CHARS, readable, short_label
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from journey_helpers import goto, wait_until  # noqa: E402

@@ -74,7 +74,7 @@ def test_two_runs_side_by_side(env, two_runs):
     assert re.search(r"missed by B|extra in B|both made it", html)
     [side] = [h.proto.body for h in at.get("html") if "trace-side-by-side" in h.proto.body]
     pair = evaluation.task_pair(env, a["dataset_id"], b["dataset_id"], tasks.task_id[0])
-    prompts = {evaluation.transcript_views.system_prompt(t) for t in (pair.a, pair.b)}
+    prompts = {evaluation.transcript_render.system_prompt(t) for t in (pair.a, pair.b)}
     assert side.count('class="trace-transcript"') == 2
     assert side.count("system-prompt") == (1 if len(prompts) == 1 else 2)
     assert len(prompts) == 1 and "the same in both" in side  # both runs: one policy

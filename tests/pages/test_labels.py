@@ -109,7 +109,7 @@ def test_capability_accept_reject_and_add(labeled: Path) -> None:
     at.selectbox(key="cap_pick").set_value("upselling")
     at.button(key="cap_reject").click().run()
     assert not at.exception
-    from trace_lib.diagnose.capabilities import list_capabilities
+    from trace_lib.diagnose.capability_curation import list_capabilities
 
     assert {c.name: c.status for c in list_capabilities(labeled)}["upselling"] == "rejected"
     at.selectbox(key="cap_pick").set_value("tone_empathy").run()

@@ -78,7 +78,7 @@ def test_grid_spans_main_column_and_colours_labels(streamlit_server, browser, wa
 
     from trace_lib import store
     from trace_lib.demo import build_demo
-    from trace_lib.diagnose import capabilities as capmod
+    from trace_lib.diagnose import capability_curation as capmod
     from trace_lib.diagnose import labels as lb
     from trace_lib.diagnose.labeling import run_labeling
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.explore import queries as q
-from trace_lib.explore import transcript
+from trace_lib.explore import transcript_loading, untrusted_text
 
 PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "1_Trajectories.py")
 HOSTILE = {
@@ -175,7 +175,7 @@ def test_upload_reports_the_same_errors_as_the_library(page_db, tmp_path, monkey
     at.sidebar.get("file_uploader")[0].upload("bad.jsonl", bad).run()
     at.button(key="upload_go").click().run()
     # the library's message, shown literally (markdown metacharacters escaped)
-    assert [e.value for e in at.error] == [transcript.markdown_literal(exc.value)]
+    assert [e.value for e in at.error] == [untrusted_text.markdown_literal(exc.value)]
     assert "bad.jsonl" in str(exc.value)
 
     at = run(db, monkeypatch)
@@ -214,7 +214,7 @@ def test_any_two_trials_side_by_side(page_db, monkeypatch):
             "SELECT any_value(id) FILTER (WHERE NOT success), count(*) FROM trajectories "
             "GROUP BY dataset_id, task_id HAVING bool_or(success) AND count(*) FILTER "
             "(WHERE NOT success) >= 2 ORDER BY 1 LIMIT 1").fetchone()
-        trials = transcript.task_trials(con, failed_id)
+        trials = transcript_loading.task_trials(con, failed_id)
         xss = con.execute("SELECT id FROM trajectories WHERE task_id = 'xss'").fetchone()[0]
     outcome = dict(zip(trials.id, trials.outcome, strict=True))
     at = run(page_db, monkeypatch)

@@ -177,15 +177,15 @@ def _show(args: argparse.Namespace) -> int:
     from trace_lib.workbench import explore
 
     view = explore.transcript(args.db, args.trajectory_id)
-    t, tr = view.transcript, explore.transcript_views
-    rows = tr.alignment_frame(tr.expected_vs_actual(t), "expected", "agent")
+    t, aligned = view.transcript, explore.call_alignment
+    rows = aligned.alignment_frame(aligned.expected_vs_actual(t), "expected", "agent")
     if args.json:
         print_json({"trajectory": t.trajectory, "messages": [
             {**{k: v for k, v in m.items() if k != "tool_calls"},
              "tool_calls": [vars(c) for c in m["tool_calls"]]} for m in t.messages],
             "expected_vs_actual": _records(rows)})
         return 0
-    print(tr.transcript_text(t))
+    print(explore.transcript_render.transcript_text(t))
     print()
     _emit(args, None, {"expected vs actual": rows})
     return 0
@@ -202,7 +202,7 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         names, title = (cmp.left.id, cmp.right.id), f"{cmp.left.id} vs {cmp.right.id}"
         ids = {}
-    rows = explore.transcript_views.alignment_frame(cmp.alignment, *names)
+    rows = explore.call_alignment.alignment_frame(cmp.alignment, *names)
     _emit(args, {**ids, "left": cmp.left.id, "right": cmp.right.id,
                  "alignment": _records(rows)},
           {f"{title}, aligned on tool calls": rows})

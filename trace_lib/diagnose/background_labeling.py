@@ -35,9 +35,9 @@ from trace_lib.diagnose.label_job import read_labels, shard_name, write_shard
 from trace_lib.diagnose.labelers import PairLabel, TrajectoryLabels, get_labeler
 from trace_lib.diagnose.labeling import _select, _set_status, label_batch
 from trace_lib.diagnose.labels import create_run
-from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.trajectories import load_transcripts
 
 KIND = "label"
 SHARD_SIZE = 500  # trajectories per shard (a Ray task): small enough to spread, big enough to pay

@@ -47,7 +47,7 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import Capability
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
+from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
 from trace_lib.diagnose.labelers import (
     Labeler,
     LabelerUnavailable,
@@ -55,10 +55,10 @@ from trace_lib.diagnose.labelers import (
     get_labeler,
 )
 from trace_lib.diagnose.labels import create_run
-from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
 from trace_lib.scope import Scope
+from trace_lib.trajectories import load_transcripts
 
 Progress = Callable[[int, int], None]
 WRITE_CHUNK = 200

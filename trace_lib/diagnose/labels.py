@@ -60,7 +60,7 @@ def _check_value(value: str, where: str) -> None:
 
 
 def _capability_names(con: duckdb.DuckDBPyConnection, include_rejected: bool = False) -> list[str]:
-    from trace_lib.diagnose.capabilities import ensure_builtin
+    from trace_lib.diagnose.capability_curation import ensure_builtin
 
     ensure_builtin(con)
     sql = "SELECT name FROM capabilities" + ("" if include_rejected else
@@ -455,7 +455,7 @@ def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capabili
                              ) -> dict[str, Any]:
     """What the Labels page shows beside the grid: messages (tool calls inlined), every
     run's evidence for the pair, and the message indices that evidence points at."""
-    from trace_lib.diagnose.transcript import load_transcript
+    from trace_lib.trajectories import load_transcript
 
     with store.connect(db) as con:
         t = load_transcript(con, trajectory_id)

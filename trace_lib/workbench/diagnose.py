@@ -9,7 +9,9 @@ Design decisions
   cover, failure clusters, the export document), so the page holds no SQL. It ranks once
   and reads the (materialised) lacking labels once; cover and export reuse them.
 - `Scope` (datasets, agent models, domains) is threaded through label, rank, export and
-  the review queue; `scope_options` is what a picker offers.
+  the review queue; `scope_options` is what a picker offers, and `pick_scope` is the one
+  picker the Labels and Rankings pages draw (the page hands it its widget function:
+  nothing under trace_lib imports streamlit).
 - `version` is the key a page caches its one query result under: it changes with every
   label run, edit, undo and capability change (and only then), so a cached result is
   never stale and a slider move on an unchanged store recomputes nothing it need not.
@@ -28,8 +30,8 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES  # noqa: F401  (the grid's value menu)
 from trace_lib.diagnose import (
-    charts,  # noqa: F401  (pure plotly figures for the pages)
     materialise,
+    ranking_charts,  # noqa: F401  (pure plotly figures for the pages)
 )
 from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
     ORDERS,
@@ -37,7 +39,7 @@ from trace_lib.diagnose.agreement import (  # noqa: F401  (agreement, stability)
     StabilityConfig,
     StabilityInfo,
 )
-from trace_lib.diagnose.capabilities import (  # noqa: F401  (use cases as they are)
+from trace_lib.diagnose.capability_curation import (  # noqa: F401  (use cases as they are)
     CORE,
     add_capability,
     list_capabilities,
@@ -177,7 +179,7 @@ def undo_edit(db: Db, *, editor: str, edit_id: int | None = None,
 
 def evaluate_labels(db: Db, runs: list[str] | None = None) -> dict[str, Any]:
     """Labels vs planted deficits (demo) and the benchmark's reward breakdown."""
-    from trace_lib.diagnose.evaluation import evaluate
+    from trace_lib.diagnose.label_quality import evaluate
 
     return evaluate(db, runs=runs)
 
@@ -185,7 +187,7 @@ def evaluate_labels(db: Db, runs: list[str] | None = None) -> dict[str, Any]:
 def propose_capabilities(db: Db, provider: str = "anthropic", *, model: str | None = None,
                          base_url: str | None = None, max_pairs: int = 8) -> list[Any]:
     """Ask an LLM for new capabilities from contrastive pairs; they land as `proposed`."""
-    from trace_lib.diagnose.capabilities import propose_capabilities as _propose
+    from trace_lib.diagnose.capability_curation import propose_capabilities as _propose
     from trace_lib.llm import get_provider
 
     llm = get_provider(provider, model=model, base_url=base_url)
@@ -316,3 +318,21 @@ def review_queue_ranked(db: Db, cfg: RankConfig | None = None,
     with store.connect(db) as con:
         return review_queue_con(con, cfg, stability, limit=limit, order=order, scope=scope)
 
+
+# -------------------------------------------------------------------- the scope picker
+
+# One row per `Scope` field: (field, widget label, widget key, help). The keys are the same
+# on every page, so a scope chosen on the Labels page is still chosen on the Rankings page.
+SCOPE_PICKER: tuple[tuple[str, str, str, str | None], ...] = (
+    ("datasets", "Datasets", "scope_datasets", "none chosen: every dataset"),
+    ("agent_models", "Agent models", "scope_agents", None),
+    ("domains", "Domains", "scope_domains", None),
+)
+
+
+def pick_scope(multiselect: Callable[..., list[str]], options: dict[str, list[str]]) -> Scope:
+    """The scope a person picks: one `multiselect(label, choices, key=, help=)` widget per
+    `Scope` field over `options` (what `scope_options` returns). A page passes
+    `st.multiselect`, drawn wherever it calls this (its sidebar)."""
+    return Scope(**{name: multiselect(label, options[name], key=key, help=help_)
+                    for name, label, key, help_ in SCOPE_PICKER})

@@ -134,9 +134,9 @@ def schema_diff(tools: list[dict[str, Any]], domain: str) -> dict[str, Any]:
 
 
 def calibration_figures(calibration: dict[str, Any]) -> list[Any]:
-    from trace_lib.envs import charts
+    from trace_lib.envs import calibration_charts
 
-    return charts.calibration_figures(calibration)
+    return calibration_charts.calibration_figures(calibration)
 
 
 # ---------------------------------------------------------------------- inspect / play

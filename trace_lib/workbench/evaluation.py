@@ -29,7 +29,10 @@ from typing import Any
 from trace_lib import compare as compare_views  # noqa: F401  (pure renderers for the page)
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import transcript as transcript_views  # noqa: F401  (pure renderers)
+from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
+    transcript_render,
+    untrusted_text,
+)
 
 Db = str | Path | None
 JOB_KIND = "evaluate"

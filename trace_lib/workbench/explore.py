@@ -5,8 +5,10 @@ Design decisions
   read-only (a CLI writer waits milliseconds at most); only `embed` writes (the cache).
 - `overview` returns every frame of the page's charts tab at once, from the same filter
   the CLI compiles from its flags (`TrajectoryFilter`).
-- Charts and transcript renderers are pure functions over the results (no store): they
-  are re-exported here so a page needs nothing but `trace_lib.workbench`.
+- Charts and transcript renderers are pure functions over the results (no store): their
+  modules (`trajectory_charts`, `transcript_render`, `call_alignment`, `search_highlight`,
+  `untrusted_text`) are re-exported here by name so a page needs nothing but
+  `trace_lib.workbench`.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ import pandas as pd
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import charts  # noqa: F401  (pure plotly figures for the page)
-from trace_lib.explore import transcript as transcript_views  # noqa: F401  (pure renderers)
+from trace_lib.explore import (  # noqa: F401  (pure figures and renderers for the page)
+    call_alignment,
+    search_highlight,
+    trajectory_charts,
+    transcript_render,
+    untrusted_text,
+)
 from trace_lib.explore.clusters import LEVELS as SIGNATURE_LEVELS  # noqa: F401
 from trace_lib.explore.clusters import PATH_SEP  # noqa: F401
 from trace_lib.explore.queries import TrajectoryFilter
@@ -192,24 +199,24 @@ def semantic_clusters(db: Db, flt: TrajectoryFilter | None = None, k: int | None
 
 @dataclass
 class TranscriptView:
-    transcript: Any  # explore.transcript.Transcript
+    transcript: Any  # transcript_model.Transcript
     expected_vs_actual: list[Any]
     pair: tuple[str, str] | None
 
 
 def transcript(db: Db, trajectory_id: str) -> TranscriptView:
     """One trajectory: messages, expected vs actual calls, its contrast pair if any."""
-    from trace_lib.explore import transcript as tr
+    from trace_lib.explore import transcript_loading as tl
 
     with store.connect(db, read_only=True) as con:
-        t = tr.load_transcript(con, trajectory_id)
-        pair = tr.contrast_pair(con, trajectory_id)
-    return TranscriptView(t, tr.expected_vs_actual(t) if t.expected else [], pair)
+        t = tl.load_transcript(con, trajectory_id)
+        pair = tl.contrast_pair(con, trajectory_id)
+    return TranscriptView(t, call_alignment.expected_vs_actual(t) if t.expected else [], pair)
 
 
 @dataclass
 class Comparison:
-    left: Any  # explore.transcript.Transcript
+    left: Any  # transcript_model.Transcript
     right: Any
     alignment: list[Any]  # AlignedRow of left's agent calls vs right's
 
@@ -227,17 +234,17 @@ class Comparison:
 def trials(db: Db, trajectory_id: str) -> pd.DataFrame:
     """Every trial of the trajectory's task in its dataset (itself included): id, trial,
     outcome, reward, termination (what the page offers to compare with)."""
-    from trace_lib.explore import transcript as tr
+    from trace_lib.explore import transcript_loading as tl
 
     with store.connect(db, read_only=True) as con:
-        return tr.task_trials(con, trajectory_id)
+        return tl.task_trials(con, trajectory_id)
 
 
 def compare(db: Db, trajectory_id: str, other_id: str | None = None) -> Comparison:
     """Two trajectories aligned on tool calls: `trajectory_id` (left) against `other_id`
     (right, any trajectory); without `other_id`, a passed (left) and a failed (right)
     trial of the trajectory's task."""
-    from trace_lib.explore import transcript as tr
+    from trace_lib.explore import transcript_loading as tl
 
     with store.connect(db, read_only=True) as con:
         if other_id is not None:
@@ -246,10 +253,11 @@ def compare(db: Db, trajectory_id: str, other_id: str | None = None) -> Comparis
                                      "another trajectory")
             pair: tuple[str, str] | None = (trajectory_id, other_id)
         else:
-            pair = tr.contrast_pair(con, trajectory_id)
+            pair = tl.contrast_pair(con, trajectory_id)
         if pair is None:
             raise UserInputError(
                 f"trajectory {trajectory_id!r}: its task has no passed and failed "
                 "trial with a known outcome to compare; give another trajectory id")
-        left, right = (tr.load_transcript(con, i) for i in pair)
-    return Comparison(left, right, tr.align_calls(left.agent_calls(), right.agent_calls()))
+        left, right = (tl.load_transcript(con, i) for i in pair)
+    return Comparison(left, right,
+                      call_alignment.align_calls(left.agent_calls(), right.agent_calls()))

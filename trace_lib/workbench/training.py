@@ -373,9 +373,9 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def metrics_figure(rows: list[dict[str, Any]], **kwargs: Any):
-    from trace_lib.train import charts
+    from trace_lib.train import metrics_charts
 
-    return charts.metrics_figure(rows, **kwargs)
+    return metrics_charts.metrics_figure(rows, **kwargs)
 
 
 def is_active(state: str) -> bool:

@@ -48,7 +48,7 @@ from typing import Any
 
 from trace_lib.data_model import Capability
 from trace_lib.diagnose.labelers.protocol import PairLabel, TrajectoryLabels
-from trace_lib.diagnose.transcript import Call, Transcript
+from trace_lib.transcript_model import Call, Transcript
 
 # State-changing tools start with a verb that changes something; everything else
 # (get_, search_, run_speed_test, can_send_mms, calculate, ...) only reads.

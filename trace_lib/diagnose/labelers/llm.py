@@ -32,8 +32,9 @@ from urllib.parse import urlsplit
 from trace_lib.capabilities import capability_block, prompt_sha256
 from trace_lib.data_model import LABEL_VALUES, Capability
 from trace_lib.diagnose.labelers.protocol import LabelerUnavailable, PairLabel, TrajectoryLabels
-from trace_lib.diagnose.transcript import Transcript, render_transcript
+from trace_lib.diagnose.transcript_prompt import render_transcript
 from trace_lib.llm import LLMError, LLMProvider, MalformedOutputError, Usage, get_provider
+from trace_lib.transcript_model import Transcript
 
 PROMPTS = Path(__file__).resolve().parent.parent.parent / "prompts"
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from trace_lib.data_model import Capability
-from trace_lib.diagnose.transcript import Transcript
 from trace_lib.llm import Usage
 from trace_lib.llm.protocol import build_lazily
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
+from trace_lib.transcript_model import Transcript
 
 
 class LabelerUnavailable(RuntimeError):

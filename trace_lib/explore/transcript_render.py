@@ -1,188 +1,30 @@
-"""Transcripts: load one trajectory, render it as safe HTML, align tool calls.
+"""Transcripts drawn: self-contained escaped HTML for the viewer, plain text for the CLI.
 
 Design decisions
-- `Call` and `Transcript` are the shared model (`trace_lib.transcript_model`, also what
-  the labelers read); this module loads one with the viewer's extras (each message's
-  `tool_calls` and `is_error`) and renders and aligns it.
-- Trajectory text is untrusted (users, tools and models wrote it). Every piece of it that
-  reaches HTML goes through `html.escape(..., quote=True)` in exactly one helper, `_e`
-  (search highlighting escapes the pieces between hits with it and adds only its own
-  `<mark>`); the markup around it is ours and static. A message holding `<script>` shows
-  as text. The one script the page adds (jump to the first hit) holds no trajectory text.
+- Trajectory text is untrusted. Every piece of it that reaches HTML goes through the one
+  escape (`untrusted_text.escape_html`, imported as `_e`), or through the search
+  `Highlighter`, which escapes with it and adds only its own `<mark>`; the markup around
+  it is ours and static. A message holding `<script>` shows as text. The one script the
+  page adds (jump to the first hit) holds no trajectory text.
 - Reading order follows Docent's and Inspect's viewers: the system prompt folded (it is
   often screens of policy before the first user turn), each tool call in one box with
   the tool message that answers it (`transcript_model.pair_results`), tool outputs
   pretty-printed when they are JSON and folded when long, search hits marked, counted
   and linked. Two transcripts side by side show a shared system prompt once.
-- Plain words for alignment rows (`status_words`): against the expected actions a row is
-  "missed" or "extra"; between two runs, "missed by B" / "extra in B". The row data keep
-  the short statuses (`same | args differ | only left | only right`): the CLI's JSON and
-  tests read those.
-- Tool-call identity for alignment is `name + canonical JSON of the arguments`
-  (`sort_keys`, compact separators), so key order never makes two equal calls differ.
-- Alignment is difflib's LCS-style `SequenceMatcher` on those keys (autojunk off: a
-  repeated `get_user_details` is signal, not junk). Inside a "replace" block a second
-  pass on names alone pairs calls of the same tool as "args differ"; what is left is
-  "only left" / "only right". Any two trials (of a task, or any two trajectories) and
-  expected-vs-actual use the same function.
-- Expected actions are compared side by side: the agent's expected actions with the
-  agent's own calls (`requestor` assistant or unknown), the user's (tau2 telecom:
-  `toggle_roaming`, ...) with the user simulator's calls. User-side rows carry the status
-  with " (user)" (`only left (user)` = the user never made an expected action): a user
-  miss is not the agent's deviation, and it is never hidden either.
+- Aligned tool calls (`call_alignment`) are drawn as two columns, each row coloured by
+  its status and saying it in plain words (`call_alignment.status_words`).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import html
 import json
-import re
-from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-import pandas as pd
-
-from trace_lib.trajectories import load_transcripts
+from trace_lib.explore.call_alignment import AlignedRow, status_words
+from trace_lib.explore.search_highlight import Highlighter
+from trace_lib.explore.untrusted_text import escape_html as _e
 from trace_lib.transcript_model import Call, Transcript, canonical_json
-
-
-@dataclass(frozen=True)
-class AlignedRow:
-    status: str  # same | args differ | only left | only right
-    left: Call | None
-    right: Call | None
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Transcript:
-    """Everything the viewer shows about one trajectory: the one store reader's transcript
-    (`trace_lib.trajectories.load_transcripts`) plus the viewer's extras on each message,
-    its `tool_calls` and `is_error`."""
-    t = load_transcripts(con, [trajectory_id])[0]
-    by_msg: dict[int | None, list[Call]] = {}
-    for c in t.calls:
-        by_msg.setdefault(c.message_idx, []).append(c)
-    errors_by_call_id = {c.call_id: c.error for c in t.calls if c.error is not None and c.call_id}
-    error_texts = {c.error for c in t.calls if c.error}
-    for m in t.messages:
-        tcid = m["tool_call_id"]
-        m["tool_calls"] = by_msg.get(m["idx"], [])
-        # A tool message is an error when the call it answers carries one; files without
-        # call ids are matched on the error text itself.
-        m["is_error"] = m["role"] == "tool" and (
-            tcid in errors_by_call_id if tcid else (m["content"] or "") in error_texts)
-    return t
-
-
-def task_trials(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> pd.DataFrame:
-    """Every trial of the trajectory's task in its dataset (itself included), by trial:
-    id, trial, outcome (passed | failed | unknown), reward, termination. One row for a task
-    run once; none when the trajectory has no task id."""
-    return con.execute("""
-        SELECT t.id, t.trial,
-               CASE WHEN t.success THEN 'passed' WHEN NOT t.success THEN 'failed'
-                    ELSE 'unknown' END AS outcome,
-               t.reward, t.termination
-        FROM trajectories t JOIN trajectories me
-          ON me.id = ? AND t.dataset_id = me.dataset_id AND t.task_id = me.task_id
-        ORDER BY t.trial, t.id""", [trajectory_id]).df()
-
-
-def contrast_pair(
-    con: duckdb.DuckDBPyConnection, trajectory_id: str
-) -> tuple[str, str] | None:
-    """(passed id, failed id) of the same task and dataset as `trajectory_id`, or None.
-
-    The given trajectory is one of the two when its outcome allows; otherwise the first
-    passed and first failed trial (by trial number) are used.
-    """
-    row = con.execute(
-        "SELECT dataset_id, task_id, success FROM trajectories WHERE id = ?", [trajectory_id]
-    ).fetchone()
-    if row is None or row[1] is None:
-        return None
-    dataset_id, task_id, success = row
-    trials = con.execute(
-        "SELECT id, success FROM trajectories WHERE dataset_id = ? AND task_id = ? "
-        "AND success IS NOT NULL ORDER BY trial, id",
-        [dataset_id, task_id],
-    ).fetchall()
-    passed = [i for i, s in trials if s]
-    failed = [i for i, s in trials if not s]
-    if not passed or not failed:
-        return None
-    p = trajectory_id if success else passed[0]
-    f = trajectory_id if success is False else failed[0]
-    return p, f
-
-
-# ------------------------------------------------------------------------- alignment
-
-
-def align_calls(left: list[Call], right: list[Call]) -> list[AlignedRow]:
-    """Align two tool-call sequences (LCS on name+args, then names within replacements)."""
-    rows: list[AlignedRow] = []
-    sm = difflib.SequenceMatcher(None, [c.key for c in left], [c.key for c in right],
-                                 autojunk=False)
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op == "equal":
-            rows += [AlignedRow("same", left[i1 + k], right[j1 + k]) for k in range(i2 - i1)]
-        elif op == "delete":
-            rows += [AlignedRow("only left", c, None) for c in left[i1:i2]]
-        elif op == "insert":
-            rows += [AlignedRow("only right", None, c) for c in right[j1:j2]]
-        else:
-            rows += _align_by_name(left[i1:i2], right[j1:j2])
-    return rows
-
-
-def _align_by_name(left: list[Call], right: list[Call]) -> list[AlignedRow]:
-    rows: list[AlignedRow] = []
-    sm = difflib.SequenceMatcher(None, [c.name for c in left], [c.name for c in right],
-                                 autojunk=False)
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op == "equal":
-            rows += [AlignedRow("args differ", left[i1 + k], right[j1 + k])
-                     for k in range(i2 - i1)]
-        else:
-            rows += [AlignedRow("only left", c, None) for c in left[i1:i2]]
-            rows += [AlignedRow("only right", None, c) for c in right[j1:j2]]
-    return rows
-
-
-def expected_vs_actual(t: Transcript) -> list[AlignedRow]:
-    """Expected actions (left) aligned with the calls of the same side (right): the agent's
-    first, then the user's (their statuses end in " (user)")."""
-    agent, user = t.expected_agent, t.expected_user
-    rows = align_calls(agent, t.agent_calls())
-    if user:
-        rows += [AlignedRow(f"{r.status} (user)", r.left, r.right)
-                 for r in align_calls(user, t.user_calls())]
-    return rows
-
-
-def alignment_frame(rows: list[AlignedRow], left: str = "left", right: str = "right"
-                    ) -> pd.DataFrame:
-    """The alignment as a table (what the CLI prints and `st.dataframe` shows)."""
-
-    def cell(c: Call | None) -> str:
-        if c is None:
-            return ""
-        text = f"{c.name}({canonical_json(c.arguments)})"
-        return text + (f"  !! {c.error}" if c.error else "")
-
-    return pd.DataFrame(
-        [{"status": r.status, left: cell(r.left), right: cell(r.right)} for r in rows],
-        columns=["status", left, right],
-    )
-
-
-# ------------------------------------------------------------------------- rendering
 
 _ROLE_STYLE = {
     "system": "background:#f3f4f6;border-left:4px solid #9ca3af",
@@ -201,98 +43,7 @@ _PRE = "white-space:pre-wrap;word-break:break-word;margin:4px 0;font-size:0.85em
 _MSG = "padding:6px 10px;margin:6px 0;border-radius:4px"
 _HEAD = "font-weight:600;font-size:0.8em;color:#374151"
 _SUMMARY = "cursor:pointer;font-size:0.8em;color:#374151"
-_MARK = "background:#fde047;padding:0 1px;border-radius:2px"
 OPEN_LINES = 8  # tool outputs up to this many lines start open; longer ones start folded
-
-
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:])")
-
-
-def markdown_literal(text: Any) -> str:
-    """Untrusted text for a markdown-rendering widget (st.caption, st.error): every
-    markdown/LaTeX metacharacter backslash-escaped, so it shows exactly as written and a
-    `[link](...)` or `![img](...)` in a file name or field stays text."""
-    return _MD_SPECIAL.sub(r"\\\1", "" if text is None else str(text))
-
-
-def _e(value: Any) -> str:
-    """The one way trajectory text enters HTML."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-# ------------------------------------------------------------------ search highlights
-
-def query_pattern(query: str | None, mode: str = "words") -> re.Pattern[str] | None:
-    """What a search query matches, as `explore.search` reads it. `words`: each word
-    starts a token (a prefix: "reserv" marks "reservation", not "preserve"), a "quoted
-    phrase" is its tokens in a row, tokens being runs of letters and digits; `substring`:
-    the query as typed, anywhere. Case-insensitive; None when nothing can match."""
-    if not query or not query.strip():
-        return None
-    if mode == "substring":
-        return re.compile(re.escape(query), re.IGNORECASE)
-    bodies = []
-    for phrase, word in re.findall(r'"([^"]+)"|(\S+)', query):
-        tokens = re.findall(r"[^\W_]+", phrase or word)
-        if tokens:
-            bodies.append(r"(?<![^\W_])" + r"[\W_]+".join(re.escape(t) for t in tokens)
-                          + (r"(?![^\W_])" if phrase else ""))
-    if not bodies:
-        return None
-    return re.compile("|".join(sorted(set(bodies), key=lambda b: (-len(b), b))),
-                      re.IGNORECASE)
-
-
-class Highlighter:
-    """Escapes text for HTML, wrapping every hit of the query in a numbered `<mark>`.
-
-    Escaping is done on the raw pieces between hits, never on already-escaped text, so a
-    query can never split an entity (`&amp;`) or smuggle markup in: the only markup added
-    is our own `<mark>`. Hit ids are `{prefix}-{n}` so links can jump to them.
-    """
-
-    def __init__(self, query: str | None, prefix: str = "trace-hit", mode: str = "words"
-                 ) -> None:
-        self.pattern = query_pattern(query, mode)
-        self.prefix = prefix
-        self.hits = 0
-
-    def __call__(self, text: Any) -> str:
-        raw = "" if text is None else str(text)
-        if self.pattern is None:
-            return _e(raw)
-        out, last = [], 0
-        for m in self.pattern.finditer(raw):
-            if m.start() == m.end():
-                continue
-            out.append(_e(raw[last:m.start()]))
-            out.append(f'<mark class="trace-hit" id="{self.prefix}-{self.hits}" '
-                       f'style="{_MARK}">{_e(m.group(0))}</mark>')
-            self.hits += 1
-            last = m.end()
-        out.append(_e(raw[last:]))
-        return "".join(out)
-
-    def has_hit(self, text: Any) -> bool:
-        return self.pattern is not None and bool(self.pattern.search(str(text or "")))
-
-
-def highlight_html(text: Any, query: str | None, mode: str = "words") -> str:
-    """`text` as escaped HTML with each query hit in `<mark class="trace-hit">`."""
-    return Highlighter(query, mode=mode)(text)
-
-
-def count_hits(t: Transcript, query: str | None, mode: str = "words") -> int:
-    """Hits of `query` in the transcript's message texts and tool-call arguments."""
-    pattern = query_pattern(query, mode)
-    if pattern is None:
-        return 0
-    texts = [m["content"] for m in t.messages] + [
-        json.dumps(c.arguments, ensure_ascii=False, default=str) for c in t.calls]
-    return sum(len(pattern.findall(x)) for x in texts if x)
-
-
-# ----------------------------------------------------------------------- transcripts
 
 
 def pretty_output(content: Any) -> tuple[str, bool]:
@@ -512,28 +263,6 @@ def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b
                                               hit_prefix=prefix) + "</div>")
     parts.append("</div></div>")
     return "".join(parts)
-
-
-# ----------------------------------------------------------------- aligned tool calls
-
-
-def status_words(status: str, left: str = "left", right: str = "right", *,
-                 against_expected: bool = False) -> str:
-    """An alignment status in plain words. Against the expected actions: "missed" (expected,
-    never made) and "extra" (made, not expected); between two runs, `left` and `right`
-    name them: "missed by B" (only A made it), "extra in B" (A never made it)."""
-    user = status.endswith(" (user)")
-    base = status.removesuffix(" (user)")
-    if against_expected:
-        words = {"same": "as expected", "args differ": "right tool, other arguments",
-                 "only left": "missed: expected, never made",
-                 "only right": "extra: made, not expected"}
-    else:
-        words = {"same": "both made it", "args differ": "same tool, other arguments",
-                 "only left": f"missed by {right} (only {left} made it)",
-                 "only right": f"extra in {right} ({left} never made it)"}
-    text = words.get(base, base)
-    return text + (" — the user's action" if user else "")
 
 
 def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 
 from trace_lib import store
-from trace_lib.explore import charts, clusters, queries
+from trace_lib.explore import clusters, queries, trajectory_charts
 
 
 def test_figures_from_the_known_store(known_db):
     with store.connect(known_db, read_only=True) as con:
         figs = {
-            "rate": charts.success_rate_chart(queries.success_by_domain_agent(con)),
-            "term": charts.termination_chart(queries.termination_counts(con)),
-            "calls": charts.tool_calls_chart(queries.tool_call_histogram(con)),
-            "errors": charts.tool_errors_chart(queries.tool_error_kinds(con)),
-            "tree": charts.signature_treemap(clusters.signature_counts(con)),
+            "rate": trajectory_charts.success_rate_chart(queries.success_by_domain_agent(con)),
+            "term": trajectory_charts.termination_chart(queries.termination_counts(con)),
+            "calls": trajectory_charts.tool_calls_chart(queries.tool_call_histogram(con)),
+            "errors": trajectory_charts.tool_errors_chart(queries.tool_error_kinds(con)),
+            "tree": trajectory_charts.signature_treemap(clusters.signature_counts(con)),
         }
     rate = figs["rate"].data
     assert {t.name for t in rate} == {"gpt-x", "gpt-y"}
@@ -35,7 +35,7 @@ def test_hostile_strings_are_escaped_in_figures():
     pts = pd.DataFrame([{"trajectory_id": "t", "task_id": evil, "termination": evil,
                          "outcome": "failure", "cluster": 0, "x": 0.0, "y": 0.0,
                          "text": evil}])
-    for fig in (charts.tool_errors_chart(errs), charts.semantic_map(pts)):
+    for fig in (trajectory_charts.tool_errors_chart(errs), trajectory_charts.semantic_map(pts)):
         blob = json.dumps(fig.to_plotly_json(), default=str)
         assert "<a href" not in blob and "&lt;a href=&quot;javascript" in blob
 
@@ -43,5 +43,5 @@ def test_hostile_strings_are_escaped_in_figures():
 def test_empty_frames_give_an_annotated_figure():
     import pandas as pd
 
-    fig = charts.signature_treemap(pd.DataFrame())
+    fig = trajectory_charts.signature_treemap(pd.DataFrame())
     assert fig.layout.annotations[0].text == "no data for this filter"

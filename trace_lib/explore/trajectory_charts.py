@@ -11,12 +11,8 @@ Design decisions
   previews, termination reasons, model names) goes through `html.escape` before it
   reaches a figure; plotly shows the entities as the characters they stand for. Previews
   are cut short so a 4 kB message does not cover the chart.
-- `readable` is the one place that keeps labels inside a figure (every chart of the
-  explore and diagnose stages ends with it): axes make room for their tick labels and
-  titles (`automargin`, whatever template draws them: Streamlit's or plotly's), and a
-  category longer than `LABEL_CHARS` is shown cut in the middle on its axis (start and end
-  stay, so "a + b + c" signatures stay told apart) while the bar, its hover and its value
-  keep the full text. Cutting the tick text, not the data, never merges two categories.
+- Every figure ends with `explore.chart_labels.readable` (the one label-fitting rule,
+  shared with the diagnose stage's figures).
 """
 
 from __future__ import annotations
@@ -27,39 +23,11 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from trace_lib.explore.chart_labels import readable
 from trace_lib.explore.clusters import LEVELS as SIGNATURE_LEVELS
 from trace_lib.explore.clusters import PATH_SEP
 
 OUTCOME_COLORS = {"success": "#16a34a", "failure": "#dc2626", "unknown": "#9ca3af"}
-LABEL_CHARS = 36  # longest category label shown whole on an axis
-
-
-def short_label(text: str, limit: int = LABEL_CHARS) -> str:
-    """`text` cut in the middle to at most `limit` characters ("multi_ste…_reasoning")."""
-    if len(text) <= limit:
-        return text
-    head = (limit - 1) // 2
-    return text[:head] + "…" + text[len(text) - (limit - 1 - head):]
-
-
-def readable(fig: go.Figure, limit: int = LABEL_CHARS) -> go.Figure:
-    """Keep `fig`'s axis labels inside it (see the module docstring); returns `fig`."""
-    fig.update_xaxes(automargin=True)
-    fig.update_yaxes(automargin=True)
-    categories: dict[str, list[str]] = {}  # layout axis name -> its category values
-    for trace in fig.data:
-        for letter in ("x", "y"):
-            values = getattr(trace, letter, None) if hasattr(trace, f"{letter}axis") else None
-            if values is None or not all(isinstance(v, str) for v in values):
-                continue
-            axis = letter + "axis" + (getattr(trace, f"{letter}axis") or letter)[1:]
-            seen = categories.setdefault(axis, [])
-            seen.extend(v for v in values if v not in seen)
-    for axis, values in categories.items():
-        if any(len(v) > limit for v in values):
-            fig.update_layout({axis: {"tickmode": "array", "tickvals": values,
-                                      "ticktext": [short_label(v, limit) for v in values]}})
-    return fig
 
 
 def _safe(df: pd.DataFrame, *cols: str) -> pd.DataFrame:

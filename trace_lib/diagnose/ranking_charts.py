@@ -7,7 +7,7 @@ Design decisions
   the table says how many runs were defined; a point at 0 would be a lie.
 - Threshold lines are drawn where the selection rule puts them, so moving a slider
   moves the line and the colours together.
-- Every figure ends with `explore.charts.readable` (the one label-fitting rule): long
+- Every figure ends with `explore.chart_labels.readable` (the one label-fitting rule): long
   capability names and cluster signatures are cut on the axis, whole in the hover. Point
   labels (capability names beside markers, "+n" on the cover curve) are drawn over the
   axes' edge (`cliponaxis=False`) rather than cut off there.
@@ -20,7 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from trace_lib.diagnose.ranking import Ranking
-from trace_lib.explore.charts import readable
+from trace_lib.explore.chart_labels import readable
 
 KEPT, DROPPED = "#d62728", "#7f7f7f"
 

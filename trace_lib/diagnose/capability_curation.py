@@ -230,7 +230,8 @@ PROPOSAL_SCHEMA: dict[str, Any] = {
 def proposal_prompt(con: duckdb.DuckDBPyConnection, pairs: list[ContrastPair],
                     max_chars_per_transcript: int = 6000) -> tuple[str, str]:
     """(system, user) for the proposal call."""
-    from trace_lib.diagnose.transcript import load_transcript, render_transcript
+    from trace_lib.diagnose.transcript_prompt import render_transcript
+    from trace_lib.trajectories import load_transcript
 
     system = (PROMPTS / "propose_capabilities.md").read_text(encoding="utf-8")
     menu = capability_block([c for c in capabilities_on(con) if c.status != "rejected"])

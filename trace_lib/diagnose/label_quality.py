@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
-from trace_lib.diagnose.capabilities import CORE
+from trace_lib.diagnose.capability_curation import CORE
 from trace_lib.diagnose.ranking import RankConfig, rank_con
 
 

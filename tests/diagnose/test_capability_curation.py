@@ -10,7 +10,7 @@ from synthetic import make_store
 from wire_server import WireServer, anthropic_tool_reply
 
 from trace_lib import store
-from trace_lib.diagnose import capabilities as caps
+from trace_lib.diagnose import capability_curation as caps
 from trace_lib.errors import UserInputError
 from trace_lib.llm import get_provider
 

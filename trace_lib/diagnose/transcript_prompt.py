@@ -1,37 +1,28 @@
-"""A trajectory as the diagnose stage reads it: messages, tool calls, expected actions.
+"""A transcript as labeler prompts show it: plain text, every message under its `[idx]`.
 
 Design decisions
-- Read through the one store reader (`trace_lib.trajectories.load_transcripts`), so every
-  importer's output works without the diagnose stage knowing the source format, into the
-  shared transcript model
-  (`trace_lib.transcript_model`: the viewer shows the same `Call`s a labeler cites, each
-  paired with its answering tool message by the same `pair_results`).
-  Expected actions keep their requestor; labelers read `expected_agent` (a user-side
-  miss, tau2 telecom's device actions, is never the agent lacking a capability).
+- The transcript itself is the shared model (`trace_lib.transcript_model`), loaded by the
+  one store reader (`trace_lib.trajectories.load_transcript(s)`), so every importer's
+  output works without the diagnose stage knowing the source format and the viewer shows
+  the same `Call`s a labeler cites, each paired with its answering tool message by the
+  same `pair_results`. Expected actions keep their requestor; labelers read
+  `expected_agent` (a user-side miss, tau2 telecom's device actions, is never the agent
+  lacking a capability).
 - Messages keep the store's `idx`, and the rendered text prefixes every message with
   `[idx]`: that is the index labelers cite as evidence and the Labels page scrolls to.
 - Rendering is the untrusted-text boundary for prompts: tool outputs are clipped
   (long JSON blobs dominate token counts and rarely matter past a few KB) and the
   whole transcript is bounded by `max_chars`, cutting the middle, not the end, since
   how a trajectory ends is what failure analysis needs most.
+- No store access here: a label job imports the labelers (and so this module) and must
+  not import DuckDB, not even for type checking (import-linter counts it).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from trace_lib.trajectories import load_transcripts
 from trace_lib.transcript_model import Call, Transcript
-
-# `con` is a DuckDB connection, typed Any: a label job imports the labelers (and so this
-# module) and must not import DuckDB, not even for type checking (import-linter counts it).
-
-__all__ = ["Call", "Transcript", "load_transcript", "load_transcripts", "render_transcript"]
-
-
-def load_transcript(con: Any, trajectory_id: str) -> Transcript:
-    return load_transcripts(con, [trajectory_id])[0]
 
 
 def _clip(text: str, n: int) -> str:
