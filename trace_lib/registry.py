@@ -32,7 +32,9 @@ Design decisions
   a name means.
 - An unknown name is a clear error listing the known ones ("unknown labeler 'x';
   expected one of: anthropic, heuristic, openai"), raised as the caller's error type
-  (the LLM layer raises `LLMError`, everything else `UserInputError`).
+  (the LLM layer raises `LLMError`, everything else `UserInputError`). A lookup function
+  whose message users already know (`get_domain`, `chat_template_for`, `get_importer`,
+  `make_policy_server`, ...) checks `name in REGISTRY` first and keeps its words.
 - A broken entry point (its module does not import, the attribute is missing) is an error
   that names the distribution's entry point, raised when that name is used, never when
   another name is listed or used.
