@@ -355,3 +355,23 @@ def test_every_built_in_of_these_tables_resolves():
     assert [CAPABILITIES[n].name for n in CAPABILITIES] == CAPABILITIES.names()
     assert all(CHAT_TEMPLATES[n] is CHAT_TEMPLATE for n in CHAT_TEMPLATES)
     assert all(callable(SERVER_KINDS[n]) for n in SERVER_KINDS)
+
+
+def test_the_cli_choices_that_are_spelled_out_are_the_built_ins():
+    """`--help` stays fast, so a verb spells its choices out; they must be the table's
+    (the formats' are checked in tests/ingest/test_commands.py)."""
+    import argparse
+
+    from trace_lib.cli import build_parser
+    from trace_lib.envs.generate import GENERATORS
+    from trace_lib.runtime.server_kinds import SERVER_KINDS
+
+    def choices(parser: argparse.ArgumentParser, *verbs: str, dest: str) -> list[str]:
+        for verb in verbs:
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices[verb]
+        return list(next(a.choices for a in parser._actions if a.dest == dest))
+
+    parser = build_parser()
+    assert choices(parser, "env", "generate", dest="generator") == GENERATORS.names()
+    assert choices(parser, "train", dest="server") == SERVER_KINDS.names()
