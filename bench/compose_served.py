@@ -59,7 +59,7 @@ class ServedPolicy:
 
         from trace_lib.runtime.base_models import load_tokenizer, resolve_model
         from trace_lib.runtime.policy_client import OpenAIPolicyClient
-        from trace_lib.runtime.policy_server import make_policy_server
+        from trace_lib.runtime.server_kinds import make_policy_server
 
         safe = re.sub(r"[^A-Za-z0-9_-]", "_", self.label)
         folder = (merge_adapter(self.base, self.adapter, self.work / f"merged-{safe}")

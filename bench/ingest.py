@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trace_lib import store  # noqa: E402
 from trace_lib.data_model import Trajectory  # noqa: E402
 from trace_lib.ingest import ingest_paths  # noqa: E402
-from trace_lib.ingest.formats import ParseContext, load  # noqa: E402
+from trace_lib.ingest.formats import load  # noqa: E402
+from trace_lib.ingest.importer import ParseContext  # noqa: E402
 from trace_lib.ingest.rows import TrajectoryRows  # noqa: E402
 from trace_lib.ingest.source import Source  # noqa: E402
 from trace_lib.ingest.writer import Writer  # noqa: E402

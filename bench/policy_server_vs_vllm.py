@@ -184,7 +184,8 @@ def main() -> int:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
 
     from trace_lib.runtime.base_models import ensure_model_dir
-    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig, VLLMConfig, VLLMServer
+    from trace_lib.runtime.policy_server import PolicyServer, ServerConfig
+    from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer
 
     folder = str(ensure_model_dir(args.model))
     if args.steps_only:

@@ -194,3 +194,184 @@ def test_unknown_names_in_the_project_registries():
     with pytest.raises(UserInputError, match="unknown job backend 'nope'; expected one of: "
                                              "local, ray"):
         get_backend("nope")
+
+
+MORE = '''
+from dataclasses import replace
+
+from trace_lib.envs.capabilities import CapabilitySpec, task_builder
+from trace_lib.envs.capabilities.precondition_verification import retail_cancel
+from trace_lib.envs.domains.retail import DOMAIN as RETAIL
+
+TEMPLATE = "{{ messages[0].content }}"  # a string: taken as it is, never imported
+DOMAIN = replace(RETAIL, name="shop")
+
+
+@task_builder("shop_refunds", "shop", tools=retail_cancel.tools,
+              policy_sections=retail_cancel.policy_sections)
+def shop_cancel(db, rng, difficulty):
+    return retail_cancel(db, rng, difficulty)
+
+
+CAPABILITY = CapabilitySpec.of("shop_refunds", shop_cancel, description="refunds in a shop")
+
+
+class Source:
+    name = "plugin-model"
+    description = "a plugin's model"
+
+    def build(self, dest):
+        raise NotImplementedError
+
+
+SOURCE = Source()
+
+
+def server_for(request):
+    return ("served", request.model, request.served_model_name)
+
+
+class Encoder:
+    name = "plugin-encoder"
+
+    def encode(self, texts):
+        return [[1.0] for _ in texts]
+
+
+class Generator:
+    name = "plugin_gen"
+    model = None
+
+    def __init__(self, config):
+        self.config = config
+'''
+
+
+def test_the_tables_that_were_hand_rolled_take_plugins_too(tmp_path, monkeypatch):
+    from trace_lib.envs import generate
+    from trace_lib.envs.capabilities import CAPABILITIES, builtin_pairs, make_capability_env
+    from trace_lib.envs.domains import DOMAINS, domain_names, get_domain
+    from trace_lib.explore.embeddings import ENCODERS, get_encoder
+    from trace_lib.runtime import base_models
+    from trace_lib.runtime.chat_format import CHAT_TEMPLATES, chat_template_for
+    from trace_lib.runtime.server_kinds import SERVER_KINDS, make_policy_server
+
+    root = tmp_path / "site"
+    install_dist(root, "trace-plugin-more", {
+        ENTRY_POINT_GROUPS["chat_templates"]: {"plugin_family": "trace_plugin_more:TEMPLATE"},
+        ENTRY_POINT_GROUPS["policy_servers"]: {"plugin_server": "trace_plugin_more:server_for"},
+        ENTRY_POINT_GROUPS["model_sources"]: {"plugin-model": "trace_plugin_more:SOURCE"},
+        ENTRY_POINT_GROUPS["encoders"]: {"plugin-encoder": "trace_plugin_more:Encoder"},
+        ENTRY_POINT_GROUPS["env_generators"]: {"plugin_gen": "trace_plugin_more:Generator"},
+        ENTRY_POINT_GROUPS["domains"]: {"shop": "trace_plugin_more:DOMAIN"},
+        ENTRY_POINT_GROUPS["capabilities"]: {"shop_refunds": "trace_plugin_more:CAPABILITY"},
+    }, {"trace_plugin_more": MORE})
+    monkeypatch.syspath_prepend(str(root))
+    registries = (CHAT_TEMPLATES, SERVER_KINDS, base_models.MODEL_SOURCES, ENCODERS,
+                  generate.GENERATORS, DOMAINS, CAPABILITIES)
+    try:
+        for reg in registries:
+            _fresh(reg)
+        assert chat_template_for("plugin_family") == "{{ messages[0].content }}"
+        assert make_policy_server("plugin_server", "m", served_model_name="s") == (
+            "served", "m", "s")
+        assert "plugin-model" in [m["name"] for m in base_models.list_models()]
+        assert get_encoder("plugin-encoder").encode(["a", "b"]) == [[1.0], [1.0]]
+        assert generate.GENERATORS["plugin_gen"](generate.GenerationConfig()).name == "plugin_gen"
+        assert "shop" in domain_names() and get_domain("shop").name == "shop"
+        assert list(CAPABILITIES)[-1] == "shop_refunds"  # after the built-ins
+        assert ("shop", "shop_refunds") in builtin_pairs()
+        env = make_capability_env("shop", "shop_refunds")
+        assert env.description == "refunds in a shop"
+    finally:
+        monkeypatch.undo()
+        sys.modules.pop("trace_plugin_more", None)
+        for reg in registries:
+            reg.reload_entry_points()
+    assert "shop" not in domain_names() and "plugin_server" not in SERVER_KINDS
+
+
+def test_unknown_names_in_the_tables_that_were_hand_rolled():
+    """The messages users saw before these tables became registries, word for word."""
+    from trace_lib.envs.capabilities import make_capability_env
+    from trace_lib.envs.domains import get_domain
+    from trace_lib.explore.embeddings import get_encoder
+    from trace_lib.ingest.formats import get_importer
+    from trace_lib.runtime.chat_format import chat_template_for
+    from trace_lib.runtime.server_kinds import make_policy_server
+
+    with pytest.raises(UserInputError, match=r"^unknown format 'x'; expected one of: auto, "
+                                             r"swe_agent, inspect, openai_jsonl, tau2, "
+                                             r"tau_bench$"):
+        get_importer("x")
+    with pytest.raises(KeyError, match=r"unknown domain 'x'; known: airline, retail"):
+        get_domain("x")
+    with pytest.raises(KeyError, match=r"unknown capability 'x'; known: "
+                                       r"structured_data_reasoning, multi_step_task_completion"):
+        make_capability_env("airline", "x")
+    with pytest.raises(ValueError, match=r"^unknown embedding model 'x'; known: "
+                                         r"\['all-MiniLM-L6-v2'\]$"):
+        get_encoder("x")
+    with pytest.raises(UserInputError, match=r"^no chat template for model family 'x'; "
+                                             r"known: chatml, qwen2, smollm2, tiny$"):
+        chat_template_for("x")
+    with pytest.raises(UserInputError, match=r"^server: expected one of ours, vllm, got 'x'$"):
+        make_policy_server("x", "tiny")
+
+
+def test_listing_names_imports_none_of_the_modules_named():
+    """Built-ins are lazy "module:attr" strings: no module registers itself by being
+    imported, and the one that owns a table does not import what it lists."""
+    import subprocess
+
+    listed = {
+        "trace_lib.ingest.formats": ("IMPORTERS", "trace_lib.ingest.inspect_logs"),
+        "trace_lib.envs.domains": ("DOMAINS", "trace_lib.envs.domains.airline"),
+        "trace_lib.envs.capabilities": ("CAPABILITIES",
+                                        "trace_lib.envs.capabilities.tool_calling_precision"),
+        "trace_lib.runtime.server_kinds": ("SERVER_KINDS", "trace_lib.runtime.vllm_server"),
+    }
+    code = ["import importlib, sys"]
+    for module, (table, _) in listed.items():
+        code.append(f"print(len(importlib.import_module({module!r}).{table}.names()))")
+    code.append(f"print(sorted(m for m in {[m for _, m in listed.values()]!r} "
+                "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    *counts, imported = out.stdout.splitlines()
+    assert [int(c) for c in counts] == [5, 2, 4, 2] and imported == "[]"
+
+
+def test_every_built_in_of_these_tables_resolves():
+    """A typo in a lazy "module:attr" string fails here, not at a user's first use."""
+    from trace_lib.envs.capabilities import CAPABILITIES
+    from trace_lib.envs.domains import DOMAINS
+    from trace_lib.ingest.formats import IMPORTERS
+    from trace_lib.runtime.chat_format import CHAT_TEMPLATE, CHAT_TEMPLATES
+    from trace_lib.runtime.server_kinds import SERVER_KINDS
+
+    assert [IMPORTERS[n].name for n in IMPORTERS] == IMPORTERS.names()
+    assert [DOMAINS[n].name for n in DOMAINS] == DOMAINS.names()
+    assert [CAPABILITIES[n].name for n in CAPABILITIES] == CAPABILITIES.names()
+    assert all(CHAT_TEMPLATES[n] is CHAT_TEMPLATE for n in CHAT_TEMPLATES)
+    assert all(callable(SERVER_KINDS[n]) for n in SERVER_KINDS)
+
+
+def test_the_cli_choices_that_are_spelled_out_are_the_built_ins():
+    """`--help` stays fast, so a verb spells its choices out; they must be the table's
+    (the formats' are checked in tests/ingest/test_commands.py)."""
+    import argparse
+
+    from trace_lib.cli import build_parser
+    from trace_lib.envs.generate import GENERATORS
+    from trace_lib.runtime.server_kinds import SERVER_KINDS
+
+    def choices(parser: argparse.ArgumentParser, *verbs: str, dest: str) -> list[str]:
+        for verb in verbs:
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices[verb]
+        return list(next(a.choices for a in parser._actions if a.dest == dest))
+
+    parser = build_parser()
+    assert choices(parser, "env", "generate", dest="generator") == GENERATORS.names()
+    assert choices(parser, "train", dest="server") == SERVER_KINDS.names()

@@ -1,5 +1,9 @@
-"""One typed registry for every extension point: labelers, environments, importers, LLM
-providers, job backends.
+"""One typed registry for every extension point: the one way a name becomes an object.
+
+Importers, domains, capability task builders, environments, environment generators,
+embedding encoders, chat templates, base-model sources, policy-server kinds, labelers,
+LLM providers, job backends and job kinds are each a `Registry` (`ENTRY_POINT_GROUPS`
+lists the ones that take plugins).
 
     LABELERS: Registry[LabelerFactory] = Registry(
         "labeler", group="trace_workbench.labelers",
@@ -11,7 +15,11 @@ providers, job backends.
 Design decisions
 - A value is either the object itself or a "module:attribute" string imported on first
   `get`, so listing names never imports an SDK or a third party's package (the CLI's
-  choices and the app's pickers list names only).
+  choices and the app's pickers list names only). Built-ins defined in another module
+  are such strings, so no module registers anything by being imported (and the module
+  that owns a registry never imports the modules it lists: no import circles). A string
+  value is always a target, never the object itself: a registry of strings (chat
+  templates) names them ("module:CONSTANT"); what an entry point loads is taken as is.
 - Third parties plug in the way the Python ecosystem does: an entry point in their
   distribution's metadata, e.g. in their pyproject.toml
   `[project.entry-points."trace_workbench.labelers"] mine = "my_pkg.labeler:MyLabeler"`.
@@ -24,7 +32,9 @@ Design decisions
   a name means.
 - An unknown name is a clear error listing the known ones ("unknown labeler 'x';
   expected one of: anthropic, heuristic, openai"), raised as the caller's error type
-  (the LLM layer raises `LLMError`, everything else `UserInputError`).
+  (the LLM layer raises `LLMError`, everything else `UserInputError`). A lookup function
+  whose message users already know (`get_domain`, `chat_template_for`, `get_importer`,
+  `make_policy_server`, ...) checks `name in REGISTRY` first and keeps its words.
 - A broken entry point (its module does not import, the attribute is missing) is an error
   that names the distribution's entry point, raised when that name is used, never when
   another name is listed or used.
@@ -42,12 +52,20 @@ from trace_lib.errors import UserInputError
 
 T = TypeVar("T")
 
+# What a plugin's entry point in each group names (docs/CONTRIBUTING.md, "Extension points").
 ENTRY_POINT_GROUPS = {
-    "labelers": "trace_workbench.labelers",
-    "environments": "trace_workbench.environments",
-    "importers": "trace_workbench.importers",
-    "llm_providers": "trace_workbench.llm_providers",
-    "job_backends": "trace_workbench.job_backends",
+    "labelers": "trace_workbench.labelers",  # a factory taking keyword config -> Labeler
+    "environments": "trace_workbench.environments",  # a zero-argument Environment factory
+    "importers": "trace_workbench.importers",  # an Importer object
+    "llm_providers": "trace_workbench.llm_providers",  # a factory -> LLMProvider
+    "job_backends": "trace_workbench.job_backends",  # a zero-argument Backend factory
+    "domains": "trace_workbench.domains",  # a Domain object
+    "capabilities": "trace_workbench.capabilities",  # a CapabilitySpec (its task builders)
+    "env_generators": "trace_workbench.env_generators",  # GenerationConfig -> EnvGenerator
+    "encoders": "trace_workbench.encoders",  # a zero-argument Encoder factory
+    "chat_templates": "trace_workbench.chat_templates",  # a Jinja chat template (str)
+    "model_sources": "trace_workbench.model_sources",  # a ModelSource object
+    "policy_servers": "trace_workbench.policy_servers",  # ServerRequest -> ServerHandle
 }
 
 
@@ -183,27 +201,23 @@ class Registry(Generic[T]):
         """The object registered as `name`, importing it on first use."""
         if name in self._loaded:
             return self._loaded[name]
-        if name in self._registered:
-            value: Any = self._registered[name]
-            where = f"{self.kind} {name!r}"
-        elif name in self._builtin:
-            value = self._builtin[name]
-            where = f"{self.kind} {name!r}"
+        if name in self._registered or name in self._builtin:
+            value: Any = self._registered.get(name, self._builtin.get(name))
+            if isinstance(value, str):
+                try:
+                    value = import_object(value, f"{self.kind} {name!r}")
+                except UserInputError as exc:
+                    raise self.error(str(exc)) from exc
         else:
             ep = self._plugins().get(name)
             if ep is None:
                 raise self.unknown(name)
             where = f"{self.kind} {name!r} (entry point {ep.value!r} in group {self.group!r})"
             try:
-                value = ep.load()
+                value = ep.load()  # the object the entry point names, a string included
             except Exception as exc:  # noqa: BLE001 - a third party's import error, named
                 raise self.error(f"{where}: cannot load it: {type(exc).__name__}: {exc}") \
                     from exc
-        if isinstance(value, str):
-            try:
-                value = import_object(value, where)
-            except UserInputError as exc:
-                raise self.error(str(exc)) from exc
         with self._lock:
             self._loaded[name] = value
         return value

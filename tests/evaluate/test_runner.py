@@ -121,7 +121,7 @@ def test_bad_configs_are_refused_before_anything_runs(db_path, config, message):
 
 
 def test_unreachable_endpoint_is_a_clear_error(db_path):
-    from trace_lib.runtime.policy_server import free_port
+    from trace_lib.runtime.server_kinds import free_port
 
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(UserInputError, match="cannot reach the policy server"):

@@ -17,7 +17,7 @@ import pytest
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.ingest import ingest_bytes, ingest_paths, openai_jsonl
-from trace_lib.ingest.formats import ParseContext
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.openai_jsonl import fast_rows, parse_record
 from trace_lib.ingest.rows import TrajectoryRows
 from trace_lib.ingest.source import RecordError

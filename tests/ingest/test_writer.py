@@ -11,7 +11,8 @@ import pytest
 
 from trace_lib import store
 from trace_lib.ingest import ingest_paths
-from trace_lib.ingest.formats import ParseContext, load
+from trace_lib.ingest.formats import load
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.source import Source, fast_loads
 from trace_lib.ingest.writer import Writer
 

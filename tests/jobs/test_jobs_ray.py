@@ -23,7 +23,7 @@ TOY = {
 
 
 def _free_port() -> int:
-    from trace_lib.runtime.policy_server import free_port
+    from trace_lib.runtime.server_kinds import free_port
 
     return free_port()
 

@@ -107,7 +107,7 @@ def test_browser_launch_watch_adapter(store_with_env, tmp_path):
     """A person in a real browser: fill the form, Launch, watch it finish, adapter recorded."""
     from playwright.sync_api import expect, sync_playwright
 
-    from trace_lib.runtime.policy_server import free_port
+    from trace_lib.runtime.server_kinds import free_port
 
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():

@@ -30,7 +30,8 @@ from trace_lib.runtime.policy_client import (  # noqa: E402
     PolicyClient,
     PolicyServerError,
 )
-from trace_lib.runtime.policy_server import PolicyServer, ServerConfig, free_port  # noqa: E402
+from trace_lib.runtime.policy_server import PolicyServer, ServerConfig  # noqa: E402
+from trace_lib.runtime.server_kinds import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

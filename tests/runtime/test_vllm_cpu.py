@@ -25,7 +25,7 @@ from policy_fixtures import (  # noqa: E402
 
 from trace_lib.runtime import base_models as models  # noqa: E402
 from trace_lib.runtime.policy_client import OpenAIPolicyClient, PolicyServerError  # noqa: E402
-from trace_lib.runtime.policy_server import VLLMConfig, VLLMServer  # noqa: E402
+from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

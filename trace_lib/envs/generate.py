@@ -5,10 +5,11 @@ errors back, up to N attempts; store every attempt.
                                   GenerationConfig(generator="openai", model=..., base_url=...))
 
 Design decisions
-- Generators are a Protocol with a registry (`GENERATORS`): `template` (the offline
-  default) and `llm` (any `trace_lib.llm` provider: Anthropic, or an OpenAI-compatible
-  server such as vLLM). A generator only proposes code; the loop, the validation and the
-  bookkeeping are the same for all.
+- Generators are a Protocol with a registry (`GENERATORS`, a `Registry` that also takes
+  `trace_workbench.env_generators` plugins): `template` (the offline default) and `llm`
+  (any `trace_lib.llm` provider: Anthropic, or an OpenAI-compatible server such as
+  vLLM). A generator only proposes code; the loop, the validation and the bookkeeping
+  are the same for all.
 - The template generator is exactly what it says: it writes a short module that
   instantiates a built-in capability task builder with a chosen difficulty (1-3) under a
   new name. It needs no model and always yields working code, so the whole pipeline runs
@@ -40,6 +41,7 @@ from trace_lib.envs.registry import EnvSpec
 from trace_lib.envs.sandbox import SandboxedEnvironment, SandboxError, SandboxLimits
 from trace_lib.envs.validate import ValidationConfig, validate_environment
 from trace_lib.errors import UserInputError
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 PROMPT_PATH = Path(__file__).resolve().parents[1] / "prompts" / "generate_env.md"
 OUTPUT_SCHEMA: dict[str, Any] = {
@@ -179,10 +181,11 @@ class LLMGenerator:
         return strip_fences(str(result.data.get("code", "")))
 
 
-GENERATORS: dict[str, Callable[[GenerationConfig], EnvGenerator]] = {
-    "template": TemplateGenerator,
-    "llm": LLMGenerator,
-}
+# Built-ins are the classes above (defined here, so nothing to import lazily); a plugin
+# names its generator class or factory in the `trace_workbench.env_generators` group.
+GENERATORS: Registry[Callable[[GenerationConfig], EnvGenerator]] = Registry(
+    "environment generator", group=ENTRY_POINT_GROUPS["env_generators"],
+    builtins={"template": TemplateGenerator, "llm": LLMGenerator})
 
 
 def strip_fences(code: str) -> str:

@@ -40,7 +40,7 @@ from typing import Any
 
 from trace_lib.envs.protocol import Environment
 from trace_lib.errors import UserInputError
-from trace_lib.registry import Registry, import_object
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry, import_object
 
 BUILTIN_VERSION = 1
 SOURCES = ("builtin", "generated", "file", "python")
@@ -49,7 +49,7 @@ SANDBOXED = ("generated", "file")
 # Third-party environments: name -> Environment class or zero-argument factory. Entry
 # points of the group `trace_workbench.environments` appear here without any import.
 ENVIRONMENTS: Registry[Callable[[], Environment]] = Registry(
-    "environment", group="trace_workbench.environments"
+    "environment", group=ENTRY_POINT_GROUPS["environments"]
 )
 
 
@@ -332,5 +332,7 @@ def source_code(spec: EnvSpec) -> str:
 
     if spec.source == "python" and spec.factory:
         return inspect.getsource(importlib.import_module(spec.factory.split(":", 1)[0]))
-    module = importlib.import_module(f"trace_lib.envs.capabilities.{spec.capability}")
-    return inspect.getsource(module)
+    from trace_lib.envs.capabilities import CAPABILITIES
+
+    builder = CAPABILITIES[spec.capability].builders[spec.domain]
+    return inspect.getsource(inspect.getmodule(builder))  # the capability's whole module

@@ -43,6 +43,7 @@ import pandas as pd
 
 from trace_lib.explore import derived
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 TEXT_CHARS = (600, 400, 900)  # user request, tool errors, agent's last turns
@@ -81,7 +82,10 @@ def _load_minilm():  # -> SentenceTransformer; imported lazily (torch is heavy)
     return SentenceTransformer(str(path), device="cpu")
 
 
-ENCODERS: dict[str, Callable[[], Encoder]] = {DEFAULT_MODEL: MiniLMEncoder}
+# A plugin names a zero-argument Encoder factory in the `trace_workbench.encoders` group.
+ENCODERS: Registry[Callable[[], Encoder]] = Registry(
+    "embedding model", group=ENTRY_POINT_GROUPS["encoders"],
+    builtins={DEFAULT_MODEL: MiniLMEncoder})
 
 
 class Warmup:

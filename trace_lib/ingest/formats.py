@@ -1,9 +1,12 @@
-"""The importer protocol, the registry of formats, and `--format auto` detection.
+"""The registry of formats, and `--format auto` detection.
 
 Design decisions
-- An importer is a small object with a `name`, a one-line `description`, `matches(doc)`
-  for whole-document detection and `parse(src, doc, ctx)`. New formats register with
-  `register_importer`; nothing else changes (the CLI's `--format` choices come from here).
+- An importer (the protocol, and the `ParseContext` it is handed, are in `importer.py`)
+  is one entry of `IMPORTERS`: built-ins are lazy "module:IMPORTER" strings, so this
+  module imports no importer (none imports it either: no circle) and an importer is
+  loaded only when its format is used or detection asks it. A new format is one module
+  and one line here, or a plugin's entry point; nothing else changes (the CLI's
+  `--format` choices come from here).
 - Detection reads as little as it can: a `.jsonl` suffix means JSONL, `.traj` means
   SWE-agent; otherwise the first line is sniffed (a JSON object with `messages` on the
   first line is JSONL). Anything else is parsed once as a document and offered to each
@@ -18,77 +21,32 @@ Design decisions
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, SuccessMap
-from trace_lib.ingest.source import (
-    DocumentJSONError,
-    IngestLimits,
-    ProgressBytes,
-    Source,
-    check_not_empty,
-    read_document,
-)
+from trace_lib.ingest.importer import Importer, ParseContext
+from trace_lib.ingest.normalise import ParsedFile
+from trace_lib.ingest.source import DocumentJSONError, Source, check_not_empty, read_document
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
-
-@dataclass
-class ParseContext:
-    """What an importer needs besides the file."""
-
-    limits: IngestLimits = field(default_factory=IngestLimits)
-    skip_invalid: bool = False
-    success: SuccessMap | None = None  # SWE-agent: instance id -> resolved
-    progress: ProgressBytes | None = None
-    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
-    require_outcome: bool = False  # OpenAI JSONL: refuse records without reward/success
-    domain: str | None = None  # overrides what the file says or the name suggests
-    agent_model: str | None = None
-
-
-class Importer(Protocol):
-    name: str
-    description: str
-    streaming: bool  # True: parse() reads the source itself (doc is None)
-
-    def matches(self, doc: Any) -> bool:
-        """Whether a parsed whole document has this format's shape."""
-        ...
-
-    def why_not(self, doc: Any) -> str:
-        """Why `doc` does not have this format's shape (for the detection error)."""
-        ...
-
-    def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
-        """Normalise the file. `doc`/`sha256` are given when detection already parsed it."""
-        ...
-
-
-# The built-in importer modules register themselves when `_ensure_builtin` imports them;
-# third parties name an Importer object in the `trace_workbench.importers` entry-point group.
-IMPORTERS: Registry[Importer] = Registry("format", group=ENTRY_POINT_GROUPS["importers"])
-
-
-def register_importer(importer: Importer) -> Importer:
-    IMPORTERS.register(importer.name, importer, replace=True)
-    return importer
-
-
-def _ensure_builtin() -> None:
-    # Imported here (not at module top) so the importer modules can import this one;
-    # importing registers them (a no-op after the first time).
-    from trace_lib.ingest import inspect_logs, openai_jsonl, swe_agent, tau2, taubench  # noqa: F401
+# The built-in importers, imported on first use; third parties name an Importer object in
+# the `trace_workbench.importers` entry-point group, or `IMPORTERS.register(name, obj)`.
+# Listed in the order `--format` has always shown them (SWE-agent first).
+IMPORTERS: Registry[Importer] = Registry(
+    "format", group=ENTRY_POINT_GROUPS["importers"], builtins={
+        "swe_agent": "trace_lib.ingest.swe_agent:IMPORTER",
+        "inspect": "trace_lib.ingest.inspect_logs:IMPORTER",
+        "openai_jsonl": "trace_lib.ingest.openai_jsonl:IMPORTER",
+        "tau2": "trace_lib.ingest.tau2:IMPORTER",
+        "tau_bench": "trace_lib.ingest.taubench:IMPORTER",
+    })
 
 
 def format_names() -> list[str]:
-    _ensure_builtin()
     return list(IMPORTERS)
 
 
 def get_importer(name: str) -> Importer:
-    _ensure_builtin()
     if name not in IMPORTERS:
         raise UserInputError(
             f"unknown format {name!r}; expected one of: auto, {', '.join(IMPORTERS)}"
@@ -122,7 +80,6 @@ def _first_line_is_record(src: Source) -> bool:
 
 def detect(src: Source, ctx: ParseContext) -> tuple[Importer, Any, str | None]:
     """Choose the importer for `src`; returns (importer, parsed document or None, sha256)."""
-    _ensure_builtin()
     if src.suffix == ".eval":
         return IMPORTERS["inspect"], None, None
     check_not_empty(src)

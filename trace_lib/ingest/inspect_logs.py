@@ -40,7 +40,7 @@ from typing import Any
 
 from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
@@ -254,4 +254,4 @@ class InspectImporter:
         return out
 
 
-register_importer(InspectImporter())
+IMPORTER = InspectImporter()  # IMPORTERS (formats.py) names it

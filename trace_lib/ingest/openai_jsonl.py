@@ -44,7 +44,7 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     INT32,
     ROLES,
@@ -484,4 +484,4 @@ class OpenAIJsonlImporter:
         return out
 
 
-register_importer(OpenAIJsonlImporter())
+IMPORTER = OpenAIJsonlImporter()  # IMPORTERS (formats.py) names it

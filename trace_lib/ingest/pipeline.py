@@ -39,7 +39,8 @@ from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
 from trace_lib.explore import derived
-from trace_lib.ingest.formats import ParseContext, load
+from trace_lib.ingest.formats import load
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
 from trace_lib.ingest.rows import TrajectoryRows
 from trace_lib.ingest.source import IngestLimits, Source

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
@@ -329,4 +329,4 @@ class SweAgentImporter:
         )
 
 
-register_importer(SweAgentImporter())
+IMPORTER = SweAgentImporter()  # IMPORTERS (formats.py) names it

@@ -38,7 +38,7 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
@@ -318,4 +318,4 @@ class Tau2Importer:
         return out
 
 
-register_importer(Tau2Importer())
+IMPORTER = Tau2Importer()  # IMPORTERS (formats.py) names it

@@ -36,7 +36,7 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.formats import ParseContext, register_importer
+from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     ParsedFile,
     RawMessage,
@@ -266,4 +266,4 @@ class TauBenchImporter:
         return out
 
 
-register_importer(TauBenchImporter())
+IMPORTER = TauBenchImporter()  # IMPORTERS (formats.py) names it

@@ -4,8 +4,8 @@ Design decisions
 - A model is always a Hugging Face folder on disk (config + safetensors + `tokenizer.json`
   with our chat template): the same folder loads in transformers/peft for training, in our
   CPU policy server, and in vLLM, and LoRA adapters trained on it are served by either.
-- Named models are a registry of `ModelSource`s (a Protocol: `name`, `description`,
-  `build(dest)`); `ensure_model_dir(name)` builds a source once into
+- Named models are a registry of `ModelSource`s (`MODEL_SOURCES`, a `Registry`; a
+  source is a Protocol: `name`, `description`, `build(dest)`); `ensure_model_dir(name)` builds a source once into
   `$TRACE_MODELS_DIR/<name>` (default `data/models/`) and reuses it afterwards. A build
   goes to a temporary sibling folder and is renamed into place, so a crash or two
   concurrent builders never leave a half-written model that looks finished.
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trace_lib.errors import UserInputError
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 from trace_lib.runtime.chat_format import CHAT_TEMPLATE, END_OF_TEXT, IM_END
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,13 +56,6 @@ class ModelSource(Protocol):
         """Write a complete HF model folder (weights, config, tokenizer) into `dest`."""
         ...
 
-
-MODEL_SOURCES: dict[str, ModelSource] = {}
-
-
-def register_model(source: ModelSource) -> ModelSource:
-    MODEL_SOURCES[source.name] = source
-    return source
 
 
 @dataclass
@@ -176,8 +170,11 @@ class SmolLM2GGUF:
         steps.close()
 
 
-register_model(TinyLlama())
-register_model(SmolLM2GGUF())
+# Named models: the built-ins are defined above (nothing to import lazily); a plugin names
+# a ModelSource object in the `trace_workbench.model_sources` entry-point group.
+MODEL_SOURCES: Registry[ModelSource] = Registry(
+    "model source", group=ENTRY_POINT_GROUPS["model_sources"],
+    builtins={"tiny": TinyLlama(), "smollm2-135m": SmolLM2GGUF()})
 
 
 def _is_model_folder(path: Path) -> bool:
@@ -186,8 +183,7 @@ def _is_model_folder(path: Path) -> bool:
 
 def ensure_model_dir(name: str, rebuild: bool = False) -> Path:
     """The local HF folder for a registered name (built once) or an existing folder."""
-    source = MODEL_SOURCES.get(name)
-    if source is None:
+    if name not in MODEL_SOURCES:
         path = Path(name).expanduser()
         if _is_model_folder(path):
             return path.resolve()
@@ -196,6 +192,7 @@ def ensure_model_dir(name: str, rebuild: bool = False) -> Path:
             f"model {name!r}: not a registered model ({known}) and not a folder with "
             "config.json"
         )
+    source = MODEL_SOURCES.get(name)
     dest = models_dir() / source.name
     marker = dest / DONE_MARKER
     # A folder built from an older recipe (its marker holds the description it was built

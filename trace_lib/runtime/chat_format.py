@@ -24,9 +24,10 @@ Design decisions
   What small models actually write is accepted: compact JSON (`{"name":"x","arguments":{}}`),
   any surrounding whitespace, and the JSON-list form `<tool_call>[{...}, {...}]</tool_call>`
   (each element one call; a list with any bad element is kept as text, whole).
-- Templates per model family live in `CHAT_TEMPLATES` (`chat_template_for`): the model's
-  own where it has one that speaks this tool convention (SmolLM2 and tiny use ChatML, so
-  ours *is* their template plus the Hermes tool blocks), one registry for all of them.
+- Templates per model family live in `CHAT_TEMPLATES` (`chat_template_for`), a `Registry`
+  like every other table of names: the model's own where it has one that speaks this
+  tool convention (SmolLM2 and tiny use ChatML, so ours *is* their template plus the
+  Hermes tool blocks), one registry for all of them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trace_lib.errors import UserInputError
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -104,22 +106,25 @@ CHAT_TEMPLATE = (
 
 # One registry of chat templates by model family. SmolLM2-Instruct's own template is ChatML
 # without tools; ours is that ChatML with Hermes tool blocks added, so it is the family's
-# template for both. A family added here gets its template written into prepared folders.
-CHAT_TEMPLATES: dict[str, str] = {
-    "chatml": CHAT_TEMPLATE,  # ChatML + Hermes tools (Qwen2.5, Hermes, SmolLM2, tiny)
-    "smollm2": CHAT_TEMPLATE,
-    "tiny": CHAT_TEMPLATE,
-    "qwen2": CHAT_TEMPLATE,
-}
+# template for both. A template is named, never given as text ("module:CONSTANT": a string
+# value of a registry is a target); a plugin names its template string in the
+# `trace_workbench.chat_templates` entry-point group.
+CHAT_TEMPLATES: Registry[str] = Registry(
+    "chat template", group=ENTRY_POINT_GROUPS["chat_templates"], builtins={
+        # ChatML + Hermes tools (Qwen2.5, Hermes, SmolLM2, tiny)
+        "chatml": "trace_lib.runtime.chat_format:CHAT_TEMPLATE",
+        "smollm2": "trace_lib.runtime.chat_format:CHAT_TEMPLATE",
+        "tiny": "trace_lib.runtime.chat_format:CHAT_TEMPLATE",
+        "qwen2": "trace_lib.runtime.chat_format:CHAT_TEMPLATE",
+    })
 
 
 def chat_template_for(family: str) -> str:
     """The chat template of a model family (see `CHAT_TEMPLATES`); unknown -> a clear error."""
-    try:
-        return CHAT_TEMPLATES[family]
-    except KeyError:
+    if family not in CHAT_TEMPLATES:
         raise UserInputError(f"no chat template for model family {family!r}; known: "
-                             f"{', '.join(sorted(CHAT_TEMPLATES))}") from None
+                             f"{', '.join(sorted(CHAT_TEMPLATES))}")
+    return CHAT_TEMPLATES.get(family)
 
 
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)

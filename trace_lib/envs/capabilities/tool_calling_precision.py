@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_lib.envs.capabilities import task_builder
+from trace_lib.envs.capabilities.builders import CapabilitySpec, task_builder
 from trace_lib.envs.capabilities.instances import (
     FIRST_NAMES,
     airline_active,
@@ -249,3 +249,6 @@ def retail_precise_write(db: Any, rng: random.Random, difficulty: int) -> Task:
               "pair old and new items position by position."),
         facts={"tool": write["name"], "arguments": write["arguments"]},
     )
+
+
+CAPABILITY = CapabilitySpec.of("tool_calling_precision", airline_precise_write, retail_precise_write)

@@ -1,15 +1,19 @@
 """Customer-service domains (airline, retail): databases, tools and policies.
 
-`get_domain(name)` imports the domain's package on first use (which registers it) and
-returns its `Domain`; `domain_names()` lists the built-in ones. See `base.py` for the API.
+`get_domain(name)` returns a domain's `Domain`, importing its package on first use;
+`domain_names()` lists them. See `base.py` for the API.
+
+Design decisions
+- `DOMAINS` is the one registry of domains: the built-ins are lazy
+  "trace_lib.envs.domains.<name>:DOMAIN" strings (a domain package defines its `Domain`
+  and registers nothing on import), a third party's domain is a `Domain` object named in
+  the `trace_workbench.domains` entry-point group, and `DOMAINS.register(name, domain)`
+  adds one in-process. Listing names imports no domain.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from trace_lib.envs.domains.base import (
-    DOMAINS,
     Domain,
     ToolError,
     Toolkit,
@@ -19,11 +23,15 @@ from trace_lib.envs.domains.base import (
     is_error,
     tool,
 )
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
-BUILTIN_DOMAINS: tuple[str, ...] = ("airline", "retail")
+DOMAINS: Registry[Domain] = Registry("domain", group=ENTRY_POINT_GROUPS["domains"], builtins={
+    "airline": "trace_lib.envs.domains.airline:DOMAIN",
+    "retail": "trace_lib.envs.domains.retail:DOMAIN",
+})
 
 __all__ = [
-    "BUILTIN_DOMAINS",
+    "DOMAINS",
     "Domain",
     "ToolError",
     "Toolkit",
@@ -38,13 +46,11 @@ __all__ = [
 
 
 def get_domain(name: str) -> Domain:
-    """The registered domain `name` (importing a built-in one on first use)."""
-    if name not in DOMAINS and name in BUILTIN_DOMAINS:
-        importlib.import_module(f"trace_lib.envs.domains.{name}")
+    """The domain `name` (a built-in's package is imported on first use)."""
     if name not in DOMAINS:
         raise KeyError(f"unknown domain {name!r}; known: {', '.join(domain_names())}")
-    return DOMAINS[name]
+    return DOMAINS.get(name)
 
 
 def domain_names() -> list[str]:
-    return sorted(set(BUILTIN_DOMAINS) | set(DOMAINS))
+    return sorted(DOMAINS)

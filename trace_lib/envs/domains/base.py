@@ -1,4 +1,4 @@
-"""Shared machinery of a customer-service domain (tau2-style): tools, schemas, registry.
+"""Shared machinery of a customer-service domain (tau2-style): tools, schemas, `Domain`.
 
 A domain is a database (a pydantic model), a toolkit of methods over it, and a policy
 text. Capability environments, the scripted demo agent and the tests all use this API:
@@ -370,7 +370,7 @@ def copy_db(db: BaseModel) -> BaseModel:
     return type(db).model_validate_json(db.model_dump_json())
 
 
-# ------------------------------------------------------------------------ registry
+# -------------------------------------------------------------------------- domain
 
 
 @dataclass
@@ -408,10 +408,3 @@ class Domain:
     def write_tools(self) -> list[str]:
         return [n for n, s in self.toolkit_cls.tool_specs().items() if s.write]
 
-
-DOMAINS: dict[str, Domain] = {}
-
-
-def register_domain(domain: Domain) -> Domain:
-    DOMAINS[domain.name] = domain
-    return domain

