@@ -2,7 +2,7 @@
 
 Importers, domains, capability task builders, environments, environment generators,
 embedding encoders, chat templates, base-model sources, policy-server kinds, labelers,
-LLM providers, job backends and job kinds are each a `Registry` (`ENTRY_POINT_GROUPS`
+LLM providers, job backends, job kinds and target task sets are each a `Registry` (`ENTRY_POINT_GROUPS`
 lists the ones that take plugins).
 
     LABELERS: Registry[LabelerFactory] = Registry(
@@ -66,6 +66,8 @@ ENTRY_POINT_GROUPS = {
     "chat_templates": "trace_workbench.chat_templates",  # a Jinja chat template (str)
     "model_sources": "trace_workbench.model_sources",  # a ModelSource object
     "policy_servers": "trace_workbench.policy_servers",  # ServerRequest -> ServerHandle
+    # (seed, total) -> (database, the first `total` tasks, scorer, total)
+    "task_sets": "trace_workbench.task_sets",
 }
 
 

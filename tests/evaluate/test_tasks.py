@@ -97,8 +97,11 @@ def test_malformed_actions_never_crash():
 
 def test_unknown_and_taskless_domains_and_bad_counts_are_clear_errors(monkeypatch):
     from trace_lib.evaluate import tasks
+    from trace_lib.registry import Registry
 
-    monkeypatch.delitem(tasks.TASK_SETS, "retail")
+    only_airline = Registry("target task set", builtins={
+        "airline": "trace_lib.evaluate.tasks:airline_task_set"})
+    monkeypatch.setattr(tasks, "TASK_SETS", only_airline)
     with pytest.raises(UserInputError, match="no target task set"):
         load_task_set("retail")
     with pytest.raises(UserInputError, match="unknown domain"):

@@ -68,6 +68,7 @@ from trace_lib.envs.capabilities.task_env import (
 )
 from trace_lib.envs.domains import Domain, copy_db, db_hash, get_domain, invoke, is_error
 from trace_lib.errors import UserInputError
+from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 # trace_lib.demo builds ceil(300 trajectories / (3 agents x 2 trials)) = 50 tasks; the
 # constant is repeated here because a job must not import the demo module (it imports the
@@ -192,7 +193,7 @@ def code_verdict(task: CodeVerdictTask, final_db: Any, calls: list[dict[str, Any
             "db_match": db_match, "missing_writes": missing, "missing_answer": unsaid}
 
 
-def _airline(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+def airline_task_set(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     from trace_lib.envs.domains.airline.tasks import generate_tasks, score
 
     db = get_domain("airline").make_db(seed)
@@ -207,7 +208,7 @@ def _airline(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]
             total)
 
 
-def _retail(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
+def retail_task_set(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     from trace_lib.envs.capabilities import CAPABILITIES, builtin_pairs
 
     domain = get_domain("retail")
@@ -243,12 +244,16 @@ def _retail(seed: int, total: int) -> tuple[Any, list[TargetTask], Scorer, int]:
             total)
 
 
+TaskSetBuilder = Callable[[int, int], tuple[Any, list[TargetTask], Scorer, int]]
+
 # domain -> builder (seed, total) -> (database, the first `total` tasks, scorer, total). A
-# domain without a builder has no target task set yet, and evaluation says so.
-TASK_SETS: dict[str, Callable[[int, int], tuple[Any, list[TargetTask], Scorer, int]]] = {
-    "airline": _airline,
-    "retail": _retail,
-}
+# domain without a builder has no target task set yet, and evaluation says so. A plugin
+# domain brings its own through the `trace_workbench.task_sets` entry-point group.
+TASK_SETS: Registry[TaskSetBuilder] = Registry(
+    "target task set", group=ENTRY_POINT_GROUPS["task_sets"], builtins={
+        "airline": "trace_lib.evaluate.tasks:airline_task_set",
+        "retail": "trace_lib.evaluate.tasks:retail_task_set",
+    })
 
 _CACHE: dict[tuple[str, int, int], tuple[Any, list[TargetTask], Scorer, int]] = {}
 
@@ -263,7 +268,7 @@ def _build(domain: str, seed: int) -> tuple[Any, list[TargetTask], Scorer, int]:
     key = (domain, seed, set_size(seed))
     if key not in _CACHE:
         _CACHE.clear()  # one set at a time: a database is ~1 MB of objects
-        _CACHE[key] = TASK_SETS[domain](seed, key[2])
+        _CACHE[key] = TASK_SETS.get(domain)(seed, key[2])
     return _CACHE[key]
 
 
