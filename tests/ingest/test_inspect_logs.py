@@ -192,3 +192,35 @@ def test_broken_inspect_log_is_a_clear_error(tmp_path: Path, db_path: Path) -> N
     with pytest.raises(UserInputError, match="broken.eval: not a readable Inspect log"):
         ingest_paths([bad], db=db_path)
     assert not db_path.exists()
+
+
+@pytest.mark.parametrize("sample_ids", ["missing", "empty"])
+def test_json_log_the_streaming_reader_cannot_walk_is_read_whole(
+    inspect_logs: dict[str, Path], db_path: Path, tmp_path: Path, sample_ids: str
+) -> None:
+    # A writer other than Inspect's own (or an older one) may leave the header's sample id
+    # list out or empty: `read_eval_log` reads every sample, the streaming reader none.
+    from inspect_ai.log import read_eval_log, read_eval_log_samples
+
+    doc = json.loads(inspect_logs["json"].read_text())
+    if sample_ids == "missing":
+        del doc["eval"]["dataset"]["sample_ids"]
+    else:
+        doc["eval"]["dataset"]["sample_ids"] = []
+    log = tmp_path / f"no-ids-{sample_ids}.json"
+    log.write_text(json.dumps(doc))
+    assert len(read_eval_log(str(log)).samples) == 6
+    try:
+        assert not list(read_eval_log_samples(str(log), all_samples_required=False))
+    except RuntimeError:
+        pass  # no sample_ids at all: the streaming reader refuses the log
+    report = ingest_paths([log], db=db_path)
+    assert (report.trajectories, report.successes, report.failures, report.errors) == (6, 2, 2, 2)
+    assert any("whole-log reader" in n for n in report.notes), report.notes
+    # too large to read whole: a clear error, nothing imported
+    from trace_lib.ingest.source import IngestLimits
+
+    with pytest.raises(UserInputError, match="streaming reader found no samples.*record limit"):
+        ingest_paths([log], db=tmp_path / "other.duckdb",
+                     limits=IngestLimits(max_record_bytes=log.stat().st_size // 2))
+    assert not (tmp_path / "other.duckdb").exists()

@@ -205,3 +205,35 @@ def test_cli_bad_input_exit_code_one_without_traceback(tmp_path: Path, db_path: 
     with store.connect(db_path, read_only=True) as con:
         assert con.execute("SELECT agent_model, domain FROM trajectories").fetchall() == [
             ("m", "d")]
+
+
+def test_cli_negative_reward_range_in_the_space_form(tmp_path: Path, db_path: Path) -> None:
+    # A scale below zero (-1000..0): the error names a range that works, and the space
+    # form the error shows (`--reward-range -1000,0`) parses although its value starts
+    # with "-" (argparse would read it as another option).
+    scores = write_jsonl(tmp_path / "neg.jsonl", [rec(1, reward=-37), rec(2, reward=0)])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trace_lib", "ingest", str(scores),
+                               "--json", "--db", str(db_path), *extra], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    refused = run()
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "--reward-range -37,1" in refused.stderr
+    for form in (["--reward-range", "-1000,0"], ["--reward-range=-1000,0"]):
+        out = run(*form, "--domain", "d", "--agent-model", "m")
+        assert out.returncode == 0, out.stderr
+    with store.connect(db_path, read_only=True) as con:
+        got = con.execute("SELECT reward, success FROM trajectories ORDER BY reward").fetchall()
+    assert got == [(-37.0, False), (0.0, True)]  # success = the top of the scale
+
+
+def test_range_values_are_joined_to_their_flag() -> None:
+    from trace_lib.cli import join_range_values
+
+    assert join_range_values(["ingest", "f", "--reward-range", "-1e3,0", "--json"]) == [
+        "ingest", "f", "--reward-range=-1e3,0", "--json"]
+    assert join_range_values(["--reward-range", "0,10"]) == ["--reward-range", "0,10"]
+    assert join_range_values(["--reward-range", "--json"]) == ["--reward-range", "--json"]

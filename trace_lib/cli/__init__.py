@@ -24,6 +24,7 @@ Design decisions
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import threading
@@ -71,9 +72,31 @@ def _terminated(signum: int, frame: object) -> None:
     raise SystemExit(143)
 
 
+# Options whose value is a pair "LO,HI": argparse reads a value that starts with "-" and is
+# not a plain number ("-1000,0") as another option, so the space form of a negative range
+# would fail with "expected one argument". `main` joins such a value to its flag first.
+RANGE_OPTIONS = ("--reward-range",)
+_RANGE_VALUE = re.compile(r"^-[0-9.]+(?:[eE][-+]?[0-9]+)?,")
+
+
+def join_range_values(argv: Sequence[str]) -> list[str]:
+    """`--reward-range -1000,0` -> `--reward-range=-1000,0` (the form argparse reads)."""
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] in RANGE_OPTIONS and i + 1 < len(args) and _RANGE_VALUE.match(args[i + 1]):
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_range_values(sys.argv[1:] if argv is None else argv))
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)

@@ -25,6 +25,10 @@ Design decisions
   `meta` keeps the task, run id, scorer, explanation and the sample's limit.
 - Termination: the sample hit a limit (`limit.type`: message, token, time, ...) ->
   max_steps; an error -> error; otherwise inferred from the last message.
+- A `.json` log from which the streaming reader yields nothing (it walks the header's
+  `sample_ids`, which writers other than Inspect's own may leave out or empty) is read
+  again with the whole-log reader, bounded by the record limit
+  (`IngestLimits.max_record_bytes`), and the import's notes say which reader read it.
 - Inspect's reader needs a file: uploaded bytes and `.gz` logs are written to a temporary
   file first (removed when the import ends).
 """
@@ -32,6 +36,7 @@ Design decisions
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -51,7 +56,7 @@ from trace_lib.ingest.normalise import (
     outcome_fields,
     parse_arguments,
 )
-from trace_lib.ingest.source import RecordError, Source
+from trace_lib.ingest.source import RecordError, Source, human_size
 
 _ROLES = {"system", "user", "assistant", "tool"}
 
@@ -185,7 +190,7 @@ class InspectImporter:
         return f"no {', '.join(repr(k) for k in missing)} key(s)"
 
     def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
-        from inspect_ai.log import read_eval_log, read_eval_log_samples
+        from inspect_ai.log import read_eval_log
 
         out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "")
         stack = contextlib.ExitStack()
@@ -215,12 +220,33 @@ class InspectImporter:
                     given.add(info.name)
                     out.given_schemas.append(tool_schema(info, domain))
 
+        def streamed() -> Iterator[Any]:
+            """Inspect's streaming reader, or, for a `.json` log it reads nothing from, the
+            whole-log reader (see `_samples`)."""
+            samples, why = _first_samples(path)
+            if samples is not None:
+                yield from samples
+                return
+            if path.suffix != ".json":
+                if why:
+                    raise why
+                return
+            size = path.stat().st_size
+            if size > ctx.limits.max_record_bytes:
+                raise UserInputError(
+                    f"{src.name}: Inspect's streaming reader found no samples "
+                    f"({_reason(why)}) and the log ({human_size(size)}) is over the "
+                    f"{human_size(ctx.limits.max_record_bytes)} record limit for reading it "
+                    "whole (IngestLimits.max_record_bytes); nothing was imported")
+            full = read_eval_log(str(path), resolve_attachments=True)
+            out.notes.append(
+                f"{src.name}: read with Inspect's whole-log reader: the streaming reader "
+                f"found no samples ({_reason(why)})")
+            yield from full.samples or []
+
         def records() -> Iterator[Trajectory]:
             with stack:
-                samples = read_eval_log_samples(
-                    str(path), all_samples_required=False, resolve_attachments=True,
-                    exclude_fields={"store", "attachments"},
-                )
+                samples = streamed()
                 i = -1
                 try:
                     for i, sample in enumerate(samples):
@@ -252,6 +278,31 @@ class InspectImporter:
 
         out.records = records()
         return out
+
+
+def _first_samples(path: Path) -> tuple[Iterator[Any] | None, Exception | None]:
+    """Inspect's streaming reader (`read_eval_log_samples`, one sample at a time), once it
+    has produced a sample; (None, why) when it produced none. It walks the header's
+    `eval.dataset.sample_ids` x epochs, so a log whose header lists no sample ids (some
+    writers other than Inspect's own leave them out or empty) streams nothing although its
+    `samples` are all there: the caller then reads the log whole."""
+    from inspect_ai.log import read_eval_log_samples
+
+    samples = read_eval_log_samples(
+        str(path), all_samples_required=False, resolve_attachments=True,
+        exclude_fields={"store", "attachments"},
+    )
+    try:
+        first = next(samples)
+    except StopIteration:
+        return None, None
+    except Exception as exc:  # noqa: BLE001 - Inspect raises many types; the caller decides
+        return None, exc
+    return itertools.chain([first], samples), None
+
+
+def _reason(exc: Exception | None) -> str:
+    return "it yielded none" if exc is None else f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
 IMPORTER = InspectImporter()  # IMPORTERS (formats.py) names it

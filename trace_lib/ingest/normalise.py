@@ -223,7 +223,9 @@ def outcome_fields(
     """`reward`, `success` and `outcome` for a run that completed (see the docstring)."""
     lo, hi = reward_range
     if reward is not None and not lo <= reward <= hi:
-        hint = ("; pass --reward-range LO,HI if this dataset uses its own reward scale"
+        example = f"{min(lo, reward):g},{max(hi, reward):g}"
+        hint = (f"; pass --reward-range LO,HI (e.g. --reward-range {example}) if this "
+                "dataset uses its own reward scale"
                 if reward_range == DEFAULT_REWARD_RANGE else "")
         raise RecordError(record, field_name,
                           f"expected a reward within [{lo:g}, {hi:g}], got {reward:g}{hint}")
