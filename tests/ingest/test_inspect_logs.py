@@ -224,3 +224,36 @@ def test_json_log_the_streaming_reader_cannot_walk_is_read_whole(
         ingest_paths([log], db=tmp_path / "other.duckdb",
                      limits=IngestLimits(max_record_bytes=log.stat().st_size // 2))
     assert not (tmp_path / "other.duckdb").exists()
+
+
+def test_a_dependency_warning_becomes_a_note_not_stderr(
+    inspect_logs: dict[str, Path], db_path: Path, tmp_path: Path
+) -> None:
+    # METR's logs name a k8s sandbox: Inspect's reader logs a warning for a sandbox plugin
+    # that is not installed. It belongs in the report, not on stderr (and not in --json).
+    doc = json.loads(inspect_logs["json"].read_text())
+    doc["eval"]["sandbox"] = {"type": "k8s", "config": {"values": "values.yaml"}}
+    log = tmp_path / "k8s.json"
+    log.write_text(json.dumps(doc))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "trace_lib", "ingest", str(log), "--json",
+                          "--db", str(db_path)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    assert "Could not find sandbox" not in out.stderr
+    notes = json.loads(out.stdout)["notes"]
+    assert any(n.startswith("inspect_ai warned while reading: Could not find sandbox "
+                            "environment plugin for type 'k8s'") for n in notes), notes
+
+
+def test_captured_warnings_are_counted_and_ours_are_left_alone() -> None:
+    import logging
+
+    from trace_lib.ingest.third_party_warnings import third_party_warnings
+
+    with third_party_warnings() as caught:
+        for _ in range(3):
+            logging.getLogger("somepkg.reader").warning("field %s is deprecated", "x")
+        logging.getLogger("trace_lib.ingest").warning("our own message")
+        logging.getLogger("somepkg").info("below the warning level")
+    assert caught.notes() == ["somepkg warned while reading (3 times): field x is deprecated"]

@@ -45,6 +45,7 @@ from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped
 from trace_lib.ingest.rows import TrajectoryRows
 from trace_lib.ingest.source import IngestLimits, Source
 from trace_lib.ingest.swe_agent import load_success_file
+from trace_lib.ingest.third_party_warnings import third_party_warnings
 from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
 
 ProgressFn = Callable[[float, str], None]
@@ -226,7 +227,7 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
     target = _Store(db, ctx.limits.store_memory_bytes)
-    with _gc_paused():
+    with _gc_paused(), third_party_warnings() as caught:
         try:
             writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size)
             for src in sources:
@@ -238,6 +239,7 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
             # all-or-nothing import (the search index commits after DuckDB's commit).
             with derived.on_import(target.con, target.path):
                 target.commit()
+            report.notes += caught.notes()
         except duckdb.OutOfMemoryException as exc:
             target.abort()
             raise UserInputError(
