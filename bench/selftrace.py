@@ -184,8 +184,8 @@ def train_oracle(args: argparse.Namespace) -> None:
             with torch.autocast("cpu", dtype=torch.bfloat16,
                                 enabled=args.precision == "bf16"):
                 losses += sft(params, opt, [demos[i] for i in batch], forward, steps=1,
-                              batch=args.batch, pad_id=tok.pad_token_id or 0, seed=0,
-                              train_mode=train_mode)
+                              batch=args.batch, micro_batch=args.micro_batch,
+                              pad_id=tok.pad_token_id or 0, seed=0, train_mode=train_mode)
             print(f"[oracle] step {state['step'] + j + 1}/{args.steps} loss {losses[-1]:.4f}",
                   flush=True)
         state["step"] += chunk
@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                         "checkpoint)")
     o.add_argument("--steps", type=int, default=40)
     o.add_argument("--batch", type=int, default=4)
+    o.add_argument("--micro-batch", type=int, default=1,
+                   help="demos per forward/backward pass (the update is the whole batch's); "
+                        "4 demos of ~5k tokens in one pass held 23 GiB")
     o.add_argument("--lr", type=float, default=5e-4)
     o.add_argument("--rank", type=int, default=16)
     o.add_argument("--seed", type=int, default=0)
