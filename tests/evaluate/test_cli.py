@@ -36,6 +36,7 @@ def test_a_named_split_is_evaluated_and_recorded(db_path, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["split"] == "dev" and out["tasks"] == 1
+    assert out["floor"]["tasks"] == 1 and out["floor"]["passes"] in (0, 1)
     with store.connect(db_path, read_only=True) as con:
         task_id, meta = con.execute(
             "SELECT t.task_id, t.meta FROM trajectories t JOIN datasets d "

@@ -69,3 +69,18 @@ def test_config_resolves_the_task_seed():
     assert EvalConfig(seed=7).task_seed == 7 and split_of(7) == "custom"
     # a job spec written before splits existed ("seed": 0) still loads, as the demo split
     assert EvalConfig.from_dict({"seed": 0}).task_seed == 0
+
+
+def test_the_do_nothing_floor_is_the_tasks_whose_right_outcome_is_silence():
+    from trace_lib.evaluate.tasks import do_nothing_verdicts
+
+    ts = load_task_set("airline", split="dev")
+    floor = do_nothing_verdicts(ts)
+    assert set(floor) == {t.task_id for t in ts.tasks}
+    # airline's refusals need no reply text, so the floor is exactly the read-only tasks
+    assert {t for t, ok in floor.items() if ok} == {
+        t.task_id for t in ts.tasks if not t.write_required}
+    retail = load_task_set("retail", 12)
+    idle = do_nothing_verdicts(retail)
+    # a retail question needs its answer in the reply: silence fails it
+    assert all(not idle[t.task_id] for t in retail.tasks if t.raw.answer_items)

@@ -58,6 +58,10 @@ def _print_result(out: dict[str, Any], as_json: bool) -> None:
     split = f" {out['split']}" if out.get("split") else ""
     print(f"{out['policy']} on {out['tasks']} {out['domain']}{split} tasks x {out['trials']} trials: "
           f"{out['successes']}/{out['trajectories']} passed, {rate}{ci}")
+    floor = out.get("floor")
+    if floor:
+        print(f"do-nothing floor on these tasks: {floor['passes']}/{floor['tasks']} (a policy "
+              "that makes no call and says nothing passes them)")
     print(f"dataset {out['dataset']} ({out['dataset_id']})")
 
 

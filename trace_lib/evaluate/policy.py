@@ -317,6 +317,7 @@ def episodes_name(cfg: EvalConfig, run_id: str) -> str:
 
 def episode_record(cfg: EvalConfig, ts: TaskSet, task: Any, trial: int, rollout: Any,
             summary: dict[str, Any], prov: dict[str, Any], termination: str,
+            passes_by_doing_nothing: bool,
             tools: list[dict[str, Any]] | None) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "id": f"{prov['run_id']}/{task.task_id}/{trial}",
@@ -343,6 +344,8 @@ def episode_record(cfg: EvalConfig, ts: TaskSet, task: Any, trial: int, rollout:
         "opportunities": task.opportunities,
         "operations": task.operations,
         "write_required": task.write_required,
+        # the verifier passes this task for a policy that makes no call and says nothing
+        "passes_by_doing_nothing": passes_by_doing_nothing,
         "turns": rollout.turns,
     }
     return rec

@@ -44,6 +44,7 @@ def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> d
         "pass_rate": k / n if n else None,
         "ci95": [lo, hi],
         "write_tasks": result.get("write_tasks"),
+        "floor": result.get("floor"),
         "policy": result.get("policy"),
         "domain": result.get("domain"),
         "split": result.get("split"),

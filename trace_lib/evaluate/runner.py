@@ -84,6 +84,8 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         # the part a policy that does nothing cannot pass (see tasks.py)
         "write_tasks": {"trajectories": len(writes),
                         "successes": sum(1 for r in writes if r["success"])},
+        # what the policy that makes no call and says nothing passes on the same tasks
+        "floor": floor_summary(eps.floor),
         "wall_s": round(time.perf_counter() - t0, 2),
         "provenance": prov,
         "config": cfg.to_dict(),
@@ -91,6 +93,14 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "shard_pids": {shards.shard_name(s): None for s in have}
         | {d["shard"]: d["pid"] for d in ran},
     }
+
+
+def floor_summary(verdicts: dict[str, bool]) -> dict[str, Any]:
+    """The do-nothing floor of a set of tasks: its passes, and which tasks they are."""
+    passed = sorted(t for t, ok in verdicts.items() if ok)
+    return {"tasks": len(verdicts), "passes": len(passed),
+            "pass_rate": len(passed) / len(verdicts) if verdicts else None,
+            "task_ids": passed}
 
 
 def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:

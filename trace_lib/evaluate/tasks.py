@@ -306,6 +306,20 @@ def load_task_set(domain: str, n: int | None = None, seed: int | None = None,
                    total=total)
 
 
+def do_nothing_verdicts(ts: TaskSet) -> dict[str, bool]:
+    """{task id: passed} for the policy that makes no call and says nothing, scored by the
+    same verifier: the floor beside every pass rate. A task passes it when its right
+    outcome changes nothing and states nothing (a refusal the verifier cannot tell from
+    silence), so a pass there is no evidence of skill."""
+    out = {}
+    for task in ts.tasks:
+        env = ts.environment(task)
+        env.reset(0)
+        env.step({"content": ""})
+        out[task.task_id] = bool(env.summary()["passed"])
+    return out
+
+
 # ----------------------------------------------------------------------- environment
 
 
