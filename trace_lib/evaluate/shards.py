@@ -43,7 +43,7 @@ from typing import Any
 
 from trace_lib.errors import UserInputError
 from trace_lib.evaluate.policy import EvalConfig, episode_record, policy_endpoint, slug
-from trace_lib.evaluate.tasks import do_nothing_verdicts, load_task_set
+from trace_lib.evaluate.tasks import load_task_set, passes_by_doing_nothing
 
 SHARDS = "episodes"  # the shard folders inside a run directory or output folder
 
@@ -73,8 +73,6 @@ class Episodes:
         self.cfg, self.prov, self.shard_dir = cfg, prov, Path(shard_dir)
         self.run_id = str(prov["run_id"])
         self.ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.task_seed)
-        # the do-nothing policy's verdict per task: the floor every record carries
-        self.floor = do_nothing_verdicts(self.ts)
         self.pairs = [(i, trial) for i in range(len(self.ts.tasks))
                       for trial in range(cfg.trials)]
         size = cfg.shard_episodes
@@ -161,7 +159,7 @@ class Episodes:
         term = "agent_stop" if env.final_answer is not None else (
             "max_steps" if env.done else "max_turns")
         rec = episode_record(cfg, self.ts, task, trial, rollout, summary, self.prov, term,
-                             self.floor[task.task_id],
+                             passes_by_doing_nothing(self.ts, task),
                              env.tool_schemas if k == 0 else None)
         if hasattr(client, "routed_capability"):  # --router: where this episode went
             rec["meta"]["routed_to"] = client.routed_capability(rollout.messages,

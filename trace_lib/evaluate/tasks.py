@@ -306,18 +306,20 @@ def load_task_set(domain: str, n: int | None = None, seed: int | None = None,
                    total=total)
 
 
+def passes_by_doing_nothing(ts: TaskSet, task: TargetTask) -> bool:
+    """Whether the verifier passes `task` for the policy that makes no call and says
+    nothing: the floor beside every pass rate. A task passes it when its right outcome
+    changes nothing and states nothing (a refusal the verifier cannot tell from silence),
+    so a pass there is no evidence of skill."""
+    env = ts.environment(task)
+    env.reset(0)
+    env.step({"content": ""})
+    return bool(env.summary()["passed"])
+
+
 def do_nothing_verdicts(ts: TaskSet) -> dict[str, bool]:
-    """{task id: passed} for the policy that makes no call and says nothing, scored by the
-    same verifier: the floor beside every pass rate. A task passes it when its right
-    outcome changes nothing and states nothing (a refusal the verifier cannot tell from
-    silence), so a pass there is no evidence of skill."""
-    out = {}
-    for task in ts.tasks:
-        env = ts.environment(task)
-        env.reset(0)
-        env.step({"content": ""})
-        out[task.task_id] = bool(env.summary()["passed"])
-    return out
+    """{task id: passed} of the do-nothing policy over the whole selection."""
+    return {task.task_id: passes_by_doing_nothing(ts, task) for task in ts.tasks}
 
 
 # ----------------------------------------------------------------------- environment
