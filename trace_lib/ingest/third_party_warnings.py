@@ -11,10 +11,9 @@ Design decisions
   report a user or a script reads, and in the middle of `--json` runs. Both are
   captured while the import runs and turned into notes that say where they came from.
 - Only other packages' records are taken: a `trace_lib` logger's records are ours and
-  keep their handlers. The capture is a handler on the root logger (so Python's
-  last-resort stderr handler stays silent) that takes WARNING and above and, for the
-  third-party loggers that have handlers of their own, their propagation is not changed:
-  what they print is their configuration, which we do not rewrite.
+  keep their handlers. The capture is a handler on the root logger, taking WARNING and
+  above, so Python's last-resort stderr handler stays silent. A third-party logger with
+  handlers of its own keeps them: what it prints is its configuration, not rewritten.
 - Notes are de-duplicated (a warning per sample becomes one note with a count) and cut
   to 300 characters: a note is a sentence, not a log.
 - The capture is per call and restores everything on exit (handler, warning filters),
