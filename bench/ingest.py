@@ -22,6 +22,11 @@ What it measures, on the same machine and the same synthetic JSONL file per size
   5. With `--core`: the same import with the explore stage's `derived.on_import` hook
      (derived columns and search documents of the new rows, computed at commit) switched
      off, to show the importer's own share of the time and memory.
+  6. With `--otel-spans 25000,100000`: `ingest_paths` of a synthetic OTLP JSON file
+     (`--format otel`: OpenInference agent traces of 10 spans, 8 running at once, exported
+     in requests of up to 512 spans as the SDK's batch processor does): wall, CPU, peak
+     RSS per size. Bounded memory shows as a peak that does not grow with the file
+     (`--n ''` skips the trajectory sizes).
 Goals (issue 10): CPU <= 10 s per 100k trajectories; peak memory <= 1.5 GiB at 300k and 1M.
 """
 
@@ -197,6 +202,86 @@ def time_queries(db: Path, n: int) -> list[tuple[str, float, float]]:
     return out
 
 
+def _attr(key: str, value: object) -> dict:
+    kind = "intValue" if isinstance(value, int) else "stringValue"
+    return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+
+
+def _oi_message(prefix: str, k: int, role: str, content: str | None,
+                call: tuple[str, str, int] | None) -> list[dict]:
+    """One OpenInference message as flattened attributes (`call`: id, tool, order id)."""
+    base = f"{prefix}.{k}.message"
+    out = [_attr(f"{base}.role", role)]
+    if content is not None:
+        out.append(_attr(f"{base}.content", content))
+    if call is not None and role == "assistant":
+        cid, tool, order = call
+        tc = f"{base}.tool_calls.0.tool_call"
+        out += [_attr(f"{tc}.id", cid), _attr(f"{tc}.function.name", tool),
+                _attr(f"{tc}.function.arguments", json.dumps({"order_id": order}))]
+    elif call is not None:
+        out.append(_attr(f"{base}.tool_call_id", call[0]))
+    return out
+
+
+def write_otel(path: Path, n_spans: int) -> int:
+    """A synthetic OTLP file of `n_spans` spans (see the docstring); returns the traces."""
+    t0 = 1_700_000_000_000_000_000
+    per_trace, concurrent, batch = 10, 8, 512
+    n_traces = n_spans // per_trace
+    pending: list[tuple[int, dict]] = []  # (end time, span) of the traces running now
+
+    def span(trace: str, sid: str, parent: str | None, name: str, start: int, end: int,
+             attrs: list[dict]) -> dict:
+        out = {"traceId": trace, "spanId": sid, "name": name, "startTimeUnixNano": str(start),
+               "endTimeUnixNano": str(end), "attributes": attrs}
+        if parent:
+            out["parentSpanId"] = parent
+        return out
+
+    with path.open("w") as fh:
+        for t in range(n_traces):
+            trace, root = f"{t + 1:032x}", f"{t + 1:08x}00000000"
+            start = t0 + t * 1_000_000
+            spans = [span(trace, root, None, "agent", start, start + 60_000, [
+                _attr("openinference.span.kind", "AGENT"), _attr("trace_workbench.reward",
+                                                                 t % 2)])]
+            history: list[tuple[str, str | None, tuple[str, str, int] | None]] = [
+                ("system", "You are a shop agent.", None), ("user", f"Refund order {t}.", None)]
+            for step in range(5):
+                s0 = start + step * 10_000
+                call = (f"call_{t}_{step}", TOOLS[step], t) if step < 4 else None
+                attrs = [_attr("openinference.span.kind", "LLM"), _attr("llm.model_name", "m")]
+                for k, (role, content, c) in enumerate(history):
+                    attrs += _oi_message("llm.input_messages", k, role, content, c)
+                attrs += _oi_message("llm.output_messages", 0, "assistant",
+                                     None if call else "Refunded.", call)
+                spans.append(span(trace, f"{t + 1:08x}{step * 2 + 1:08x}", root,
+                                  "ChatCompletion", s0, s0 + 4000, attrs))
+                if call is None:
+                    continue
+                result = f"result {step} of order {t}"
+                spans.append(span(trace, f"{t + 1:08x}{step * 2 + 2:08x}", root, TOOLS[step],
+                                  s0 + 5000, s0 + 9000, [
+                                      _attr("openinference.span.kind", "TOOL"),
+                                      _attr("tool.name", TOOLS[step]),
+                                      _attr("tool_call.id", call[0]),
+                                      _attr("output.value", result)]))
+                history += [("assistant", None, call), ("tool", result, call)]
+            pending += [(int(s["endTimeUnixNano"]), s) for s in spans]
+            if (t + 1) % concurrent == 0 or t == n_traces - 1:
+                pending.sort(key=lambda p: p[0])  # exported as they end: children first
+                spans = [s for _, s in pending]
+                for i in range(0, len(spans), batch):
+                    fh.write(json.dumps({"resourceSpans": [{
+                        "resource": {"attributes": [_attr("service.name", "bench-agent")]},
+                        "scopeSpans": [{"scope": {"name": "bench"},
+                                        "spans": spans[i:i + batch]}],
+                    }]}) + "\n")
+                pending = []
+    return n_traces
+
+
 def _usage() -> dict[str, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"cpu": ru.ru_utime + ru.ru_stime, "peak_mib": ru.ru_maxrss / 1024}
@@ -208,7 +293,9 @@ def child(kind: str, data: Path, db: Path) -> int:
         pass  # schema creation is not part of the import
     base = _usage()
     t0 = time.perf_counter()
-    if kind in ("ingest", "core"):
+    if kind == "otel":
+        n = ingest_paths([data], db=db, fmt="otel").trajectories
+    elif kind in ("ingest", "core"):
         if kind == "core":
             import contextlib
 
@@ -249,6 +336,8 @@ def main() -> int:
     ap.add_argument("--queries", action="store_true", help="also time explore queries")
     ap.add_argument("--core", action="store_true",
                     help="also measure the import without the derived-columns hook")
+    ap.add_argument("--otel-spans", default="",
+                    help="also import OTLP files of these span counts (e.g. 25000,100000)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "DATA", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -259,6 +348,17 @@ def main() -> int:
           f"(wall times grow with load; CPU time much less)")
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
+        for n_spans in [int(x) for x in args.otel_spans.split(",") if x.strip()]:
+            data = tmpdir / f"otel_{n_spans}.json"
+            n_traces = write_otel(data, n_spans)
+            r = measure("otel", data, tmpdir / f"otel_{n_spans}.duckdb")
+            print(f"\n== OTLP {n_spans:,} spans ({n_traces:,} traces), "
+                  f"{data.stat().st_size / 1e6:.0f} MB: ingest_paths --format otel "
+                  f"{r['wall']:.1f} s wall {r['cpu']:.1f} s CPU  peak RSS {r['peak_mib']:.0f} MiB "
+                  f"({r['n']:,} trajectories, {n_spans / max(r['cpu'], 1e-9):,.0f} spans/s CPU)")
+            data.unlink()
+        if not sizes:
+            return 0
         per_100k = None
         for n in sizes:
             data = tmpdir / f"synthetic_{n}.jsonl"

@@ -302,7 +302,7 @@ def test_unknown_names_in_the_tables_that_were_hand_rolled():
 
     with pytest.raises(UserInputError, match=r"^unknown format 'x'; expected one of: auto, "
                                              r"swe_agent, inspect, openai_jsonl, tau2, "
-                                             r"tau_bench$"):
+                                             r"tau_bench, otel, otel_session$"):
         get_importer("x")
     with pytest.raises(KeyError, match=r"unknown domain 'x'; known: airline, retail"):
         get_domain("x")
@@ -339,7 +339,7 @@ def test_listing_names_imports_none_of_the_modules_named():
     out = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True,
                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
     *counts, imported = out.stdout.splitlines()
-    assert [int(c) for c in counts] == [5, 2, 4, 2] and imported == "[]"
+    assert [int(c) for c in counts] == [7, 2, 4, 2] and imported == "[]"
 
 
 def test_every_built_in_of_these_tables_resolves():

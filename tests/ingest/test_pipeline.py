@@ -42,7 +42,8 @@ def test_auto_detection_names_each_format(tmp_path: Path, db_path: Path, shared_
     )
     report = ingest_paths([shared_data / TAU, shared_data / TAU2, jsonl, swe], db=db_path)
     assert list(report.formats.values()) == ["tau_bench", "tau2", "openai_jsonl", "swe_agent"]
-    assert sorted(format_names()) == ["inspect", "openai_jsonl", "swe_agent", "tau2", "tau_bench"]
+    assert sorted(format_names()) == ["inspect", "openai_jsonl", "otel", "otel_session", "swe_agent",
+                                      "tau2", "tau_bench"]
     assert report.trajectories == 200 + 20 + 1 + 1
 
 

@@ -14,7 +14,8 @@ import sys
 
 from trace_lib.cli.output import print_json
 
-FORMATS = ("auto", "tau_bench", "tau2", "openai_jsonl", "swe_agent", "inspect")
+FORMATS = ("auto", "tau_bench", "tau2", "openai_jsonl", "swe_agent", "inspect", "otel",
+           "otel_session")
 
 
 def _ingest(args: argparse.Namespace) -> int:

@@ -16,6 +16,9 @@ Design decisions
   and why the file did not fit (`why_not`), so a near miss reads as one.
 - `.eval` files (Inspect AI logs, a zip archive) go to the Inspect importer by suffix;
   a `.json` Inspect log is detected by its `eval`/`version` keys.
+- OpenTelemetry (OTLP JSON) files are recognised by their first bytes (`otel`'s `sniff`:
+  a request's `resourceSpans` key), before the suffix rules: the collector writes one
+  request per line under `.json` or `.jsonl`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ IMPORTERS: Registry[Importer] = Registry(
         "openai_jsonl": "trace_lib.ingest.openai_jsonl:IMPORTER",
         "tau2": "trace_lib.ingest.tau2:IMPORTER",
         "tau_bench": "trace_lib.ingest.taubench:IMPORTER",
+        "otel": "trace_lib.ingest.otel:IMPORTER",
+        "otel_session": "trace_lib.ingest.otel:SESSION_IMPORTER",
     })
 
 
@@ -56,7 +61,7 @@ def get_importer(name: str) -> Importer:
 
 # Most specific shape first: a bare list of tau2 simulations also has `messages` in its
 # first item, so tau2 must be asked before the generic OpenAI-messages importer.
-_DETECTION_ORDER = ("tau2", "tau_bench", "swe_agent", "inspect", "openai_jsonl")
+_DETECTION_ORDER = ("tau2", "tau_bench", "swe_agent", "inspect", "otel", "openai_jsonl")
 
 
 def _detection_order() -> list[Importer]:
@@ -83,6 +88,10 @@ def detect(src: Source, ctx: ParseContext) -> tuple[Importer, Any, str | None]:
     if src.suffix == ".eval":
         return IMPORTERS["inspect"], None, None
     check_not_empty(src)
+    # OTLP requests open with their one key, one per line under any suffix (the collector
+    # writes `.json`): asked before the `.jsonl` rule, which would read them as messages.
+    if "otel" in IMPORTERS and IMPORTERS["otel"].sniff(src.head()):
+        return IMPORTERS["otel"], None, None
     if src.suffix == ".jsonl" or _first_line_is_record(src):
         return IMPORTERS["openai_jsonl"], None, None
     try:
