@@ -22,6 +22,7 @@ from trace_lib import store
 from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import FAIL_FAST_AFTER, LabelRunFailed, run_labeling
 from trace_lib.diagnose.ranking import RankConfig, rank
+from trace_lib.store import migrations
 
 REPO = Path(__file__).resolve().parents[2]
 COPIES = 24  # 36 demo trajectories x 25 = 900: chunks of 200 are written well before the end
@@ -182,8 +183,8 @@ def test_migration_marks_unfinished_old_runs_running(tmp_path: Path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    old = store.MIGRATIONS.index(store._LABEL_RUN_STATUS)
-    for i, sql in enumerate(store.MIGRATIONS[:old]):
+    old = migrations.MIGRATIONS.index(migrations.LABEL_RUN_STATUS)
+    for i, sql in enumerate(migrations.MIGRATIONS[:old]):
         con.execute(sql)
         con.execute("INSERT INTO schema_version VALUES (?)", [i + 1])
     con.execute("INSERT INTO label_runs (id, labeler, finished_at) VALUES "

@@ -11,6 +11,7 @@ import pandas as pd
 from trace_lib import store
 from trace_lib.explore import clusters, derived, embeddings, queries, search
 from trace_lib.explore.queries import TrajectoryFilter as F
+from trace_lib.store import migrations
 
 
 def _computed_signatures(con) -> pd.DataFrame:
@@ -57,11 +58,11 @@ def test_import_derives_every_trajectory(real_db: Path):
 
 def _old_store(src: Path, dst: Path) -> None:
     """`src`'s data in a store at the schema version before `trajectory_derived`."""
-    before = store.MIGRATIONS.index(store._EXPLORE_DERIVED)
+    before = migrations.MIGRATIONS.index(migrations.EXPLORE_DERIVED)
     con = duckdb.connect(str(dst))
     con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
     for v in range(before):
-        con.execute(store.MIGRATIONS[v])
+        con.execute(migrations.MIGRATIONS[v])
         con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
     con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
     for table in ("datasets", "trajectories", "messages", "tool_calls", "expected_actions"):
