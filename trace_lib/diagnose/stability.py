@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
+from trace_lib.diagnose.labels import left_out_note
 from trace_lib.diagnose.ranking import (
     POOLED_VALUES_SQL,
     REFERENCE_N,
@@ -52,6 +52,7 @@ from trace_lib.diagnose.ranking import (
 from trace_lib.diagnose.resamples import Resamples, draw_resamples
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store.labels import left_out_runs
 
 VALUES = ("lacking", "present", "na")  # code 0, 1, 2 (slot = 3 * passed + code)
 METHODS = ("auto", "runs", "bootstrap")
@@ -66,7 +67,7 @@ def counted_run_ids(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> l
         if unknown:
             raise UserInputError(f"--runs: unknown label run(s) {', '.join(unknown)}; "
                                  f"known: {', '.join(all_runs) or '(none)'}")
-    unfinished = {r["run"] for r in left_out_runs_con(con)}
+    unfinished = {r["run"] for r in left_out_runs(con)}
     return [r for r in all_runs if r not in unfinished and (runs is None or r in runs)]
 
 

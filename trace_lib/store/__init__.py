@@ -16,6 +16,8 @@ from trace_lib.store.connection import (
     DEFAULT_DB,
     ENV_DB,
     REPO_ROOT,
+    Connection,
+    DatabaseError,
     StoreError,
     StoreLockedError,
     connect,
@@ -27,6 +29,8 @@ from trace_lib.store.connection import (
 from trace_lib.store.migrations import MIGRATIONS, SCHEMA_VERSION, schema_version, table_counts
 
 __all__ = [
+    "Connection",
+    "DatabaseError",
     "DEFAULT_DB",
     "ENV_DB",
     "MIGRATIONS",

@@ -25,6 +25,11 @@ import duckdb
 
 from trace_lib.store import migrations
 
+# What a store function takes: callers outside `store/` name the type without importing
+# DuckDB, and catch `DatabaseError` for a statement the database refused.
+Connection = duckdb.DuckDBPyConnection
+DatabaseError = duckdb.Error
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DB = REPO_ROOT / "data" / "trace.duckdb"
 ENV_DB = "TRACE_DB"
