@@ -41,13 +41,11 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from trace_lib.explore import derived
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
+from trace_lib.store import derived
+from trace_lib.store.derived import TEXT_CHARS, text_parts_sql
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-TEXT_CHARS = (600, 400, 900)  # user request, tool errors, agent's last turns
-
-
 class Encoder(Protocol):
     name: str
 
@@ -181,31 +179,6 @@ def trajectory_texts(
     return trajectory_texts_sql(con, where, params)
 
 
-def text_parts_sql(where: str) -> str:
-    """The WITH clause behind a trajectory's embedding text, for the trajectories matching a
-    SQL condition over `t`: `f` (their ids), `u` (first user request), `a` (last three
-    agent turns, newest first), `e` (distinct "tool: error" texts). One definition for the
-    texts (`trajectory_texts_sql`) and for their hash computed at import (`derived`)."""
-    return f"""
-        WITH f AS (SELECT t.id FROM trajectories t WHERE {where}),
-        u AS (
-            SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'user' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        a AS (
-            SELECT m.trajectory_id, list(m.content ORDER BY m.idx DESC)[1:3] AS last_turns
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'assistant' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        e AS (
-            SELECT c.trajectory_id, list(DISTINCT c.name || ': ' || c.error) AS errors
-            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
-            WHERE c.error IS NOT NULL GROUP BY 1
-        )
-    """
-
-
 def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
                          ) -> pd.DataFrame:
     """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
@@ -297,7 +270,7 @@ def missing_embeddings(
 ) -> int:
     """How many in-scope trajectories have no up-to-date vector (read-only check).
 
-    Reads the text hash derived at import (`explore.derived`) when every trajectory has
+    Reads the text hash derived at import (`store.derived`) when every trajectory has
     one; otherwise rebuilds the texts to hash them (the same definition).
     """
     where, params = _scope(con, flt, failures_only)

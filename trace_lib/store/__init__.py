@@ -18,6 +18,8 @@ from trace_lib.store.connection import (
     REPO_ROOT,
     Connection,
     DatabaseError,
+    LazyWriteTransaction,
+    OutOfMemoryError,
     StoreError,
     StoreLockedError,
     connect,
@@ -31,6 +33,8 @@ from trace_lib.store.migrations import MIGRATIONS, SCHEMA_VERSION, schema_versio
 __all__ = [
     "Connection",
     "DatabaseError",
+    "LazyWriteTransaction",
+    "OutOfMemoryError",
     "DEFAULT_DB",
     "ENV_DB",
     "MIGRATIONS",

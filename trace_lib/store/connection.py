@@ -29,6 +29,7 @@ from trace_lib.store import migrations
 # DuckDB, and catch `DatabaseError` for a statement the database refused.
 Connection = duckdb.DuckDBPyConnection
 DatabaseError = duckdb.Error
+OutOfMemoryError = duckdb.OutOfMemoryException
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DB = REPO_ROOT / "data" / "trace.duckdb"
@@ -143,3 +144,41 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         raise
     else:
         con.execute("COMMIT")
+
+
+class LazyWriteTransaction:
+    """One write transaction over the store, opened on first use (`connect`) with a
+    bounded memory limit: the transaction's uncommitted rows spill to disk beyond it. A
+    caller that fails before its first write never opens (or creates) the file; `abort`
+    rolls back and removes the file if this transaction created it (the bulk import)."""
+
+    def __init__(self, db: str | Path | None, memory_bytes: int):
+        self.db = db
+        self.memory_bytes = memory_bytes
+        self.path = resolve_db_path(db)
+        self.existed = self.path.exists()
+        self.con: Connection | None = None
+
+    def connect(self) -> Connection:
+        if self.con is None:
+            self.con = open_connection(self.db)
+            self.con.execute(f"SET memory_limit = '{max(self.memory_bytes >> 20, 64)}MiB'")
+            self.con.execute("BEGIN TRANSACTION")
+        return self.con
+
+    def commit(self) -> None:
+        if self.con is not None:
+            self.con.execute("COMMIT")
+            self.con.close()
+            self.con = None
+
+    def abort(self) -> None:
+        if self.con is not None:
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("ROLLBACK")
+            self.con.close()
+            self.con = None
+        if not self.existed:
+            for p in (self.path, self.path.with_name(self.path.name + ".wal")):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()

@@ -362,7 +362,7 @@ CREATE TABLE IF NOT EXISTS label_materialised (
 );
 """
 
-# Explore (issue 15): per-trajectory columns derived at import (`trace_lib.explore.derived`):
+# Explore (issue 15): per-trajectory columns derived at import (`trace_lib.store.derived`):
 # distinct tool-error kinds, the failure-signature levels and the embedding text's hash.
 # Created empty: rows of older stores are backfilled by their next import or by
 # `explore reindex`; until every trajectory has its row, readers compute from raw tables.

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
-from trace_lib.store import trajectories as store_trajectories
 from trace_lib.errors import UserInputError
+from trace_lib.store import trajectories as store_trajectories
 from trace_lib.workbench import environments
 
 Db = str | Path | None

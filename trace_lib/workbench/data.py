@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
+from trace_lib.errors import UserInputError
 from trace_lib.store import labels as store_labels
 from trace_lib.store import trajectories as store_trajectories
-from trace_lib.errors import UserInputError
 
 Db = str | Path | None
 

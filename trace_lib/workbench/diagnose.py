@@ -68,6 +68,7 @@ from trace_lib.diagnose.ranking import (  # noqa: F401
 )
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store import labels as store_labels
 
 Db = str | Path | None
 LLM_LABELERS = ("anthropic", "openai")
@@ -200,8 +201,7 @@ def run_ids(db: Db) -> list[str]:
     if not store.resolve_db_path(db).exists():
         return []
     with store.connect(db) as con:
-        return [r[0] for r in con.execute(
-            "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
+        return store_labels.run_ids(con)
 
 
 def scope_options(db: Db) -> dict[str, list[str]]:

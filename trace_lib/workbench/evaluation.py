@@ -30,6 +30,7 @@ from trace_lib import compare as compare_views  # noqa: F401  (pure renderers fo
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.explore import transcript as transcript_views  # noqa: F401  (pure renderers)
+from trace_lib.store import capabilities as store_capabilities
 
 Db = str | Path | None
 JOB_KIND = "evaluate"
@@ -68,10 +69,9 @@ def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
                 out.update(moe_id=row[0], moe_job_id=row[1])
         cap = out.get("capability")
         if cap:
-            status = con.execute("SELECT status FROM capabilities WHERE name = ?",
-                                 [cap]).fetchone()
+            status = store_capabilities.status_of(con, cap)
             if status:
-                out["capability_status"] = status[0]
+                out["capability_status"] = status
     return out
 
 

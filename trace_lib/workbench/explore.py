@@ -95,7 +95,8 @@ class TrajectoriesPage:
 
 
 def _status(con: Any) -> SearchStatus:
-    from trace_lib.explore import derived, search
+    from trace_lib.explore import search
+    from trace_lib.store import derived
 
     state = search.index_state(con)
     return SearchStatus(state.fresh, state.n_unindexed, derived.ready(con))
