@@ -101,7 +101,7 @@ def dataset_provenance(con: Connection, dataset_id: str) -> tuple[Any, int, str 
         "WHERE dataset_id = ?", [dataset_id]).fetchone()
 
 
-def _dependent_tables(con: Connection) -> list[tuple[str, str]]:
+def dependent_tables(con: Connection) -> list[tuple[str, str]]:
     """(table, column) for every base table that holds rows of a trajectory or a dataset,
     read from the catalog so that tables added by later migrations are included."""
     rows = con.execute(
@@ -119,7 +119,7 @@ def delete_dataset_rows(con: Connection, dataset_id: str) -> dict[str, int]:
     `transaction`); the rows removed per table."""
     traj = "(SELECT id FROM trajectories WHERE dataset_id = ?)"
     removed: dict[str, int] = {}
-    for table, column in _dependent_tables(con):
+    for table, column in dependent_tables(con):
         where = f"{column} IN {traj}" if column == "trajectory_id" else f"{column} = ?"
         removed[table] = con.execute(f'SELECT count(*) FROM "{table}" WHERE {where}',
                                      [dataset_id]).fetchone()[0]
