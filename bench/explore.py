@@ -124,7 +124,8 @@ def paths(scale: int, repeats: int, text: str) -> None:
     members) recomputed from the raw tables, the embedding text rebuilt and hashed in
     Python. New: the id set from the full-text index once, the columns derived at import.
     """
-    from trace_lib.explore import derived, queries, search
+    from trace_lib.explore import derived, queries
+    from trace_lib.store import search
     from trace_lib.workbench.explore import _overview
 
     with tempfile.TemporaryDirectory() as tmp:

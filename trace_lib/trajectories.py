@@ -5,10 +5,13 @@
     st.trajectory.messages[0].content; st.expected_actions; chat_messages(st.trajectory)
 
 Design decisions
+- This module sits beside the store and takes a duck-typed connection: it imports
+  neither `trace_lib.store` nor DuckDB, because the label job loads transcripts through
+  it (import contract). So its four queries live here, not in `store.trajectories`.
 - One loader, set-based: `load_trajectories(con, ids)` reads any number of trajectories
   with four queries (heads, messages, tool calls, expected actions), not four per id, so
   labelers over thousands of trajectories and a page opening one use the same code.
-- One reading of the rows (`store.trajectories.read_rows`, the SQL), two shapes built from it: the pydantic
+- One reading of the rows (`read_rows`), two shapes built from it: the pydantic
   `Trajectory` (`load_trajectories`, for replay and prompts) and the `Transcript` the
   labelers and the viewer read (`load_transcripts`, no pydantic objects: labeling reads
   thousands). No other module queries messages or tool calls to rebuild a trajectory.
@@ -23,12 +26,12 @@ Design decisions
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_lib.data_model import ExpectedAction, Message, ToolCall, Trajectory, outcome_of
 from trace_lib.errors import UserInputError
-from trace_lib.store.trajectories import read_rows, resolve_ids
 from trace_lib.transcript_model import Call, Transcript, pair_results
 
 
@@ -43,6 +46,86 @@ class StoredTrajectory:
     def outcome(self) -> str:
         """success | failure | unknown | error (a run the harness crashed on)."""
         return self.trajectory.outcome or outcome_of(self.trajectory.success)
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    value = _loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+def resolve_ids(con: Any, ids: list[str]) -> dict[str, str]:
+    """Map each given id (store id or source id) to the store id; unknown ids are left out."""
+    rows = con.execute(
+        "SELECT w.id, t.id FROM (SELECT unnest(?::VARCHAR[]) AS id) w "
+        "JOIN trajectories t ON t.id = w.id OR t.source_id = w.id", [ids]).fetchall()
+    out: dict[str, str] = {}
+    for given, tid in rows:
+        out.setdefault(given, tid)  # the store id wins over another row's source_id
+        if given == tid:
+            out[given] = tid
+    return out
+
+
+@dataclass
+class TrajectoryRows:
+    """The store's rows of some trajectories, keyed by store id: what every loader builds on."""
+
+    heads: dict[str, dict[str, Any]]  # every trajectories column, `meta` parsed, + `dataset`
+    messages: dict[str, list[dict[str, Any]]]  # idx, role, content, tool_call_id, name, turn_idx
+    calls: dict[str, list[dict[str, Any]]]  # message_idx, call_idx, call_id, name, arguments, ...
+    expected: dict[str, list[dict[str, Any]]]  # name, arguments, requestor (file order)
+
+
+def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
+    """The four set-based queries (heads, messages, tool calls, expected actions) for
+    `store_ids`; unknown ids are simply absent from `heads`."""
+    wanted = sorted(set(store_ids))
+    cur = con.execute(
+        "SELECT t.*, d.name AS dataset FROM trajectories t "
+        "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
+        "LEFT JOIN datasets d ON d.id = t.dataset_id", [wanted])
+    cols = [c[0] for c in cur.description]
+    heads = {}
+    for row in cur.fetchall():
+        head = dict(zip(cols, row, strict=True))
+        head["meta"] = _as_dict(head.get("meta"))
+        heads[head["id"]] = head
+    msgs: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, idx, role, content, tcid, name, turn in con.execute(
+            "SELECT m.trajectory_id, m.idx, m.role, m.content, m.tool_call_id, m.name, "
+            "m.turn_idx FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
+            "ON w.id = m.trajectory_id ORDER BY m.trajectory_id, m.idx", [wanted]).fetchall():
+        msgs[tid].append({"idx": idx, "role": role, "content": content, "tool_call_id": tcid,
+                          "name": name, "turn_idx": turn})
+    calls: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, midx, cidx, cid, name, args, req, err in con.execute(
+            "SELECT c.trajectory_id, c.message_idx, c.call_idx, c.call_id, c.name, c.arguments, "
+            "c.requestor, c.error FROM tool_calls c JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
+            "ON w.id = c.trajectory_id ORDER BY c.trajectory_id, c.message_idx, c.call_idx",
+            [wanted]).fetchall():
+        calls[tid].append({"message_idx": midx, "call_idx": cidx, "call_id": cid, "name": name,
+                           "arguments": _as_dict(args), "requestor": req, "error": err})
+    # A store opened read-only is not migrated: older files have no expected requestor.
+    req_col = "e.requestor" if con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
+        "AND column_name = 'requestor'").fetchone()[0] else "NULL"
+    expected: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
+    for tid, name, args, requestor in con.execute(
+            f"SELECT t.id, e.name, e.arguments, {req_col} FROM trajectories t "
+            "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
+            "JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id "
+            "ORDER BY t.id, e.idx", [wanted]).fetchall():
+        expected[tid].append({"name": name, "arguments": _as_dict(args), "requestor": requestor})
+    return TrajectoryRows(heads, msgs, calls, expected)
 
 
 def _missing_error(missing: list[str]) -> UserInputError:

@@ -9,10 +9,10 @@ import duckdb
 import pandas as pd
 
 from trace_lib import store
-from trace_lib.explore import clusters, derived, embeddings, queries, search
+from trace_lib.explore import clusters, derived, embeddings, queries
 from trace_lib.explore.queries import TrajectoryFilter as F
 from trace_lib.store import derived as store_derived
-from trace_lib.store import migrations
+from trace_lib.store import migrations, search
 
 
 def _computed_signatures(con) -> pd.DataFrame:

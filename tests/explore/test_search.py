@@ -12,10 +12,11 @@ import pytest
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import derived, search
+from trace_lib.explore import derived
 from trace_lib.explore.queries import TrajectoryFilter as F
 from trace_lib.explore.queries import list_trajectories
 from trace_lib.store import derived as store_derived
+from trace_lib.store import search
 
 TOKEN = re.compile(r"[^\W_]+")
 

@@ -34,18 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import duckdb
 import pandas as pd
 
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
 from trace_lib.store import derived
+from trace_lib.store.connection import Connection
 from trace_lib.store.derived import signature_parts_sql
 
 LEVELS: tuple[str, ...] = ("termination", "error_tool", "error_kind", "deviation")
 PATH_SEP = " / "
 
 
-def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
+def _signature_sql(con: Connection, where: str) -> str:
     # Derived at import (one row per trajectory): filter them. A store whose rows are not
     # all derived yet (written before the derived table, or by hand) computes them here.
     if not derived.ready(con):
@@ -64,7 +64,7 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
 
 
 def failure_signatures(
-    con: duckdb.DuckDBPyConnection,
+    con: Connection,
     flt: TrajectoryFilter | None = None,
     *,
     limit: int = 100_000,
@@ -81,7 +81,7 @@ def failure_signatures(
 
 
 def signature_counts(
-    con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
+    con: Connection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """Failures per full signature, largest first, with a `path` key and a few examples."""
     where, params = filter_sql(con, flt)
@@ -101,7 +101,7 @@ def signature_counts(
 
 
 def signature_members(
-    con: duckdb.DuckDBPyConnection,
+    con: Connection,
     flt: TrajectoryFilter | None = None,
     *,
     path: Sequence[str] = (),

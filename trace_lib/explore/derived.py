@@ -3,7 +3,7 @@
 Design decisions
 - The `trajectory_derived` table, its column definitions and `derive_missing` are the
   store's (`store.derived`); this module ties them to explore's full-text index, which
-  lives beside the database file (`explore.search`).
+  lives beside the database file (`store.search`).
 - Rows are computed when a trajectory is imported, inside the import's transaction
   (`on_import`): an aborted import leaves no derived row, as it leaves no trajectory. The
   full-text index is written by the same hook (`search.pending_index`), committed after
@@ -28,7 +28,7 @@ def on_import(con: store.Connection | None, db: str | Path) -> Iterator[None]:
     """Wrap an import's commit: derive the new trajectories' rows and write their search
     documents while the import's transaction is open; the search index commits only if
     the body (DuckDB's COMMIT) succeeds. `con` None (nothing was written) does nothing."""
-    from trace_lib.explore import search
+    from trace_lib.store import search
 
     if con is None:
         yield
@@ -40,7 +40,7 @@ def on_import(con: store.Connection | None, db: str | Path) -> Iterator[None]:
 
 def rebuild(con: store.Connection, db: str | Path) -> dict[str, int]:
     """Backfill derived rows and rebuild the search index (`explore reindex`)."""
-    from trace_lib.explore import search
+    from trace_lib.store import search
 
     with store.transaction(con):
         n_derived = store_derived.derive_missing(con)

@@ -37,13 +37,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
-import duckdb
 import numpy as np
 import pandas as pd
 
+from trace_lib import store
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
 from trace_lib.store import derived
-from trace_lib.store.derived import TEXT_CHARS, text_parts_sql
+from trace_lib.store import embeddings as store_embeddings
+from trace_lib.store.derived import TEXT_CHARS
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 class Encoder(Protocol):
@@ -160,7 +161,7 @@ def get_encoder(name: str = DEFAULT_MODEL) -> Encoder:
 # ---------------------------------------------------------------------------- texts
 
 
-def _scope(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
+def _scope(con: store.Connection, flt: TrajectoryFilter | None,
            failures_only: bool) -> tuple[str, list]:
     where, params = filter_sql(con, flt)
     if failures_only:
@@ -169,7 +170,7 @@ def _scope(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
 
 
 def trajectory_texts(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     failures_only: bool = True,
@@ -179,17 +180,11 @@ def trajectory_texts(
     return trajectory_texts_sql(con, where, params)
 
 
-def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
+def trajectory_texts_sql(con: store.Connection, where: str, params: list
                          ) -> pd.DataFrame:
     """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
     importer derives `text_sha256` with it: one definition of the text)."""
-    sql = text_parts_sql(where) + """
-        SELECT f.id AS trajectory_id, u.request, e.errors, a.last_turns
-        FROM f LEFT JOIN u ON u.trajectory_id = f.id
-        LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
-        ORDER BY f.id
-    """
-    rows = con.execute(sql, params).fetchall()
+    rows = derived.text_parts(con, where, params)
     out = []
     for tid, request, errors, last_turns in rows:
         text = compose_text(request, errors or [], list(reversed(last_turns or [])))
@@ -219,7 +214,7 @@ class EmbedReport:
 
 
 def ensure_embeddings(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -234,11 +229,7 @@ def ensure_embeddings(
     it, the CLI tqdm).
     """
     texts = trajectory_texts(con, flt, failures_only=failures_only)
-    cached = dict(
-        con.execute(
-            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
-        ).fetchall()
-    )
+    cached = store_embeddings.text_hashes(con, model)
     todo = texts[[cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
                                                        strict=True)]]
     total = len(todo)
@@ -254,7 +245,7 @@ def ensure_embeddings(
                 for tid, sha, vec in zip(batch.trajectory_id, batch.text_sha256, vecs,
                                          strict=True)
             ]
-            con.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
+            store_embeddings.upsert_vectors(con, rows)
             if progress:
                 progress(min(start + batch_size, total), total)
     return EmbedReport(model=model, n_in_scope=len(texts), n_computed=total,
@@ -262,7 +253,7 @@ def ensure_embeddings(
 
 
 def missing_embeddings(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -275,18 +266,9 @@ def missing_embeddings(
     """
     where, params = _scope(con, flt, failures_only)
     if derived.ready(con):
-        return int(con.execute(f"""
-            SELECT count(*) FROM trajectories t
-            JOIN {derived.TABLE} d ON d.trajectory_id = t.id
-            LEFT JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
-            WHERE {where} AND e.text_sha256 IS DISTINCT FROM d.text_sha256
-        """, [model, *params]).fetchone()[0])
+        return store_embeddings.count_stale(con, model, where, params)
     texts = trajectory_texts_sql(con, where, params)
-    cached = dict(
-        con.execute(
-            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
-        ).fetchall()
-    )
+    cached = store_embeddings.text_hashes(con, model)
     return int(sum(cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
                                                         strict=True)))
 
@@ -303,7 +285,7 @@ class SemanticMap:
 
 
 def semantic_clusters(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -317,17 +299,7 @@ def semantic_clusters(
     there is something to cluster (opening the semantic map of an unembedded filter stays
     instant while the background warm-up is still importing it)."""
     where, params = _scope(con, flt, failures_only)
-    df = con.execute(
-        f"""
-        SELECT t.id AS trajectory_id, t.task_id, t.trial, t.domain, t.agent_model,
-               CASE WHEN t.success THEN 'success' WHEN NOT t.success THEN 'failure'
-                    ELSE 'unknown' END AS outcome,
-               t.termination, e.vector
-        FROM trajectories t JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
-        WHERE {where} ORDER BY t.id
-        """,
-        [model, *params],
-    ).df()
+    df = store_embeddings.vectors(con, model, where, params)
     empty_clusters = pd.DataFrame(columns=["cluster", "n", "n_failure", "top_terms", "typical"])
     if df.empty:
         return SemanticMap(df.drop(columns=["vector"]), empty_clusters, 0, None)

@@ -16,7 +16,7 @@ Design decisions
   "Reservation 8JX2 not found" are one kind; the rule is crude on purpose, stable and
   explainable, and it is the same everywhere (charts, signatures, CLI).
 - Text search and derived columns: `filter_sql` resolves a text filter to its matching
-  ids once (`explore.search`) and reads columns derived at import (`store.derived`)
+  ids once (`store.search`) and reads columns derived at import (`store.derived`)
   when the store has them for every trajectory; the computed SQL stays the definition.
 - Missing later-stage tables (an old or foreign file opened read-only) count as empty,
   so the overview never crashes on a half-populated store.
@@ -54,7 +54,7 @@ class TrajectoryFilter:
     error_kinds: tuple[str, ...] = ()  # at least one tool error of these kinds
     task_ids: tuple[str, ...] = ()
     trajectory_ids: tuple[str, ...] = ()
-    # Text search over message content (`explore.search`): `words` (default) asks the
+    # Text search over message content (`store.search`): `words` (default) asks the
     # full-text index for trajectories where every word starts a token; `substring` is
     # the exact case-insensitive substring scan (identifiers, fragments; seconds at 100k).
     text: str = ""
@@ -85,7 +85,7 @@ def filter_sql(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
     per store version and query, `search.hits`) and registered on `con`, and the
     error-kind filter reads the kinds derived at import when the store has them.
     """
-    from trace_lib.explore import search
+    from trace_lib.store import search
 
     flt = flt or TrajectoryFilter()
     hits_table = None

@@ -40,6 +40,7 @@ Design decisions
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from duckdb.sqltypes import VARCHAR
 
@@ -218,6 +219,18 @@ def text_parts_sql(where: str) -> str:
             WHERE c.error IS NOT NULL GROUP BY 1
         )
     """
+
+
+def text_parts(con: Connection, where: str, params: list[Any]
+               ) -> list[tuple[str, str | None, list[str] | None, list[str] | None]]:
+    """(trajectory_id, first user request, distinct "tool: error" texts, last three agent
+    turns newest first) of the trajectories matching a SQL condition over `t`, by id."""
+    return con.execute(text_parts_sql(where) + """
+        SELECT f.id AS trajectory_id, u.request, e.errors, a.last_turns
+        FROM f LEFT JOIN u ON u.trajectory_id = f.id
+        LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
+        ORDER BY f.id
+    """, params).fetchall()
 
 
 NO_ERROR = "(no tool error)"

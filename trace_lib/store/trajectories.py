@@ -4,11 +4,13 @@ actions, tool schemas.
 Design decisions
 - Every statement that reads or writes these tables outside the analytical queries
   (`explore.queries`, which reads through the same tables with filters) is here; callers
-  pass an open connection and get rows back as plain Python values. Building models from
-  the rows (`trace_lib.trajectories`), rules about what a name means (`compare`,
-  `workbench.data`) and the import's batching (`ingest.writer`) stay with their callers.
-- Reads are set-based: one statement per table for any number of trajectories, the ids
-  passed as one list parameter and joined (`unnest(?)`), never one statement per id.
+  pass an open connection and get rows back as plain Python values. Rules about what a
+  name means (`compare`, `workbench.data`) and the import's batching (`ingest.writer`)
+  stay with their callers.
+- One exception: the reader of whole trajectories (`trace_lib.trajectories.read_rows`,
+  four set-based queries) keeps its SQL beside the models it builds, because the label
+  job reads transcripts through it and must import neither the store nor DuckDB, not
+  even indirectly (an import-linter contract). It takes a duck-typed connection.
 - The bulk import inserts Arrow tables through a relation, not `con.register`: a
   registered table stays referenced until the transaction ends (measured: every batch's
   Arrow buffers held until COMMIT), a relation only for the statement.
@@ -19,15 +21,13 @@ Design decisions
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from trace_lib.scope import Scope
 from trace_lib.store.connection import Connection
-
-_WANTED = "(SELECT unnest(?::VARCHAR[]) AS id)"
 
 
 def _loads(value: Any) -> Any:
@@ -222,69 +222,31 @@ def with_meta_field(con: Connection, key: str) -> list[tuple[str, bool | None, A
         "WHERE json_extract(meta, ?) IS NOT NULL", [path, path]).fetchall()
 
 
-def resolve_ids(con: Connection, ids: list[str]) -> dict[str, str]:
-    """Map each given id (store id or source id) to the store id; unknown ids are left out."""
-    rows = con.execute(
-        f"SELECT w.id, t.id FROM {_WANTED} w "
-        "JOIN trajectories t ON t.id = w.id OR t.source_id = w.id", [ids]).fetchall()
-    out: dict[str, str] = {}
-    for given, tid in rows:
-        out.setdefault(given, tid)  # the store id wins over another row's source_id
-        if given == tid:
-            out[given] = tid
-    return out
+def task_of(con: Connection, trajectory_id: str) -> tuple[str, str | None, bool | None] | None:
+    """(dataset_id, task_id, success) of a trajectory, None when there is no such id."""
+    return con.execute("SELECT dataset_id, task_id, success FROM trajectories WHERE id = ?",
+                       [trajectory_id]).fetchone()
 
 
-@dataclass
-class TrajectoryRows:
-    """The store's rows of some trajectories, keyed by store id: what every loader builds on."""
-
-    heads: dict[str, dict[str, Any]]  # every trajectories column, `meta` parsed, + `dataset`
-    messages: dict[str, list[dict[str, Any]]]  # idx, role, content, tool_call_id, name, turn_idx
-    calls: dict[str, list[dict[str, Any]]]  # message_idx, call_idx, call_id, name, arguments, ...
-    expected: dict[str, list[dict[str, Any]]]  # name, arguments, requestor (file order)
+def known_outcome_trials(con: Connection, dataset_id: str, task_id: str
+                         ) -> list[tuple[str, bool]]:
+    """(id, success) of a task's trials with a known outcome, by trial and id."""
+    return con.execute(
+        "SELECT id, success FROM trajectories WHERE dataset_id = ? AND task_id = ? "
+        "AND success IS NOT NULL ORDER BY trial, id", [dataset_id, task_id]).fetchall()
 
 
-def read_rows(con: Connection, store_ids: list[str]) -> TrajectoryRows:
-    """The four set-based queries (heads, messages, tool calls, expected actions) for
-    `store_ids`; unknown ids are simply absent from `heads`."""
-    wanted = sorted(set(store_ids))
-    cur = con.execute(
-        f"SELECT t.*, d.name AS dataset FROM trajectories t JOIN {_WANTED} w USING (id) "
-        "LEFT JOIN datasets d ON d.id = t.dataset_id", [wanted])
-    cols = [c[0] for c in cur.description]
-    heads = {}
-    for row in cur.fetchall():
-        head = dict(zip(cols, row, strict=True))
-        head["meta"] = _as_dict(head.get("meta"))
-        heads[head["id"]] = head
-    msgs: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
-    for tid, idx, role, content, tcid, name, turn in con.execute(
-            "SELECT m.trajectory_id, m.idx, m.role, m.content, m.tool_call_id, m.name, "
-            f"m.turn_idx FROM messages m JOIN {_WANTED} w "
-            "ON w.id = m.trajectory_id ORDER BY m.trajectory_id, m.idx", [wanted]).fetchall():
-        msgs[tid].append({"idx": idx, "role": role, "content": content, "tool_call_id": tcid,
-                          "name": name, "turn_idx": turn})
-    calls: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
-    for tid, midx, cidx, cid, name, args, req, err in con.execute(
-            "SELECT c.trajectory_id, c.message_idx, c.call_idx, c.call_id, c.name, c.arguments, "
-            f"c.requestor, c.error FROM tool_calls c JOIN {_WANTED} w "
-            "ON w.id = c.trajectory_id ORDER BY c.trajectory_id, c.message_idx, c.call_idx",
-            [wanted]).fetchall():
-        calls[tid].append({"message_idx": midx, "call_idx": cidx, "call_id": cid, "name": name,
-                           "arguments": _as_dict(args), "requestor": req, "error": err})
-    # A store opened read-only is not migrated: older files have no expected requestor.
-    req_col = "e.requestor" if con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
-        "AND column_name = 'requestor'").fetchone()[0] else "NULL"
-    expected: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
-    for tid, name, args, requestor in con.execute(
-            f"SELECT t.id, e.name, e.arguments, {req_col} FROM trajectories t "
-            f"JOIN {_WANTED} w USING (id) "
-            "JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id "
-            "ORDER BY t.id, e.idx", [wanted]).fetchall():
-        expected[tid].append({"name": name, "arguments": _as_dict(args), "requestor": requestor})
-    return TrajectoryRows(heads, msgs, calls, expected)
+def task_trials(con: Connection, trajectory_id: str) -> pd.DataFrame:
+    """Every trial of the trajectory's task in its dataset (itself included), by trial:
+    id, trial, outcome (passed | failed | unknown), reward, termination."""
+    return con.execute("""
+        SELECT t.id, t.trial,
+               CASE WHEN t.success THEN 'passed' WHEN NOT t.success THEN 'failed'
+                    ELSE 'unknown' END AS outcome,
+               t.reward, t.termination
+        FROM trajectories t JOIN trajectories me
+          ON me.id = ? AND t.dataset_id = me.dataset_id AND t.task_id = me.task_id
+        ORDER BY t.trial, t.id""", [trajectory_id]).df()
 
 
 # --------------------------------------------------------------------------- bulk import
