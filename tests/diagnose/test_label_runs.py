@@ -19,6 +19,7 @@ import pytest
 from wire_server import Reply, WireServer
 
 from trace_lib import store
+from trace_lib.diagnose import label_csv
 from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import FAIL_FAST_AFTER, LabelRunFailed, run_labeling
 from trace_lib.diagnose.ranking import RankConfig, rank
@@ -65,7 +66,7 @@ def _kill_after(proc: subprocess.Popen, done: int) -> int:
 
 
 def _export(db: Path, path: Path) -> list[tuple[str, str, str]]:
-    lb.export_labels(db, path)
+    label_csv.export_labels(db, path)
     with open(path, newline="", encoding="utf-8") as fh:
         return [tuple(r) for r in list(csv.reader(fh))[1:]]
 

@@ -1,4 +1,4 @@
-"""Labels as people see and change them: grid, edits with undo, review queue, CSV.
+"""Labels as people see and change them: grid, edits with undo, review queue, runs.
 
 Design decisions
 - Human edits are append-only rows in `label_edits` (editor, note, time). Undo appends
@@ -9,21 +9,17 @@ Design decisions
   `materialise.sync` patches the materialised tables (`label_pairs` and the ranking's
   counts) in the same call, so every run, the pooled majority and the ranking see it on
   the next query. Readers here read `label_pairs` (milliseconds at 100k x 10 runs).
-- A `Scope` (datasets, agent models, domains) narrows the grid, the review queue and the
-  CSV export; the export qualifies every row with dataset name, task id and trial.
+- A `Scope` (datasets, agent models, domains) narrows the grid and the review queue (and
+  the CSV export, `label_csv`).
 - The grid is wide (one column per capability) because that is what `st.data_editor`
   edits; `grid_changes` turns an edited grid back into (trajectory, capability, value)
   edits so the page stays free of logic.
 - The review queue orders pairs by disagreement between runs (1 - agreeing/total),
   then by how many runs voted, skipping pairs a person already decided.
-- CSV import validates every row before writing anything (unknown ids, capabilities or
-  values are one error listing the first offending lines); `trajectory_id` accepts the
-  store's id or the source id from the imported file when that is unambiguous.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +35,6 @@ from trace_lib.scope import Scope
 from trace_lib.store import capabilities as store_capabilities
 from trace_lib.store import labels as store_labels
 from trace_lib.store import trajectories as store_trajectories
-
-IMPORT_COLUMNS = ("trajectory_id", "capability", "value")
-# The export adds where each trajectory comes from (import ignores these columns).
-EXPORT_COLUMNS = (*IMPORT_COLUMNS, "dataset", "task_id", "trial")
 
 
 @dataclass
@@ -61,7 +53,9 @@ def _check_value(value: str, where: str) -> None:
         raise UserInputError(f"{where}: value {value!r}: expected one of {', '.join(LABEL_VALUES)}")
 
 
-def _capability_names(con: store.Connection, include_rejected: bool = False) -> list[str]:
+def capability_names(con: store.Connection, include_rejected: bool = False) -> list[str]:
+    """The catalog's names (the built-in menu seeded first), without rejected ones unless
+    asked: what an edit or an imported label may name."""
     store_capabilities.ensure_builtin(con)
     return store_capabilities.capability_names(con, include_rejected)
 
@@ -98,7 +92,7 @@ def edit_labels(db: str | Path | None, edits: list[tuple[str, str, str]], *, edi
     if not editor or not editor.strip():
         raise UserInputError("label edit: editor: expected a non-empty name")
     with store.connect(db) as con:
-        caps = set(_capability_names(con, include_rejected=True))
+        caps = set(capability_names(con, include_rejected=True))
         known = store_trajectories.existing_ids(con, sorted({t for t, _, _ in edits}))
         for tid, cap, new in edits:
             _check_value(new, f"edit of ({tid}, {cap})")
@@ -182,7 +176,7 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
     flt = flt or LabelFilter()
     with store.connect(db) as con:
         materialise.sync(con)
-        caps = flt.capabilities or _capability_names(con)
+        caps = flt.capabilities or capability_names(con)
         long = store_labels.grid_rows(con, caps, scope=flt.scope, success=flt.success,
                                       domain=flt.domain, search=flt.search, value=flt.value,
                                       limit=flt.limit)
@@ -246,102 +240,6 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
         rows = store_labels.pair_evidence(con, trajectory_id, capability)
     return [{"run": r[0], "value": r[1], "evidence": json.loads(r[2]) if r[2] else [],
              "confidence": r[3], "error": r[4]} for r in rows]
-
-
-# ------------------------------------------------------------------------------ CSV
-
-def export_rows(db: str | Path | None, scope: Scope | None = None) -> list[tuple[Any, ...]]:
-    """Effective labels in scope, each qualified: (trajectory_id, capability, value,
-    dataset name, task id, trial). Finished runs only (`left_out_runs` names the others)."""
-    with store.connect(db) as con:
-        materialise.sync(con)
-        return store_labels.export_rows(con, scope)
-
-
-def labels_csv(db: str | Path | None, scope: Scope | None = None) -> str:
-    """The CSV export as text (the Labels page builds it only when the download is clicked)."""
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(EXPORT_COLUMNS)
-    w.writerows(export_rows(db, scope))
-    return buf.getvalue()
-
-
-def export_labels(db: str | Path | None, path: str | Path, *,
-                  scope: Scope | None = None) -> int:
-    """Write effective labels as `trajectory_id,capability,value,dataset,task_id,trial`
-    (import reads the first three); returns the row count."""
-    rows = export_rows(db, scope)
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(EXPORT_COLUMNS)
-        w.writerows(rows)
-    return len(rows)
-
-
-def import_labels(db: str | Path | None, path: str | Path, run: str, *,
-                  labeler: str = "import") -> int:
-    """Import a CSV as label run `run`. Validates every row first; writes all or nothing."""
-    path = Path(path)
-    if not path.exists():
-        raise UserInputError(f"{path}: no such file")
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in IMPORT_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UserInputError(f"{path}: header: missing column(s) {', '.join(missing)}; "
-                                 f"expected {','.join(IMPORT_COLUMNS)}")
-        records = [(n, r) for n, r in enumerate(reader, start=2)]
-    if not records:
-        raise UserInputError(f"{path}: no label rows after the header")
-    with store.connect(db) as con:
-        caps = set(_capability_names(con, include_rejected=True))
-        ids = set(store_trajectories.all_ids(con))
-        by_source: dict[str, list[str]] = {}
-        for tid, sid in store_trajectories.source_ids(con):
-            by_source.setdefault(str(sid), []).append(tid)
-        problems: list[str] = []
-        rows: dict[tuple[str, str], str] = {}
-        for line, rec in records:
-            raw_id = (rec.get("trajectory_id") or "").strip()
-            cap = (rec.get("capability") or "").strip()
-            value = (rec.get("value") or "").strip().lower()
-            if raw_id in ids:
-                tid = raw_id
-            elif len(by_source.get(raw_id, [])) == 1:
-                tid = by_source[raw_id][0]
-            elif len(by_source.get(raw_id, [])) > 1:
-                problems.append(f"line {line}: trajectory_id {raw_id!r} matches "
-                                f"{len(by_source[raw_id])} trajectories by source id; use the "
-                                "store id")
-                continue
-            else:
-                problems.append(f"line {line}: trajectory_id {raw_id!r}: no trajectory with this "
-                                "store id or source id")
-                continue
-            if cap not in caps:
-                problems.append(f"line {line}: capability {cap!r}: not in the catalog (add it "
-                                "with `capabilities add`)")
-            if value not in LABEL_VALUES:
-                problems.append(f"line {line}: value {value!r}: expected one of "
-                                f"{', '.join(LABEL_VALUES)}")
-            if (tid, cap) in rows and rows[(tid, cap)] != value:
-                problems.append(f"line {line}: ({raw_id}, {cap}) appears twice with different "
-                                "values")
-            rows[(tid, cap)] = value
-        if problems:
-            more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
-            raise UserInputError(f"{path}: nothing imported; " + "; ".join(problems[:10]) + more)
-        with store.transaction(con):
-            create_run(con, run, labeler, params={"source": str(path.name)})
-            df = pd.DataFrame([[run, tid, cap, v] for (tid, cap), v in rows.items()],
-                              columns=["run_id", "trajectory_id", "capability", "value"])
-            store_labels.insert_labels(con, df)
-            store_labels.set_run_status(con, run, "finished", None, None)
-        materialise.sync(con)  # the run counts from now: add it to the materialised labels
-    return len(rows)
 
 
 def label_runs(db: str | Path | None = None) -> pd.DataFrame:

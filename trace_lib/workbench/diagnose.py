@@ -44,17 +44,19 @@ from trace_lib.diagnose.capabilities import (  # noqa: F401  (use cases as they 
     set_status,
     update_capability,
 )
+from trace_lib.diagnose.label_csv import (  # noqa: F401  (use cases as they are)
+    export_labels,
+    import_labels,
+    labels_csv,
+)
 from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     LabelFilter,
     bulk_edit,
     edit_history,
     edit_labels,
-    export_labels,
     grid_changes,
-    import_labels,
     label_grid,
     label_runs,
-    labels_csv,
     left_out_note,
     left_out_runs,
     review_queue,
