@@ -124,7 +124,7 @@ def paths(scale: int, repeats: int, text: str) -> None:
     members) recomputed from the raw tables, the embedding text rebuilt and hashed in
     Python. New: the id set from the full-text index once, the columns derived at import.
     """
-    from trace_lib.explore import derived, queries
+    from trace_lib.explore import queries
     from trace_lib.store import search
     from trace_lib.workbench.explore import _overview
 
@@ -133,7 +133,7 @@ def paths(scale: int, repeats: int, text: str) -> None:
         n = build(db, scale, messages=True)
         with store.connect(db) as con:
             t0 = time.perf_counter()
-            report = derived.rebuild(con, db)
+            report = store_derived.rebuild(con, db)
             backfill = time.perf_counter() - t0
         n_msg = 0
         with store.connect(db, read_only=True) as con:

@@ -9,7 +9,7 @@ import duckdb
 import pandas as pd
 
 from trace_lib import store
-from trace_lib.explore import clusters, derived, embeddings, queries
+from trace_lib.explore import clusters, embeddings, queries
 from trace_lib.explore.queries import TrajectoryFilter as F
 from trace_lib.store import derived as store_derived
 from trace_lib.store import migrations, search
@@ -94,11 +94,11 @@ def test_backfill_on_an_old_store(real_db: Path, tmp_path: Path):
         got = _answers(con)
     with store.connect(old) as con:  # migrated: the table exists, still empty
         assert store_derived.table_exists(con) and not store_derived.ready(con)
-        report = derived.rebuild(con, old)
+        report = store_derived.rebuild(con, old)
         n = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
         assert report == {"derived": n, "indexed": n}
         _assert_equal_to_definition(con)
-        assert derived.rebuild(con, old)["derived"] == 0  # nothing left to backfill
+        assert store_derived.rebuild(con, old)["derived"] == 0  # nothing left to backfill
     with store.connect(old, read_only=True) as con:
         assert search.index_state(con).fresh
         after = _answers(con)

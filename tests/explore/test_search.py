@@ -12,7 +12,6 @@ import pytest
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import derived
 from trace_lib.explore.queries import TrajectoryFilter as F
 from trace_lib.explore.queries import list_trajectories
 from trace_lib.store import derived as store_derived
@@ -104,7 +103,7 @@ def test_aborted_import_leaves_no_index_rows(tmp_path: Path):
         con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
                     "VALUES ('t_new', 'd', 'sha_new')")
-        with pytest.raises(RuntimeError), derived.on_import(con, db):
+        with pytest.raises(RuntimeError), store_derived.on_import(con, db):
             assert con.execute(f"SELECT count(*) FROM {store_derived.TABLE} "
                                "WHERE trajectory_id = 't_new'").fetchall()[0][0] == 1
             raise RuntimeError("commit failed")
@@ -120,7 +119,7 @@ def test_failed_first_import_removes_the_index_file(tmp_path: Path):
         con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
                     "VALUES ('t1', 'd', 'sha1')")
-        with pytest.raises(RuntimeError), derived.on_import(con, db):
+        with pytest.raises(RuntimeError), store_derived.on_import(con, db):
             assert search.index_path(db).exists()
             raise RuntimeError("commit failed")
         con.execute("ROLLBACK")
@@ -145,7 +144,7 @@ def test_stale_index_falls_back_to_scan_and_reindex_repairs(tmp_path: Path):
         assert set(search.hits(con, "zfa04y").ids) == set(search.hits(con, "charlie").ids) - {
             "t_hand"}
     with store.connect(db) as con:
-        assert derived.rebuild(con, db) == {"derived": 1, "indexed": 5}
+        assert store_derived.rebuild(con, db) == {"derived": 1, "indexed": 5}
     with store.connect(db, read_only=True) as con:
         assert search.index_state(con).fresh and store_derived.ready(con)
         found = search.hits(con, "charlie")

@@ -36,13 +36,13 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.explore import derived
 from trace_lib.ingest.formats import ParseContext, load
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
 from trace_lib.ingest.rows import TrajectoryRows
 from trace_lib.ingest.source import IngestLimits, Source
 from trace_lib.ingest.swe_agent import load_success_file
 from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
+from trace_lib.store import derived
 from trace_lib.store import trajectories as store_trajectories
 
 ProgressFn = Callable[[float, str], None]

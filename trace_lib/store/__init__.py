@@ -1,11 +1,18 @@
 """The DuckDB store: one file holds every decision and every imported record.
 
 Design decisions
-- The schema lives here and nowhere else. `connection` opens the file (paths, lock
-  retry, migration on open), `migrations` is the schema as forward migrations, and one
-  module per table family owns that family's SQL (`trajectories`, `labels`,
-  `capabilities`, `environments`, `evaluations`, `search`); callers outside `store/`
-  pass a connection (or a database path) and get plain Python or pandas values back.
+- The schema lives here. `connection` opens the file (paths, lock retry, migration on
+  open), `migrations` is the schema as forward migrations, and one module per table
+  family owns that family's SQL: `trajectories` (datasets, trajectories, messages, tool
+  calls, expected actions, tool schemas), `derived` (`trajectory_derived` and the SQL
+  definitions of its columns), `labels` (label runs, labels, edits, the label views),
+  `capabilities`, `environments` (environments, generation attempts), `embeddings`, and
+  `search` (the full-text side index beside the file); the job tables (jobs, adapters,
+  moe_models, routing_traces) belong to `jobs`. Callers pass a connection and get plain Python or pandas values back.
+- Analytical query modules outside `store/` (`explore.queries`, `explore.clusters`,
+  `diagnose.ranking`, `diagnose.materialise` and the diagnose statistics) keep their SQL
+  and read through the tables and views defined here; `trace_lib.trajectories` keeps its
+  four reader queries (the label job must not import the store).
 - This package re-exports the connection API (`from trace_lib.store import connect`),
   the one import every caller needs; a table family is imported by its module name.
 """

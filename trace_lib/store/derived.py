@@ -16,13 +16,15 @@ Design decisions
   each other in a circle.
 - Everything here depends only on what an import writes at once (a trajectory's messages
   and calls, its dataset's expected actions), so rows are computed once, when the
-  trajectory is imported, inside the import's transaction (`explore.derived.on_import`):
-  an aborted import leaves no derived row, as it leaves no trajectory. Rows are only
+  trajectory is imported, inside the import's transaction (`on_import`): an aborted
+  import leaves no derived row, as it leaves no trajectory. The same hook writes the new
+  trajectories' documents into the full-text index (`store.search.pending_index`), which
+  commits after DuckDB's commit. Rows are only
   inserted, never updated; deleting a dataset deletes its rows with the trajectories
   (`store.trajectories.delete_dataset_rows` finds the table by its `trajectory_id`).
 - `derive_missing` computes the rows of every trajectory that has none: the same call
   fills a new import, backfills a store written before this table existed (at its next
-  import, or with `explore reindex`), and repairs rows written with plain SQL (fixtures,
+  import, or with `explore reindex`: `rebuild`, which also rebuilds the index), and repairs rows written with plain SQL (fixtures,
   bench replication).
 - Readers use the rows only when every trajectory has one (`ready`); otherwise they fall
   back to computing from the raw tables, so a store opened read-only before its backfill
@@ -39,12 +41,16 @@ Design decisions
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from duckdb.sqltypes import VARCHAR
 
-from trace_lib.store.connection import Connection
+from trace_lib.store import search
+from trace_lib.store.connection import Connection, transaction
 
 TABLE = "trajectory_derived"
 _NEW = "_derive_new"
@@ -181,6 +187,26 @@ def _derive_chunk(con: Connection, scope: str) -> None:
     finally:
         con.execute("DROP TABLE IF EXISTS _derive_texts")
 
+
+
+@contextlib.contextmanager
+def on_import(con: Connection | None, db: str | Path) -> Iterator[None]:
+    """Wrap an import's commit: derive the new trajectories' rows and write their search
+    documents while the import's transaction is open; the search index commits only if
+    the body (DuckDB's COMMIT) succeeds. `con` None (nothing was written) does nothing."""
+    if con is None:
+        yield
+        return
+    derive_missing(con)
+    with search.pending_index(con, db):
+        yield
+
+
+def rebuild(con: Connection, db: str | Path) -> dict[str, int]:
+    """Backfill derived rows and rebuild the search index (`explore reindex`)."""
+    with transaction(con):
+        n_derived = derive_missing(con)
+    return {"derived": n_derived, "indexed": search.rebuild(con, db)}
 
 # ------------------------------------------------------------- column definitions
 

@@ -123,7 +123,7 @@ def search_status(db: Db) -> SearchStatus:
 
 def reindex(db: Db) -> dict[str, int]:
     """Backfill derived columns and rebuild the full-text index (`explore reindex`)."""
-    from trace_lib.explore import derived
+    from trace_lib.store import derived
 
     path = store.resolve_db_path(db)
     if not path.exists():
