@@ -19,7 +19,7 @@ import pytest
 from wire_server import Reply, WireServer
 
 from trace_lib import store
-from trace_lib.diagnose import label_csv
+from trace_lib.diagnose import label_csv, label_runs
 from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import FAIL_FAST_AFTER, LabelRunFailed, run_labeling
 from trace_lib.diagnose.ranking import RankConfig, rank
@@ -99,7 +99,7 @@ def test_a_killed_run_is_left_out_and_resume_completes_it(demo_db: Path, tmp_pat
     queue = lb.review_queue(demo_db)
     assert [r["run"] for r in queue.attrs["left_out"]] == ["killed"]
     assert _export(demo_db, tmp_path / "during.csv") == export_before
-    note = lb.left_out_note(lb.left_out_runs(demo_db))
+    note = label_runs.left_out_note(label_runs.left_out_runs(demo_db))
     assert note is not None and f"killed (running, {written} trajectories labeled" in note
 
     # resume completes it: every trajectory labeled once, status finished, counted
@@ -120,7 +120,7 @@ def test_a_killed_run_is_left_out_and_resume_completes_it(demo_db: Path, tmp_pat
     assert same == per_traj[0]  # the heuristic is deterministic: the same labels as a full run
     ranking = rank(demo_db)
     assert ranking.n_runs == 2 and not ranking.left_out
-    assert lb.left_out_runs(demo_db) == []
+    assert label_runs.left_out_runs(demo_db) == []
     with pytest.raises(Exception, match="already finished"):
         run_labeling(demo_db, resume="killed")
 

@@ -32,9 +32,9 @@ from typing import Any
 from trace_lib import jobs, store
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.label_job import read_labels, shard_name, write_shard
+from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import PairLabel, TrajectoryLabels, get_labeler
 from trace_lib.diagnose.labeling import _select, label_batch
-from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope

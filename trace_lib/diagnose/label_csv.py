@@ -21,7 +21,8 @@ import pandas as pd
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import capability_names, create_run
+from trace_lib.diagnose.label_runs import create_run
+from trace_lib.diagnose.labels import capability_names
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store import labels as store_labels

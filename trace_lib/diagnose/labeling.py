@@ -48,13 +48,13 @@ from trace_lib import store
 from trace_lib.data_model import Capability
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.capabilities import capabilities_on, ensure_builtin
+from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import (
     Labeler,
     LabelerUnavailable,
     TrajectoryLabels,
     get_labeler,
 )
-from trace_lib.diagnose.labels import create_run
 from trace_lib.diagnose.transcript import load_transcripts
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage

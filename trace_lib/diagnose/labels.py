@@ -1,4 +1,4 @@
-"""Labels as people see and change them: grid, edits with undo, review queue, runs.
+"""Labels as people see and change them: grid, edits with undo, review queue.
 
 Design decisions
 - Human edits are append-only rows in `label_edits` (editor, note, time). Undo appends
@@ -58,16 +58,6 @@ def capability_names(con: store.Connection, include_rejected: bool = False) -> l
     asked: what an edit or an imported label may name."""
     store_capabilities.ensure_builtin(con)
     return store_capabilities.capability_names(con, include_rejected)
-
-
-def create_run(con: store.Connection, run_id: str, labeler: str, *,
-               model: str | None = None, prompt_sha256: str | None = None,
-               params: dict[str, Any] | None = None, status: str = "running") -> None:
-    """A new label run row; the labeler writes 'running' and finishes it (see labeling)."""
-    if store_labels.run_exists(con, run_id):
-        raise UserInputError(f"label run {run_id!r} already exists; choose another --run name")
-    store_labels.insert_run(con, run_id, labeler, model=model, prompt_sha256=prompt_sha256,
-                            params=params or {}, status=status)
 
 
 # ---------------------------------------------------------------------------- edits
@@ -207,21 +197,6 @@ def grid_changes(before: pd.DataFrame, after: pd.DataFrame) -> list[tuple[str, s
     return out
 
 
-def left_out_runs(db: str | Path | None = None) -> list[dict[str, Any]]:
-    with store.connect(db) as con:
-        return store_labels.left_out_runs(con)
-
-
-def left_out_note(runs: list[dict[str, Any]]) -> str | None:
-    """One sentence naming the runs left out, or None when every run finished."""
-    if not runs:
-        return None
-    parts = [f"{r['run']} ({r['status']}, {r['n_trajectories_labeled']} trajectories labeled"
-             + (f": {r['reason']}" if r.get("reason") else "") + ")" for r in runs]
-    return ("left out (not finished; `label --resume RUN` completes one): "
-            + "; ".join(parts))
-
-
 def review_queue(db: str | Path | None, limit: int = 50, *,
                  scope: Scope | None = None) -> pd.DataFrame:
     """Pairs where the runs disagree most, not yet decided by a person (finished runs only;
@@ -240,11 +215,6 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
         rows = store_labels.pair_evidence(con, trajectory_id, capability)
     return [{"run": r[0], "value": r[1], "evidence": json.loads(r[2]) if r[2] else [],
              "confidence": r[3], "error": r[4]} for r in rows]
-
-
-def label_runs(db: str | Path | None = None) -> pd.DataFrame:
-    with store.connect(db) as con:
-        return store_labels.label_runs(con)
 
 
 def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str

@@ -55,7 +55,7 @@ import numpy as np
 
 from trace_lib import store
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import left_out_note
+from trace_lib.diagnose.label_runs import left_out_note
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store.labels import left_out_runs

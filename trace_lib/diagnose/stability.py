@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import left_out_note
+from trace_lib.diagnose.label_runs import left_out_note
 from trace_lib.diagnose.ranking import (
     POOLED_VALUES_SQL,
     REFERENCE_N,

@@ -137,13 +137,12 @@ def trajectory_messages(db: Db, trajectory_id: str
                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
                                    dict[str, Any]]:
     """An ingested trajectory as OpenAI chat messages + its domain's tool schemas + meta."""
-    from trace_lib.store.trajectories import domain_tool_schemas
     from trace_lib.trajectories import chat_messages, load_trajectory
 
     try:
         with store.connect(db, read_only=True) as con:
             st = load_trajectory(con, trajectory_id)
-            tools = domain_tool_schemas(con, st.trajectory.domain) or None
+            tools = store_trajectories.domain_tool_schemas(con, st.trajectory.domain) or None
     except UserInputError as exc:
         raise UserInputError(f"--trajectory {trajectory_id!r}: no such trajectory in "
                              f"{store.resolve_db_path(db)}") from exc

@@ -49,6 +49,11 @@ from trace_lib.diagnose.label_csv import (  # noqa: F401  (use cases as they are
     import_labels,
     labels_csv,
 )
+from trace_lib.diagnose.label_runs import (  # noqa: F401  (use cases as they are)
+    label_runs,
+    left_out_note,
+    left_out_runs,
+)
 from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     LabelFilter,
     bulk_edit,
@@ -56,9 +61,6 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     edit_labels,
     grid_changes,
     label_grid,
-    label_runs,
-    left_out_note,
-    left_out_runs,
     review_queue,
     transcript_with_evidence,
 )
