@@ -36,6 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from trace_lib import store  # noqa: E402
 from trace_lib.explore import clusters, embeddings  # noqa: E402
 from trace_lib.explore.queries import TrajectoryFilter  # noqa: E402
+from trace_lib.store import derived as store_derived  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -93,14 +94,14 @@ def pandas_signatures(frames):
     x["exact"] = [k in made for k in zip(x.id, x.name, x.args, strict=True)]
     x["named"] = [k in named for k in zip(x.id, x.name, strict=True)]
     miss = x[~x.exact].sort_values(["id", "idx"]).groupby("id").first()
-    dev = pd.Series(clusters.ALL_MADE, index=pd.Index(x.id.unique()))
+    dev = pd.Series(store_derived.ALL_MADE, index=pd.Index(x.id.unique()))
     dev[miss.index] = [("wrong args: " if n else "missing: ") + m
                        for n, m in zip(miss.named, miss.name, strict=True)]
     out = pd.DataFrame({
         "termination": f.termination.fillna("(none)").to_numpy(),
-        "error_tool": f.id.map(errs.name).fillna(clusters.NO_ERROR).to_numpy(),
-        "error_kind": f.id.map(kind).fillna(clusters.NO_ERROR).to_numpy(),
-        "deviation": f.id.map(dev).fillna(clusters.NO_EXPECTED).to_numpy(),
+        "error_tool": f.id.map(errs.name).fillna(store_derived.NO_ERROR).to_numpy(),
+        "error_kind": f.id.map(kind).fillna(store_derived.NO_ERROR).to_numpy(),
+        "deviation": f.id.map(dev).fillna(store_derived.NO_EXPECTED).to_numpy(),
     })
     return out.groupby(list(clusters.LEVELS)).size().rename("n").reset_index()
 
@@ -123,7 +124,8 @@ def paths(scale: int, repeats: int, text: str) -> None:
     members) recomputed from the raw tables, the embedding text rebuilt and hashed in
     Python. New: the id set from the full-text index once, the columns derived at import.
     """
-    from trace_lib.explore import derived, queries, search
+    from trace_lib.explore import queries
+    from trace_lib.store import search
     from trace_lib.workbench.explore import _overview
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,7 +133,7 @@ def paths(scale: int, repeats: int, text: str) -> None:
         n = build(db, scale, messages=True)
         with store.connect(db) as con:
             t0 = time.perf_counter()
-            report = derived.rebuild(con, db)
+            report = store_derived.rebuild(con, db)
             backfill = time.perf_counter() - t0
         n_msg = 0
         with store.connect(db, read_only=True) as con:
@@ -172,11 +174,11 @@ def paths(scale: int, repeats: int, text: str) -> None:
                 if old_fn is None:
                     print(f"| {name} | | {new_s * 1000:.0f} ms | |")
                     continue
-                con.execute(f"SET VARIABLE {derived.PEER_VARIABLE} = true")
+                con.execute(f"SET VARIABLE {store_derived.PEER_VARIABLE} = true")
                 try:
                     old_s, old_out = timed(old_fn, repeats)
                 finally:
-                    con.execute(f"RESET VARIABLE {derived.PEER_VARIABLE}")
+                    con.execute(f"RESET VARIABLE {store_derived.PEER_VARIABLE}")
                 same = _same(old_out, new_out)
                 print(f"| {name} | {old_s * 1000:.0f} ms | {new_s * 1000:.0f} ms "
                       f"| x{old_s / new_s:.1f} | {same} |", flush=True)

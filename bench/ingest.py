@@ -19,7 +19,7 @@ What it measures, on the same machine and the same synthetic JSONL file per size
      trajectories and extrapolated linearly (too slow to run on 100k; said so).
   4. With `--queries`: latency of every public query of trace_lib/explore/queries.py at
      the first N (target < 200 ms each).
-  5. With `--core`: the same import with the explore stage's `derived.on_import` hook
+  5. With `--core`: the same import with the store's `derived.on_import` hook
      (derived columns and search documents of the new rows, computed at commit) switched
      off, to show the importer's own share of the time and memory.
   6. With `--otel-spans 25000,100000`: `ingest_paths` of a synthetic OTLP JSON file

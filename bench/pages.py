@@ -444,7 +444,7 @@ def main() -> int:
                 part = db.with_name(db.stem + ".part.duckdb")  # a stopped build is not reused
                 part.unlink(missing_ok=True)
                 took = build(part, n, args.runs)
-                from trace_lib.explore.search import index_path
+                from trace_lib.store.search import index_path
 
                 index_path(part).rename(index_path(db))  # the side full-text index
                 part.rename(db)

@@ -184,7 +184,7 @@ def _labeled(db: Path) -> tuple[list, list, list]:
 def write_before(db: Path, run_id: str, results: list) -> None:
     """The writes as before issue 15 (the peer): a pandas DataFrame per chunk of 200
     trajectories, each chunk through its own connection (nothing was materialised then)."""
-    from trace_lib.diagnose.labels import create_run
+    from trace_lib.diagnose.label_runs import create_run
 
     with store.connect(db) as con:
         create_run(con, run_id, "heuristic", status="running")
@@ -208,8 +208,8 @@ def write_before(db: Path, run_id: str, results: list) -> None:
 def write_now(db: Path, run_id: str, results: list) -> None:
     """The writes as `labeling._label_loop` does them for a fast labeler: Arrow batches of
     200 trajectories over one held connection, the run finished and materialised."""
+    from trace_lib.diagnose.label_runs import create_run
     from trace_lib.diagnose.labeling import WRITE_CHUNK, _Sink
-    from trace_lib.diagnose.labels import create_run
 
     with store.connect(db) as con:
         create_run(con, run_id, "heuristic", status="running")

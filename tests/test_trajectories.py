@@ -9,9 +9,9 @@ import pytest
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
+from trace_lib.store.trajectories import domain_tool_schemas
 from trace_lib.trajectories import (
     chat_messages,
-    domain_tool_schemas,
     excerpt,
     load_trajectories,
     load_trajectory,

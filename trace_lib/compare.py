@@ -43,6 +43,8 @@ from typing import Any
 from trace_lib import store
 from trace_lib.errors import UserInputError
 from trace_lib.explore.untrusted_text import escape_html as _e
+from trace_lib.store import labels as store_labels
+from trace_lib.store import trajectories as store_trajectories
 
 Z95 = 1.959963984540054
 MAJORITY_RULE = ("a task counts as passed when more than half of its trials passed "
@@ -99,33 +101,23 @@ class DatasetRef:
 
 def resolve_dataset(con: Any, ref: str) -> DatasetRef:
     """A dataset by id, else by name; unknown or ambiguous names are a clear error."""
-    row = con.execute("SELECT id, name, format FROM datasets WHERE id = ?", [ref]).fetchone()
-    if row:
-        return DatasetRef(*row)
-    rows = con.execute("SELECT id, name, format FROM datasets WHERE name = ? ORDER BY id",
-                       [ref]).fetchall()
+    rows = store_trajectories.find_datasets(con, ref)
     if len(rows) == 1:
         return DatasetRef(*rows[0])
     if len(rows) > 1:
         raise UserInputError(f"dataset {ref!r}: {len(rows)} datasets have this name "
                              f"({', '.join(r[0] for r in rows)}); give the id instead")
-    known = [f"{n} ({i})" for i, n in con.execute(
-        "SELECT id, name FROM datasets ORDER BY imported_at DESC LIMIT 8").fetchall()]
+    known = [f"{n} ({i})" for i, n in store_trajectories.recent_datasets(con, 8)]
     raise UserInputError(f"dataset {ref!r}: no dataset with this id or name; known: "
                          f"{', '.join(known) if known else 'none (import or evaluate first)'}")
 
 
 def _outcomes(con: Any, ds: DatasetRef) -> list[tuple[str, str | None, bool | None]]:
-    return con.execute(
-        "SELECT id, task_id, success FROM trajectories WHERE dataset_id = ? "
-        "ORDER BY task_id, trial, id", [ds.id]).fetchall()
+    return store_trajectories.dataset_outcomes(con, ds.id)
 
 
 def _provenance(con: Any, ds: DatasetRef) -> dict[str, Any]:
-    row = con.execute(
-        "SELECT any_value(agent_model), count(DISTINCT agent_model), "
-        "any_value(CAST(meta->'provenance' AS VARCHAR)) FROM trajectories "
-        "WHERE dataset_id = ?", [ds.id]).fetchone()
+    row = store_trajectories.dataset_provenance(con, ds.id)
     prov = json.loads(row[2]) if row and row[2] else {}
     agent = row[0] if row and row[1] == 1 else (f"{row[1]} agent models" if row else None)
     return {"agent_model": agent, **prov}
@@ -158,11 +150,7 @@ def provenance_line(side: dict[str, Any]) -> str:
 
 def _lacking_rates(con: Any, ds: DatasetRef) -> dict[str, tuple[int, int]]:
     """capability -> (lacking, labelled present or lacking) from effective labels."""
-    rows = con.execute(
-        "SELECT l.capability, count(*) FILTER (l.value = 'lacking'), "
-        "count(*) FILTER (l.value IN ('lacking', 'present')) "
-        "FROM effective_labels l JOIN trajectories t ON t.id = l.trajectory_id "
-        "WHERE t.dataset_id = ? GROUP BY 1 ORDER BY 1", [ds.id]).fetchall()
+    rows = store_labels.dataset_lacking_counts(con, ds.id)
     return {cap: (int(k), int(n)) for cap, k, n in rows if n}
 
 

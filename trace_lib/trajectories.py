@@ -5,6 +5,9 @@
     st.trajectory.messages[0].content; st.expected_actions; chat_messages(st.trajectory)
 
 Design decisions
+- This module sits beside the store and takes a duck-typed connection: it imports
+  neither `trace_lib.store` nor DuckDB, because the label job loads transcripts through
+  it (import contract). So its four queries live here, not in `store.trajectories`.
 - One loader, set-based: `load_trajectories(con, ids)` reads any number of trajectories
   with four queries (heads, messages, tool calls, expected actions), not four per id, so
   labelers over thousands of trajectories and a page opening one use the same code.
@@ -72,12 +75,6 @@ def resolve_ids(con: Any, ids: list[str]) -> dict[str, str]:
     return out
 
 
-def _missing_error(missing: list[str]) -> UserInputError:
-    if len(missing) == 1:
-        return UserInputError(f"trajectory {missing[0]!r}: not in the store")
-    return UserInputError(f"trajectory id(s) not in the store: {', '.join(missing[:5])}")
-
-
 @dataclass
 class TrajectoryRows:
     """The store's rows of some trajectories, keyed by store id: what every loader builds on."""
@@ -129,6 +126,12 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
             "ORDER BY t.id, e.idx", [wanted]).fetchall():
         expected[tid].append({"name": name, "arguments": _as_dict(args), "requestor": requestor})
     return TrajectoryRows(heads, msgs, calls, expected)
+
+
+def _missing_error(missing: list[str]) -> UserInputError:
+    if len(missing) == 1:
+        return UserInputError(f"trajectory {missing[0]!r}: not in the store")
+    return UserInputError(f"trajectory id(s) not in the store: {', '.join(missing[:5])}")
 
 
 def load_trajectories(con: Any, ids: list[str]) -> list[StoredTrajectory]:
@@ -183,21 +186,12 @@ def load_transcripts(con: Any, store_ids: list[str]) -> list[Transcript]:
     return [out[i] for i in store_ids]
 
 
-def load_trajectory(con: Any, trajectory_id: str) -> StoredTrajectory:
-    return load_trajectories(con, [trajectory_id])[0]
-
-
 def load_transcript(con: Any, trajectory_id: str) -> Transcript:
     return load_transcripts(con, [trajectory_id])[0]
 
 
-def domain_tool_schemas(con: Any, domain: str | None) -> list[dict[str, Any]]:
-    """The tool schemas the store keeps for `domain` (given or inferred), by name."""
-    if not domain:
-        return []
-    rows = con.execute("SELECT schema FROM tool_schemas WHERE domain = ? ORDER BY name",
-                       [domain]).fetchall()
-    return [_loads(r[0]) for r in rows]
+def load_trajectory(con: Any, trajectory_id: str) -> StoredTrajectory:
+    return load_trajectories(con, [trajectory_id])[0]
 
 
 # ------------------------------------------------------------------------------ views

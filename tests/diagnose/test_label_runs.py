@@ -19,9 +19,11 @@ import pytest
 from wire_server import Reply, WireServer
 
 from trace_lib import store
+from trace_lib.diagnose import label_csv, label_runs
 from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import FAIL_FAST_AFTER, LabelRunFailed, run_labeling
 from trace_lib.diagnose.ranking import RankConfig, rank
+from trace_lib.store import migrations
 
 REPO = Path(__file__).resolve().parents[2]
 COPIES = 24  # 36 demo trajectories x 25 = 900: chunks of 200 are written well before the end
@@ -64,7 +66,7 @@ def _kill_after(proc: subprocess.Popen, done: int) -> int:
 
 
 def _export(db: Path, path: Path) -> list[tuple[str, str, str]]:
-    lb.export_labels(db, path)
+    label_csv.export_labels(db, path)
     with open(path, newline="", encoding="utf-8") as fh:
         return [tuple(r) for r in list(csv.reader(fh))[1:]]
 
@@ -97,7 +99,7 @@ def test_a_killed_run_is_left_out_and_resume_completes_it(demo_db: Path, tmp_pat
     queue = lb.review_queue(demo_db)
     assert [r["run"] for r in queue.attrs["left_out"]] == ["killed"]
     assert _export(demo_db, tmp_path / "during.csv") == export_before
-    note = lb.left_out_note(lb.left_out_runs(demo_db))
+    note = label_runs.left_out_note(label_runs.left_out_runs(demo_db))
     assert note is not None and f"killed (running, {written} trajectories labeled" in note
 
     # resume completes it: every trajectory labeled once, status finished, counted
@@ -118,7 +120,7 @@ def test_a_killed_run_is_left_out_and_resume_completes_it(demo_db: Path, tmp_pat
     assert same == per_traj[0]  # the heuristic is deterministic: the same labels as a full run
     ranking = rank(demo_db)
     assert ranking.n_runs == 2 and not ranking.left_out
-    assert lb.left_out_runs(demo_db) == []
+    assert label_runs.left_out_runs(demo_db) == []
     with pytest.raises(Exception, match="already finished"):
         run_labeling(demo_db, resume="killed")
 
@@ -182,8 +184,8 @@ def test_migration_marks_unfinished_old_runs_running(tmp_path: Path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    old = store.MIGRATIONS.index(store._LABEL_RUN_STATUS)
-    for i, sql in enumerate(store.MIGRATIONS[:old]):
+    old = migrations.MIGRATIONS.index(migrations.LABEL_RUN_STATUS)
+    for i, sql in enumerate(migrations.MIGRATIONS[:old]):
         con.execute(sql)
         con.execute("INSERT INTO schema_version VALUES (?)", [i + 1])
     con.execute("INSERT INTO label_runs (id, labeler, finished_at) VALUES "

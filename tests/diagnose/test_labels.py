@@ -8,6 +8,7 @@ import pytest
 from synthetic import make_store
 
 from trace_lib import store
+from trace_lib.diagnose import label_csv
 from trace_lib.diagnose import labels as lb
 from trace_lib.errors import UserInputError
 
@@ -17,18 +18,18 @@ OUT = {"a": False, "b": False, "c": True}
 def test_export_import_round_trip_with_source_ids(db_path: Path, tmp_path: Path) -> None:
     make_store(db_path, OUT, {"r1": {"tool_calling_precision": ["lacking", "present", "na"]}})
     csv_path = tmp_path / "labels.csv"
-    assert lb.export_labels(db_path, csv_path) == 3
+    assert label_csv.export_labels(db_path, csv_path) == 3
     assert csv_path.read_text().splitlines()[0] == \
         "trajectory_id,capability,value,dataset,task_id,trial"  # qualified: dataset, task, trial
     ext = tmp_path / "ext.csv"
     ext.write_text("trajectory_id,capability,value\nsrc-a,upselling,lacking\nb,upselling,NA\n")
-    assert lb.import_labels(db_path, ext, "human-1") == 2
+    assert label_csv.import_labels(db_path, ext, "human-1") == 2
     with store.connect(db_path) as con:
         rows = con.execute("SELECT trajectory_id, value FROM labels WHERE run_id = 'human-1' "
                            "ORDER BY 1").fetchall()
     assert rows == [("a", "lacking"), ("b", "na")]
     with pytest.raises(UserInputError, match="already exists"):
-        lb.import_labels(db_path, ext, "human-1")
+        label_csv.import_labels(db_path, ext, "human-1")
 
 
 def test_bad_import_names_lines_and_imports_nothing(db_path: Path, tmp_path: Path) -> None:
@@ -40,7 +41,7 @@ def test_bad_import_names_lines_and_imports_nothing(db_path: Path, tmp_path: Pat
                    "b,not_a_cap,present\n"
                    "c,upselling,maybe\n")
     with pytest.raises(UserInputError) as info:
-        lb.import_labels(db_path, bad, "r-bad")
+        label_csv.import_labels(db_path, bad, "r-bad")
     msg = str(info.value)
     assert "bad.csv" in msg and "nothing imported" in msg
     assert "line 3: trajectory_id 'zzz'" in msg and "line 4: capability 'not_a_cap'" in msg
@@ -51,7 +52,7 @@ def test_bad_import_names_lines_and_imports_nothing(db_path: Path, tmp_path: Pat
     header = tmp_path / "header.csv"
     header.write_text("id,cap,value\nx,y,z\n")
     with pytest.raises(UserInputError, match="missing column"):
-        lb.import_labels(db_path, header, "r2")
+        label_csv.import_labels(db_path, header, "r2")
 
 
 def test_grid_changes_bulk_edit_and_review_queue(db_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 from synthetic import make_store
 
 from trace_lib import store
+from trace_lib.diagnose import label_csv, materialise
 from trace_lib.diagnose import labels as lb
-from trace_lib.diagnose import materialise
 from trace_lib.diagnose.labeling import set_run_status
 from trace_lib.diagnose.ranking import RankConfig, rank_con
 from trace_lib.scope import Scope
@@ -113,7 +113,7 @@ def test_tables_equal_the_definition_after_runs_edits_and_undo(random_store: Pat
     csv_path = tmp_path / "imp.csv"
     csv_path.write_text("trajectory_id,capability,value\nt1,upselling,lacking\n"
                         "t2,upselling,present\n")
-    lb.import_labels(db, csv_path, "imported")
+    label_csv.import_labels(db, csv_path, "imported")
     with store.connect(db) as con:
         assert materialise.sync(con).action == "fresh"
         _assert_equal_to_definition(con)

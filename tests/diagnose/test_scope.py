@@ -11,6 +11,7 @@ import pytest
 
 from trace_lib import store
 from trace_lib.cli import main
+from trace_lib.diagnose import label_csv
 from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.diagnose.ranking import rank
@@ -59,7 +60,7 @@ def test_label_rank_queue_and_export_in_scope(two_datasets: Path, tmp_path: Path
     assert any(sum(r.pooled.values()) > n_known for r in whole.rows)
     assert lb.review_queue(db, scope=Scope(agent_models=["nobody"])).empty
     path = tmp_path / "theirs.csv"
-    n = lb.export_labels(db, path, scope=theirs)
+    n = label_csv.export_labels(db, path, scope=theirs)
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == n and {r["dataset"] for r in rows} == {"theirs"}

@@ -10,6 +10,7 @@ from trace_lib import store
 from trace_lib.explore import clusters as cl
 from trace_lib.explore import queries as q
 from trace_lib.explore.queries import TrajectoryFilter as F
+from trace_lib.store import derived as store_derived
 
 
 def test_known_signatures(known_db):
@@ -17,13 +18,13 @@ def test_known_signatures(known_db):
         sig = cl.failure_signatures(con).set_index("trajectory_id")
     assert set(sig.index) == {"t_f1", "t_f2", "t_f3", "t_f4"}  # failures only
     assert tuple(sig.loc["t_f1", list(cl.LEVELS)]) == (
-        "user_stop", cl.NO_ERROR, cl.NO_ERROR, "wrong args: book")
+        "user_stop", store_derived.NO_ERROR, store_derived.NO_ERROR, "wrong args: book")
     assert tuple(sig.loc["t_f2", list(cl.LEVELS)]) == (
         "too_many_errors", "get_user", "user <id> not found", "missing: book")
     # same arguments in another key order still reproduce the expected action
-    assert sig.loc["t_f3", "deviation"] == cl.ALL_MADE
+    assert sig.loc["t_f3", "deviation"] == store_derived.ALL_MADE
     assert tuple(sig.loc["t_f4", list(cl.LEVELS)]) == (
-        "user_stop", "search", "reservation <id> not found", cl.NO_EXPECTED)
+        "user_stop", "search", "reservation <id> not found", store_derived.NO_EXPECTED)
 
 
 def test_counts_members_and_prefixes(known_db):
@@ -79,7 +80,7 @@ def test_real_deviations_are_true_of_the_transcripts(real_db):
             assert (name in called) == row.deviation.startswith("wrong args:")
             checked += 1
         assert checked >= 20
-        tool_err = sig[sig.error_tool != cl.NO_ERROR].iloc[0]
+        tool_err = sig[sig.error_tool != store_derived.NO_ERROR].iloc[0]
         first = con.execute(
             "SELECT name FROM tool_calls WHERE trajectory_id = ? AND error IS NOT NULL "
             "ORDER BY message_idx, call_idx LIMIT 1", [tool_err.trajectory_id]).fetchone()[0]

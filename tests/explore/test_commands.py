@@ -64,7 +64,7 @@ def test_explore_reindex_and_text_modes(known_db, capsys):
     out = run_json(capsys, "reindex", *db)
     assert out == {"derived": 6, "indexed": 6}
     from trace_lib import store
-    from trace_lib.explore import search
+    from trace_lib.store import search
 
     with store.connect(known_db, read_only=True) as con:
         assert search.index_state(con).fresh

@@ -9,8 +9,10 @@ import duckdb
 import pandas as pd
 
 from trace_lib import store
-from trace_lib.explore import clusters, derived, embeddings, queries, search
+from trace_lib.explore import clusters, embeddings, queries
 from trace_lib.explore.queries import TrajectoryFilter as F
+from trace_lib.store import derived as store_derived
+from trace_lib.store import migrations, search
 
 
 def _computed_signatures(con) -> pd.DataFrame:
@@ -24,7 +26,7 @@ def _computed_signatures(con) -> pd.DataFrame:
 def _derived_signatures(con) -> pd.DataFrame:
     return con.execute(
         f"SELECT d.trajectory_id, d.error_tool, d.error_kind, d.deviation "
-        f"FROM {derived.TABLE} d JOIN trajectories t ON t.id = d.trajectory_id "
+        f"FROM {store_derived.TABLE} d JOIN trajectories t ON t.id = d.trajectory_id "
         f"WHERE NOT t.success ORDER BY d.trajectory_id").df()
 
 
@@ -37,15 +39,15 @@ def _computed_kinds(con) -> dict[str, list[str]]:
 
 
 def _assert_equal_to_definition(con) -> None:
-    assert derived.ready(con)
+    assert store_derived.ready(con)
     pd.testing.assert_frame_equal(_derived_signatures(con), _computed_signatures(con))
     kinds = dict(con.execute(
-        f"SELECT trajectory_id, error_kinds FROM {derived.TABLE} "
+        f"SELECT trajectory_id, error_kinds FROM {store_derived.TABLE} "
         f"WHERE len(error_kinds) > 0").fetchall())
     assert kinds == _computed_kinds(con)
     assert all(k == sorted(k) for k in kinds.values())  # stored sorted: same run to run
     texts = embeddings.trajectory_texts(con, failures_only=False)
-    stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {derived.TABLE}"
+    stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {store_derived.TABLE}"
                               ).fetchall())
     assert stored == dict(zip(texts.trajectory_id, texts.text_sha256, strict=True))
 
@@ -57,11 +59,11 @@ def test_import_derives_every_trajectory(real_db: Path):
 
 def _old_store(src: Path, dst: Path) -> None:
     """`src`'s data in a store at the schema version before `trajectory_derived`."""
-    before = store.MIGRATIONS.index(store._EXPLORE_DERIVED)
+    before = migrations.MIGRATIONS.index(migrations.EXPLORE_DERIVED)
     con = duckdb.connect(str(dst))
     con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
     for v in range(before):
-        con.execute(store.MIGRATIONS[v])
+        con.execute(migrations.MIGRATIONS[v])
         con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
     con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
     for table in ("datasets", "trajectories", "messages", "tool_calls", "expected_actions"):
@@ -88,15 +90,15 @@ def test_backfill_on_an_old_store(real_db: Path, tmp_path: Path):
     with store.connect(real_db, read_only=True) as con:
         want = _answers(con)
     with store.connect(old, read_only=True) as con:  # not migrated: computed path
-        assert not derived.table_exists(con) and not derived.ready(con)
+        assert not store_derived.table_exists(con) and not store_derived.ready(con)
         got = _answers(con)
     with store.connect(old) as con:  # migrated: the table exists, still empty
-        assert derived.table_exists(con) and not derived.ready(con)
-        report = derived.rebuild(con, old)
+        assert store_derived.table_exists(con) and not store_derived.ready(con)
+        report = store_derived.rebuild(con, old)
         n = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
         assert report == {"derived": n, "indexed": n}
         _assert_equal_to_definition(con)
-        assert derived.rebuild(con, old)["derived"] == 0  # nothing left to backfill
+        assert store_derived.rebuild(con, old)["derived"] == 0  # nothing left to backfill
     with store.connect(old, read_only=True) as con:
         assert search.index_state(con).fresh
         after = _answers(con)
@@ -149,7 +151,7 @@ def test_text_hash_in_sql_matches_the_python_definition(tmp_path: Path):
     ingest_paths([data], db=db)
     with store.connect(db, read_only=True) as con:
         texts_df = embeddings.trajectory_texts(con, failures_only=False)
-        stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {derived.TABLE}"
+        stored = dict(con.execute(f"SELECT trajectory_id, text_sha256 FROM {store_derived.TABLE}"
                                   ).fetchall())
     assert len(stored) == len(lines)
     assert stored == dict(zip(texts_df.trajectory_id, texts_df.text_sha256, strict=True))
@@ -157,5 +159,5 @@ def test_text_hash_in_sql_matches_the_python_definition(tmp_path: Path):
 
 def test_whitespace_set_is_str_isspace():
     """The spelt-out set `derived` strips in SQL is exactly what `str.strip()` strips."""
-    assert derived._PY_WHITESPACE == "".join(
+    assert store_derived._PY_WHITESPACE == "".join(
         c for c in map(chr, range(0x110000)) if c.isspace())

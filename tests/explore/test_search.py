@@ -12,9 +12,10 @@ import pytest
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
-from trace_lib.explore import derived, search
 from trace_lib.explore.queries import TrajectoryFilter as F
 from trace_lib.explore.queries import list_trajectories
+from trace_lib.store import derived as store_derived
+from trace_lib.store import search
 
 TOKEN = re.compile(r"[^\W_]+")
 
@@ -102,13 +103,13 @@ def test_aborted_import_leaves_no_index_rows(tmp_path: Path):
         con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
                     "VALUES ('t_new', 'd', 'sha_new')")
-        with pytest.raises(RuntimeError), derived.on_import(con, db):
-            assert con.execute(f"SELECT count(*) FROM {derived.TABLE} "
+        with pytest.raises(RuntimeError), store_derived.on_import(con, db):
+            assert con.execute(f"SELECT count(*) FROM {store_derived.TABLE} "
                                "WHERE trajectory_id = 't_new'").fetchall()[0][0] == 1
             raise RuntimeError("commit failed")
         con.execute("ROLLBACK")
         assert search.index_state(con).fresh
-        assert con.execute(f"SELECT count(*) FROM {derived.TABLE}").fetchall()[0][0] == 3
+        assert con.execute(f"SELECT count(*) FROM {store_derived.TABLE}").fetchall()[0][0] == 3
     assert _n_docs(db) == 3
 
 
@@ -118,7 +119,7 @@ def test_failed_first_import_removes_the_index_file(tmp_path: Path):
         con.execute("BEGIN TRANSACTION")
         con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) "
                     "VALUES ('t1', 'd', 'sha1')")
-        with pytest.raises(RuntimeError), derived.on_import(con, db):
+        with pytest.raises(RuntimeError), store_derived.on_import(con, db):
             assert search.index_path(db).exists()
             raise RuntimeError("commit failed")
         con.execute("ROLLBACK")
@@ -137,15 +138,15 @@ def test_stale_index_falls_back_to_scan_and_reindex_repairs(tmp_path: Path):
         con.execute("INSERT INTO messages (trajectory_id, idx, role, content) "
                     "VALUES ('t_hand', 0, 'user', 'Charlie by hand')")
     with store.connect(db, read_only=True) as con:
-        assert not search.index_state(con).fresh and not derived.ready(con)
+        assert not search.index_state(con).fresh and not store_derived.ready(con)
         found = search.hits(con, "charlie")
         assert found.source == "scan" and len(found.ids) == 5
         assert set(search.hits(con, "zfa04y").ids) == set(search.hits(con, "charlie").ids) - {
             "t_hand"}
     with store.connect(db) as con:
-        assert derived.rebuild(con, db) == {"derived": 1, "indexed": 5}
+        assert store_derived.rebuild(con, db) == {"derived": 1, "indexed": 5}
     with store.connect(db, read_only=True) as con:
-        assert search.index_state(con).fresh and derived.ready(con)
+        assert search.index_state(con).fresh and store_derived.ready(con)
         found = search.hits(con, "charlie")
         assert found.source == "index" and len(found.ids) == 5
 

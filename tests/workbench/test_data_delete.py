@@ -12,6 +12,7 @@ import pytest
 from trace_lib import store
 from trace_lib.cli import main
 from trace_lib.errors import UserInputError
+from trace_lib.store import trajectories as store_trajectories
 from trace_lib.workbench import data
 
 
@@ -75,7 +76,7 @@ def test_delete_removes_every_dependent_row_and_keeps_the_edits(two_datasets: Pa
         assert con.execute("SELECT DISTINCT agent_model FROM trajectories").fetchall() == [
             ("model-theirs",)]
         # Nothing anywhere still points at a trajectory or a dataset that is gone.
-        for table, column in data._dependent_tables(con):
+        for table, column in store_trajectories.dependent_tables(con):
             parent = "trajectories" if column == "trajectory_id" else "datasets"
             orphans = con.execute(f'SELECT count(*) FROM "{table}" WHERE {column} NOT IN '
                                   f"(SELECT id FROM {parent})").fetchone()[0]

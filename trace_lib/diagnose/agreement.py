@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from typing import Any
 
-import duckdb
 import numpy as np
 import pandas as pd
 
@@ -58,6 +57,7 @@ from trace_lib.diagnose.stability import (  # noqa: F401  (re-exported: one impo
 )
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store.connection import Connection
 
 ORDERS = ("disagreement", "sensitivity")
 PEOPLE = "people"
@@ -170,7 +170,7 @@ _VOTES_SQL = """
     GROUP BY ALL"""
 
 
-def agreement_con(con: duckdb.DuckDBPyConnection, runs: list[str] | None = None, *,
+def agreement_con(con: Connection, runs: list[str] | None = None, *,
                   scope: Scope | None = None) -> AgreementReport:
     """Fleiss' kappa across runs per capability; Cohen's kappa of every labeler against
     people, of labelers against each other and of people against each other.
@@ -249,7 +249,7 @@ def _fleiss_row(cap: str, n_wide: int, n_full: int, totals: tuple, p_bar: float 
     return FleissRow(cap, (float(p_bar) - p_e) / (1.0 - p_e), float(p_bar), n_full, n_runs)
 
 
-def _confusions(con: duckdb.DuckDBPyConnection, pairs_sql: str, params: list
+def _confusions(con: Connection, pairs_sql: str, params: list
                 ) -> dict[tuple[str, str], dict[tuple[str, str], int]]:
     """{(rater a, rater b): {(a's value, b's value): pairs}} of a query yielding
     rater_a, rater_b, a, b per pair both rated."""
@@ -344,7 +344,7 @@ QUEUE_COLUMNS = ["trajectory_id", "capability", "value", "disagreement", "source
                  "runs_disagreement", "success", "task_id"]
 
 
-def review_queue_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None,
+def review_queue_con(con: Connection, cfg: RankConfig | None = None,
                      st: StabilityConfig | None = None, *, limit: int = 50,
                      order: str = "disagreement", scope: Scope | None = None
                      ) -> pd.DataFrame:

@@ -32,11 +32,12 @@ from typing import Any
 from trace_lib import jobs, store
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.label_job import read_labels, shard_name, write_shard
+from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import PairLabel, TrajectoryLabels, get_labeler
-from trace_lib.diagnose.labeling import _select, _set_status, label_batch
-from trace_lib.diagnose.labels import create_run
+from trace_lib.diagnose.labeling import _select, label_batch
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store import labels as store_labels
 from trace_lib.trajectories import load_transcripts
 
 KIND = "label"
@@ -92,9 +93,9 @@ def submit_label_job(db: str | Path | None, labeler: str = "heuristic", *,
 
 def _mark_failed(db: str | Path | None, run_id: str, reason: str) -> None:
     with store.connect(db) as con, store.transaction(con):
-        row = con.execute("SELECT status FROM label_runs WHERE id = ?", [run_id]).fetchone()
-        if row is not None and row[0] != "finished":
-            _set_status(con, run_id, "failed", reason, None)
+        status = store_labels.run_status(con, run_id)
+        if status is not None and status != "finished":
+            store_labels.set_run_status(con, run_id, "failed", reason, None)
 
 
 def _results(run_dir: Path, shards: list[str]) -> list[TrajectoryLabels]:
@@ -126,36 +127,25 @@ def record_label_job(db: str | Path | None, job_id: str) -> dict[str, Any]:
     batch = label_batch(run_id, results)
     with store.connect(db) as con:
         with store.transaction(con):
-            row = con.execute("SELECT status FROM label_runs WHERE id = ?", [run_id]).fetchone()
-            if row is None:
+            status = store_labels.run_status(con, run_id)
+            if status is None:
                 raise UserInputError(f"job {job_id}: label run {run_id!r} is not in this store "
                                      f"(was the job submitted against another database?)")
-            if row[0] == "finished":
+            if status == "finished":
                 return {**out, "outcome": "already"}
-            con.execute("DELETE FROM labels WHERE run_id = ?", [run_id])
-            insert_batch_in_transaction(con, batch)
-            _set_status(con, run_id, "finished", None, result.get("cost"))
+            store_labels.delete_run_labels(con, run_id)
+            store_labels.insert_labels(con, batch)
+            store_labels.set_run_status(con, run_id, "finished", None, result.get("cost"))
         materialise.sync(con)
     return {**out, "outcome": "recorded", "n_trajectories": len(results),
             "n_labels": batch.num_rows, "n_failed": result.get("n_failed", 0)}
-
-
-def insert_batch_in_transaction(con: Any, batch: Any) -> None:
-    """`labeling.insert_batch` without its own transaction (the caller holds one)."""
-    con.register("_job_labels", batch)
-    try:
-        cols = ", ".join(batch.column_names)
-        con.execute(f"INSERT INTO labels ({cols}) SELECT {cols} FROM _job_labels")
-    finally:
-        con.unregister("_job_labels")
 
 
 def sync_label_jobs(db: str | Path | None) -> list[dict[str, Any]]:
     """Record every ended label job whose label run is still 'running' in this store."""
     with store.connect(db) as con:
         open_runs = {r[0]: json.loads(r[1]) if isinstance(r[1], str) else (r[1] or {})
-                     for r in con.execute("SELECT id, params FROM label_runs "
-                                          "WHERE status = 'running'").fetchall()}
+                     for r in store_labels.running_run_params(con)}
     out = []
     for job_id in sorted({p["job"] for p in open_runs.values() if p.get("job")}):
         try:  # only the jobs the store waits for: no scan of the whole runs directory

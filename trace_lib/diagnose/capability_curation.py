@@ -21,14 +21,10 @@ Design decisions
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import duckdb
 
 from trace_lib import store
 from trace_lib.capabilities import (  # noqa: F401  (re-exported: the menu as before)
@@ -41,6 +37,12 @@ from trace_lib.capabilities import (  # noqa: F401  (re-exported: the menu as be
 )
 from trace_lib.data_model import Capability
 from trace_lib.errors import UserInputError
+from trace_lib.store import capabilities as store_capabilities
+from trace_lib.store import trajectories as store_trajectories
+from trace_lib.store.capabilities import (  # noqa: F401  (the catalog's reads, as before)
+    capabilities_on,
+    ensure_builtin,
+)
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{1,63}$")
 PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
@@ -50,55 +52,11 @@ PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
 
 # ----------------------------------------------------------------------------- CRUD
 
-def ensure_builtin(con: duckdb.DuckDBPyConnection) -> int:
-    """Insert the built-in menu where missing (never overwrites a user's edits).
-
-    Every page render and label run calls this, and two connections of one process (two
-    reruns, two sessions) can insert the same rows at once: DuckDB commits one and fails
-    the other with a duplicate key (ON CONFLICT does not see a concurrent transaction's
-    rows, and until the other transaction commits its rows are not visible either). So
-    read first (nothing to write once the menu is in), and after a conflict wait briefly
-    and recheck until the rows are there. Call it outside an explicit transaction."""
-    names = [b.name for b in BUILTIN]
-
-    def present() -> int:
-        return con.execute("SELECT count(*) FROM capabilities WHERE name IN (SELECT unnest(?))",
-                           [names]).fetchone()[0]
-
-    before = present()
-    for attempt in range(6):
-        if present() == len(names):
-            return 0
-        try:
-            con.executemany(
-                "INSERT INTO capabilities (name, description, applies_when, source, status) "
-                "VALUES (?, ?, ?, 'builtin', 'accepted') ON CONFLICT (name) DO NOTHING",
-                [[b.name, b.description, b.applies_when] for b in BUILTIN])
-            return present() - before
-        except (duckdb.ConstraintException, duckdb.TransactionException):
-            # The other writer may not have committed yet: wait for its rows, then recheck.
-            time.sleep(0.05 * 2 ** attempt)
-    if present() != len(names):
-        raise store.StoreError("the built-in capabilities could not be written: another "
-                               "session kept conflicting; retry")
-    return 0
-
-
 def list_capabilities(db: str | Path | None = None, *, status: str | None = None
                       ) -> list[Capability]:
     with store.connect(db) as con:
         ensure_builtin(con)
         return capabilities_on(con, status)
-
-
-def capabilities_on(con: duckdb.DuckDBPyConnection, status: str | None = None
-                    ) -> list[Capability]:
-    """The catalog on an open connection (builtins first, then by name)."""
-    sql = ("SELECT name, description, applies_when, source, status, examples FROM capabilities"
-           + (" WHERE status = ?" if status else "") + " ORDER BY source = 'builtin' DESC, name")
-    rows = con.execute(sql, [status] if status else []).fetchall()
-    return [Capability(name=r[0], description=r[1], applies_when=r[2], source=r[3], status=r[4],
-                       examples=json.loads(r[5]) if r[5] else []) for r in rows]
 
 
 def _check_name(name: str) -> None:
@@ -116,16 +74,14 @@ def add_capability(db: str | Path | None, name: str, description: str, *,
         raise UserInputError(f"capability {name!r}: description: expected non-empty text")
     with store.connect(db) as con:
         ensure_builtin(con)
-        if con.execute("SELECT 1 FROM capabilities WHERE name = ?", [name]).fetchone():
+        if store_capabilities.exists(con, name):
             raise UserInputError(f"capability {name!r} already exists; edit it instead")
-        con.execute(
-            "INSERT INTO capabilities (name, description, applies_when, source, status, examples) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [name, description.strip(), applies_when, source, status, json.dumps(examples or [])])
+        store_capabilities.insert(con, name, description.strip(), applies_when=applies_when,
+                                  source=source, status=status, examples=examples or [])
         return _get(con, name)
 
 
-def _get(con: duckdb.DuckDBPyConnection, name: str) -> Capability:
+def _get(con: store.Connection, name: str) -> Capability:
     caps = [c for c in capabilities_on(con) if c.name == name]
     if not caps:
         known = ", ".join(c.name for c in capabilities_on(con))
@@ -139,8 +95,7 @@ def set_status(db: str | Path | None, name: str, status: str) -> Capability:
     with store.connect(db) as con:
         ensure_builtin(con)
         _get(con, name)
-        con.execute("UPDATE capabilities SET status = ?, updated_at = current_timestamp "
-                    "WHERE name = ?", [status, name])
+        store_capabilities.set_status(con, name, status)
         return _get(con, name)
 
 
@@ -152,11 +107,9 @@ def update_capability(db: str | Path | None, name: str, *, description: str | No
         if description is not None:
             if not description.strip():
                 raise UserInputError(f"capability {name!r}: description: expected non-empty text")
-            con.execute("UPDATE capabilities SET description = ?, updated_at = current_timestamp "
-                        "WHERE name = ?", [description.strip(), name])
+            store_capabilities.set_description(con, name, description.strip())
         if applies_when is not None:
-            con.execute("UPDATE capabilities SET applies_when = ?, updated_at = current_timestamp "
-                        "WHERE name = ?", [applies_when, name])
+            store_capabilities.set_applies_when(con, name, applies_when)
         return _get(con, name)
 
 
@@ -170,16 +123,9 @@ class ContrastPair:
     same_task: bool
 
 
-def contrastive_pairs(con: duckdb.DuckDBPyConnection, max_pairs: int = 8) -> list[ContrastPair]:
+def contrastive_pairs(con: store.Connection, max_pairs: int = 8) -> list[ContrastPair]:
     """Failed vs passed trials of the same task, else of the most similar task."""
-    rows = con.execute("""
-        SELECT t.id, t.task_id, t.domain, t.success,
-               list(DISTINCT e.name) FILTER (WHERE e.name IS NOT NULL) AS names
-        FROM trajectories t
-        LEFT JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id
-        WHERE t.success IS NOT NULL
-        GROUP BY ALL ORDER BY t.task_id, t.id
-    """).fetchall()
+    rows = store_trajectories.known_outcomes_with_expected_tools(con)
     failed = [r for r in rows if r[3] is False]
     passed = [r for r in rows if r[3] is True]
     pairs: list[ContrastPair] = []
@@ -227,7 +173,7 @@ PROPOSAL_SCHEMA: dict[str, Any] = {
 }
 
 
-def proposal_prompt(con: duckdb.DuckDBPyConnection, pairs: list[ContrastPair],
+def proposal_prompt(con: store.Connection, pairs: list[ContrastPair],
                     max_chars_per_transcript: int = 6000) -> tuple[str, str]:
     """(system, user) for the proposal call."""
     from trace_lib.diagnose.transcript_prompt import render_transcript
@@ -263,10 +209,9 @@ def propose_capabilities(db: str | Path | None, provider: Any, *, max_pairs: int
         for item in result.data["capabilities"][:max_new]:
             if item["name"] in existing:
                 continue
-            con.execute(
-                "INSERT INTO capabilities (name, description, source, status, examples) "
-                "VALUES (?, ?, 'llm', 'proposed', ?)",
-                [item["name"], item["description"].strip(), json.dumps(item["example_task_ids"])])
+            store_capabilities.insert(con, item["name"], item["description"].strip(),
+                                      applies_when=None, source="llm", status="proposed",
+                                      examples=item["example_task_ids"])
             existing.add(item["name"])
             added.append(_get(con, item["name"]))
     return added

@@ -21,6 +21,8 @@ from typing import Any
 from trace_lib import store
 from trace_lib.diagnose.capability_curation import CORE
 from trace_lib.diagnose.ranking import RankConfig, rank_con
+from trace_lib.store import labels as store_labels
+from trace_lib.store import trajectories as store_trajectories
 
 
 def _pr(tp: int, fp: int, fn: int) -> dict[str, Any]:
@@ -31,31 +33,18 @@ def _pr(tp: int, fp: int, fn: int) -> dict[str, Any]:
 
 
 def _effective(con: Any, runs: list[str] | None) -> dict[tuple[str, str], str]:
-    if runs is None:
-        rows = con.execute("SELECT trajectory_id, capability, value FROM effective_labels "
-                           "WHERE value IS NOT NULL").fetchall()
-    else:
-        rows = con.execute("""
-            SELECT trajectory_id, capability,
-                   CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
-                        WHEN np_ >= nn THEN 'present' ELSE 'na' END
-            FROM (SELECT trajectory_id, capability,
-                         count(*) FILTER (WHERE value = 'lacking') nl,
-                         count(*) FILTER (WHERE value = 'present') np_,
-                         count(*) FILTER (WHERE value = 'na') nn
-                  FROM effective_run_labels WHERE run_id IN (SELECT unnest(?::VARCHAR[]))
-                  GROUP BY ALL)""", [runs]).fetchall()
+    rows = (store_labels.effective_label_rows(con) if runs is None
+            else store_labels.majority_over_runs(con, runs))
     return {(t, c): v for t, c, v in rows}
 
 
 def planted_recovery(con: Any, runs: list[str] | None = None, cfg: RankConfig | None = None
                      ) -> dict[str, Any] | None:
     """Precision/recall against `meta.planted_deficits`; None when no trajectory has them."""
-    rows = con.execute("""SELECT id, json_extract(meta, '$.planted_deficits') FROM trajectories
-                          WHERE json_extract(meta, '$.planted_deficits') IS NOT NULL""").fetchall()
+    rows = store_trajectories.with_meta_field(con, "planted_deficits")
     if not rows:
         return None
-    planted = {tid: set(json.loads(p) if isinstance(p, str) else p or []) for tid, p in rows}
+    planted = {tid: set(json.loads(p) if isinstance(p, str) else p or []) for tid, _, p in rows}
     labels = _effective(con, runs)
     universe = sorted({c for s in planted.values() for c in s} | set(CORE))
     per_cap, tot = {}, [0, 0, 0]
@@ -85,9 +74,7 @@ def planted_recovery(con: Any, runs: list[str] | None = None, cfg: RankConfig | 
 
 def reward_agreement(con: Any, runs: list[str] | None = None) -> dict[str, Any] | None:
     """Labels vs tau2's action checks and DB check; None when no reward breakdown exists."""
-    rows = con.execute("""
-        SELECT id, success, json_extract(meta, '$.reward_info') FROM trajectories
-        WHERE json_extract(meta, '$.reward_info') IS NOT NULL""").fetchall()
+    rows = store_trajectories.with_meta_field(con, "reward_info")
     if not rows:
         return None
     labels = _effective(con, runs)

@@ -48,16 +48,19 @@ from trace_lib import store
 from trace_lib.data_model import Capability
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
+from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import (
     Labeler,
     LabelerUnavailable,
     TrajectoryLabels,
     get_labeler,
 )
-from trace_lib.diagnose.labels import create_run
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
 from trace_lib.scope import Scope
+from trace_lib.store import labels as store_labels
+from trace_lib.store import trajectories as store_trajectories
+from trace_lib.store.labels import LABEL_COLUMNS
 from trace_lib.trajectories import load_transcripts
 
 Progress = Callable[[int, int], None]
@@ -66,8 +69,6 @@ WRITE_CHUNK = 200
 # process (the app, a CLI read) waiting on DuckDB's file lock gets in well within
 # `store.connect`'s 10 s retry window.
 HOLD_S = 2.0
-LABEL_COLUMNS = ("run_id", "trajectory_id", "capability", "value", "evidence", "confidence",
-                 "error")
 
 
 @dataclass
@@ -97,9 +98,7 @@ def _select(db: str | Path | None, capabilities: list[str] | None,
         if not caps:
             raise UserInputError("no capabilities to label: accept some first")
         if trajectory_ids is None:
-            sc, sp = (scope or Scope()).where(con, "t")
-            trajectory_ids = [r[0] for r in con.execute(
-                f"SELECT id FROM trajectories t WHERE {sc} ORDER BY id", sp).fetchall()]
+            trajectory_ids = store_trajectories.ids_in_scope(con, scope or Scope())
         if not trajectory_ids:
             if scope is not None and not scope.is_empty():
                 raise UserInputError(f"no trajectories in scope ({scope.describe()})")
@@ -129,12 +128,7 @@ def label_batch(run_id: str, results: list[TrajectoryLabels]) -> Any:
 def insert_batch(con: Any, batch: Any) -> None:
     """Append an Arrow table of label rows on an open connection, in one transaction."""
     with store.transaction(con):
-        con.register("_new_labels", batch)
-        try:
-            con.execute(f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) "
-                        f"SELECT {', '.join(LABEL_COLUMNS)} FROM _new_labels")
-        finally:
-            con.unregister("_new_labels")
+        store_labels.insert_labels(con, batch)
 
 
 class _Sink:
@@ -169,7 +163,7 @@ class _Sink:
     def status(self, run_id: str, status: str, reason: str | None = None,
                cost: dict[str, Any] | None = None) -> None:
         with self._con() as con:
-            _set_status(con, run_id, status, reason, cost)
+            store_labels.set_run_status(con, run_id, status, reason, cost)
             if status == "finished":
                 materialise.sync(con)
 
@@ -194,19 +188,11 @@ class LabelRunFailed(UserInputError):
 FAIL_FAST_AFTER = 8
 
 
-def _set_status(con: Any, run_id: str, status: str, reason: str | None,
-                cost: dict[str, Any] | None) -> None:
-    finished = "current_timestamp" if status == "finished" else "NULL"
-    con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
-                f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
-                [status, reason, json.dumps(cost) if cost is not None else None, run_id])
-
-
 def set_run_status(db: str | Path | None, run_id: str, status: str,
                    reason: str | None = None, cost: dict[str, Any] | None = None) -> None:
     """Record how a run ended; a finished run joins the materialised labels at once."""
     with store.connect(db) as con:
-        _set_status(con, run_id, status, reason, cost)
+        store_labels.set_run_status(con, run_id, status, reason, cost)
         if status == "finished":
             materialise.sync(con)
 
@@ -214,11 +200,9 @@ def set_run_status(db: str | Path | None, run_id: str, status: str,
 def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:
     """What a partial run still needs: its row, capabilities, and unlabeled trajectories."""
     with store.connect(db) as con:
-        row = con.execute("SELECT labeler, model, params, status FROM label_runs WHERE id = ?",
-                          [run_id]).fetchone()
+        row = store_labels.run_head(con, run_id)
         if row is None:
-            known = [r[0] for r in con.execute(
-                "SELECT id FROM label_runs WHERE status <> 'finished' ORDER BY id").fetchall()]
+            known = store_labels.unfinished_run_ids(con)
             raise UserInputError(f"label --resume {run_id}: no such label run; unfinished runs: "
                                  f"{', '.join(known) or '(none)'}")
         labeler, model, params, status = row
@@ -228,15 +212,10 @@ def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:
         caps = params.get("capabilities") or None
         wanted = params.get("trajectory_ids")
         if wanted is None:
-            wanted = [r[0] for r in con.execute(
-                "SELECT id FROM trajectories ORDER BY id").fetchall()]
-        done = {r[0] for r in con.execute(
-            "SELECT trajectory_id FROM labels WHERE run_id = ? GROUP BY trajectory_id "
-            "HAVING count(*) FILTER (WHERE value IS NULL) = 0", [run_id]).fetchall()}
+            wanted = store_trajectories.all_ids(con)
+        done = store_labels.complete_trajectories(con, run_id)
         # Trajectories with a failed pair are labeled again: drop their rows first.
-        con.execute("DELETE FROM labels WHERE run_id = ? AND trajectory_id IN (SELECT "
-                    "trajectory_id FROM labels WHERE run_id = ? AND value IS NULL)",
-                    [run_id, run_id])
+        store_labels.delete_failed_trajectories(con, run_id)
     return {"labeler": labeler, "model": model, "params": params, "capabilities": caps,
             "todo": [t for t in wanted if t not in done], "n_done": len(done)}
 

@@ -55,9 +55,10 @@ import numpy as np
 
 from trace_lib import store
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
+from trace_lib.diagnose.label_runs import left_out_note
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store.labels import left_out_runs
 
 REFERENCE_N = 10
 
@@ -251,7 +252,7 @@ def rank_con(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None, *,
     all_runs = [r[0] for r in con.execute(
         "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
     # Only finished runs count: a running (or killed) or failed run is left out and named.
-    left_out = left_out_runs_con(con)
+    left_out = left_out_runs(con)
     unfinished = {r["run"] for r in left_out}
     if cfg.runs is not None:
         unknown = sorted(set(cfg.runs) - set(all_runs))

@@ -24,11 +24,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
 
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.ranking import POOLED_VALUES_SQL, run_filter_sql
+from trace_lib.store.connection import Connection
 
 # The same pairs when every finished run counts (the usual case): the materialised
 # effective value (latest edit, else the majority with the same ties), no GROUP BY over
@@ -111,7 +111,7 @@ def resample_counts(w: np.ndarray, codes: np.ndarray, success: np.ndarray,
     return counts.reshape(b, c, 6)  # slot 3 * passed + value
 
 
-def draw_resamples(con: duckdb.DuckDBPyConnection, run_ids: list[str], b: int, seed: int,
+def draw_resamples(con: Connection, run_ids: list[str], b: int, seed: int,
                    scope_sql: str, scope_params: list) -> Resamples:
     """B stratified resamples of the trajectories in scope with a known outcome and at
     least one pooled label over `run_ids`."""

@@ -33,12 +33,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import duckdb
 import numpy as np
 import pandas as pd
 
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.labels import left_out_note, left_out_runs_con
+from trace_lib.diagnose.label_runs import left_out_note
 from trace_lib.diagnose.ranking import (
     POOLED_VALUES_SQL,
     REFERENCE_N,
@@ -52,12 +51,14 @@ from trace_lib.diagnose.ranking import (
 from trace_lib.diagnose.resamples import Resamples, draw_resamples
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store.connection import Connection
+from trace_lib.store.labels import left_out_runs
 
 VALUES = ("lacking", "present", "na")  # code 0, 1, 2 (slot = 3 * passed + code)
 METHODS = ("auto", "runs", "bootstrap")
 
 
-def counted_run_ids(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> list[str]:
+def counted_run_ids(con: Connection, runs: list[str] | None) -> list[str]:
     """The finished runs the ranking counts (all, or `runs`), oldest first."""
     all_runs = [r[0] for r in con.execute(
         "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
@@ -66,7 +67,7 @@ def counted_run_ids(con: duckdb.DuckDBPyConnection, runs: list[str] | None) -> l
         if unknown:
             raise UserInputError(f"--runs: unknown label run(s) {', '.join(unknown)}; "
                                  f"known: {', '.join(all_runs) or '(none)'}")
-    unfinished = {r["run"] for r in left_out_runs_con(con)}
+    unfinished = {r["run"] for r in left_out_runs(con)}
     return [r for r in all_runs if r not in unfinished and (runs is None or r in runs)]
 
 
@@ -101,7 +102,7 @@ def _check(st: StabilityConfig) -> None:
         raise UserInputError(f"stability: bootstrap resamples {st.b}: expected 10..5000")
 
 
-def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
+def runs_vary(con: Connection, run_ids: list[str]) -> bool:
     """Whether any pair gets different values from different runs (raw labels)."""
     if materialise.counts_every_finished_run(con, run_ids):
         # Every finished run counts (the usual case): the materialised votes per pair
@@ -117,7 +118,7 @@ def runs_vary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
                        [run_ids]).fetchone() is not None
 
 
-def resolve(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig
+def resolve(con: Connection, run_ids: list[str], st: StabilityConfig
             ) -> StabilityInfo:
     _check(st)
     boot = StabilityInfo("bootstrap", "", st.b, st.seed)
@@ -136,7 +137,7 @@ def resolve(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityCon
     return StabilityInfo("runs", f"{len(run_ids)} runs that differ")
 
 
-def _boot(con: duckdb.DuckDBPyConnection, run_ids: list[str], st: StabilityConfig,
+def _boot(con: Connection, run_ids: list[str], st: StabilityConfig,
           scope: Scope) -> Resamples:
     """The resamples, cached per (store, store version, runs, scope, B, seed): they do not
     depend on rho, delta or K, so a Rankings slider move reuses them (at 1M trajectories x
@@ -172,7 +173,7 @@ def boot_k(k: int, b: int) -> int:
     return max(1, math.ceil(k * b / REFERENCE_N))
 
 
-def bootstrap_ranking(con: duckdb.DuckDBPyConnection, cfg: RankConfig, info: StabilityInfo,
+def bootstrap_ranking(con: Connection, cfg: RankConfig, info: StabilityInfo,
                       base: Ranking, boot: Resamples) -> Ranking:
     """`base` (the run ranking: pooled figures, Fisher, intervals) with its per-run figures
     replaced by per-resample ones and K-of-N by K-of-B."""
@@ -225,7 +226,7 @@ class StableRanking:
     boot: Resamples | None = None
 
 
-def stable_ranking(con: duckdb.DuckDBPyConnection, cfg: RankConfig | None = None,
+def stable_ranking(con: Connection, cfg: RankConfig | None = None,
                    st: StabilityConfig | None = None, *, scope: Scope | None = None
                    ) -> StableRanking:
     """The ranking with stability from runs, or from bootstrap resamples (see `resolve`)."""
@@ -319,7 +320,7 @@ def _sensitivity_boot(sr: StableRanking, cfg: RankConfig, chunk: int = 1 << 22
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=SENS_COLUMNS)
 
 
-def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
+def _run_codes(con: Connection, run_ids: list[str], scope: Scope
                ) -> dict[str, np.ndarray]:
     """Per (capability, trajectory) of known outcome, sorted: its success, each run's code
     (k: -2 no row, so an edit leaves that run alone; -1 a row without a value, an edit
@@ -353,7 +354,7 @@ def _run_codes(con: duckdb.DuckDBPyConnection, run_ids: list[str], scope: Scope
     return res
 
 
-def _sensitivity_runs(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: RankConfig
+def _sensitivity_runs(con: Connection, sr: StableRanking, cfg: RankConfig
                       ) -> pd.DataFrame:
     run_ids = sr.run_ids
     if not run_ids:
@@ -405,7 +406,7 @@ def _sensitivity_runs(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: Ra
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=SENS_COLUMNS)
 
 
-def sensitivity(con: duckdb.DuckDBPyConnection, sr: StableRanking, cfg: RankConfig
+def sensitivity(con: Connection, sr: StableRanking, cfg: RankConfig
                 ) -> pd.DataFrame:
     """Per labeled (trajectory, capability) pair of known outcome: the value whose
     setting would move the keep rule most, whether it flips kept/not kept, by how much."""

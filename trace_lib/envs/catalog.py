@@ -10,7 +10,7 @@ Design decisions
   fails takes the approval away.
 - The report column is one JSON object with a key per producer ("validation",
   "calibration", "review"), so validating does not erase a calibration and vice versa.
-- Row id = environment name (names are unique: generated ones carry their number).
+  Its SQL is `store.environments`; the rules above are here.
 - `resolve` is the store-backed half of the one name -> environment path: what
   `registry.resolve_static` knows (no database), else a stored generated row. It runs on
   the app side only (the workbench, and compose's app-side functions, which sit below the
@@ -19,32 +19,20 @@ Design decisions
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from trace_lib.envs.registry import EnvSpec, builtin_specs, resolve_static, unknown_name_error
 from trace_lib.errors import UserInputError
 from trace_lib.store import connect, transaction
+from trace_lib.store import environments as store_environments
 
 STATUSES = ("draft", "validated", "approved", "rejected")
-_COLUMNS = "id, name, capability, domain, version, source, code, code_sha256, status, report"
-
-
-def _row(cols: list[str], values: tuple) -> dict[str, Any]:
-    row = dict(zip(cols, values, strict=True))
-    if isinstance(row.get("report"), str):
-        row["report"] = json.loads(row["report"])
-    row["report"] = row.get("report") or {}
-    return row
 
 
 def get_row(name: str, db: str | Path | None = None) -> dict[str, Any] | None:
     with connect(db) as con:
-        cur = con.execute(f"SELECT {_COLUMNS} FROM environments WHERE name = ?", [name])
-        found = cur.fetchone()
-        cols = [d[0] for d in cur.description]
-    return _row(cols, found) if found else None
+        return store_environments.row_named(con, name)
 
 
 def resolve(name_or_path: str, db: str | Path | None = None) -> EnvSpec:
@@ -60,12 +48,11 @@ def resolve(name_or_path: str, db: str | Path | None = None) -> EnvSpec:
 
 
 def _upsert(con: Any, spec: EnvSpec, status: str, report: dict[str, Any]) -> None:
-    con.execute("DELETE FROM environments WHERE id = ?", [spec.name])
-    con.execute(
-        f"INSERT INTO environments ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [spec.name, spec.name, spec.capability, spec.domain, spec.version, spec.source,
-         spec.code, spec.code_sha256, status, json.dumps(report, default=str)],
-    )
+    store_environments.replace_row(con, {
+        "id": spec.name, "name": spec.name, "capability": spec.capability,
+        "domain": spec.domain, "version": spec.version, "source": spec.source,
+        "code": spec.code, "code_sha256": spec.code_sha256, "status": status,
+        "report": report})
 
 
 def save_environment(spec: EnvSpec, status: str, report: dict[str, Any] | None = None,
@@ -79,9 +66,7 @@ def record_report(spec: EnvSpec, key: str, report: dict[str, Any],
                   status: str | None = None, db: str | Path | None = None) -> dict[str, Any]:
     """Store `report` under `key` in the row's report (creating the row), maybe set status."""
     with connect(db) as con, transaction(con):
-        cur = con.execute(f"SELECT {_COLUMNS} FROM environments WHERE id = ?", [spec.name])
-        found = cur.fetchone()
-        row = _row([d[0] for d in cur.description], found) if found else None
+        row = store_environments.row_named(con, spec.name)
         merged = dict(row["report"]) if row else {}
         merged[key] = report
         new_status = status or (row["status"] if row else "draft")
@@ -111,9 +96,7 @@ def set_status(spec: EnvSpec, status: str, note: str = "", force: bool = False,
 def list_environments(db: str | Path | None = None) -> list[dict[str, Any]]:
     """Every known environment: built-ins (with their row, if any) and stored ones."""
     with connect(db) as con:
-        cur = con.execute(f"SELECT {_COLUMNS} FROM environments ORDER BY name")
-        cols = [d[0] for d in cur.description]
-        rows = {r["name"]: r for r in (_row(cols, v) for v in cur.fetchall())}
+        rows = {r["name"]: r for r in store_environments.rows(con)}
     out = []
     for spec in builtin_specs():
         row = rows.pop(spec.name, None)
@@ -151,32 +134,16 @@ def save_attempt(generation_id: str, attempt: int, spec: EnvSpec, generator: str
                  model: str | None, status: str, report: dict[str, Any],
                  db: str | Path | None = None) -> None:
     with connect(db) as con, transaction(con):
-        con.execute(
-            "INSERT INTO env_generation_attempts (generation_id, attempt, env_name, capability, "
-            "domain, generator, model, code, code_sha256, status, report) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [generation_id, attempt, spec.name, spec.capability, spec.domain, generator, model,
-             spec.code, spec.code_sha256, status, json.dumps(report, default=str)],
-        )
+        store_environments.insert_attempt(
+            con, generation_id=generation_id, attempt=attempt, env_name=spec.name,
+            capability=spec.capability, domain=spec.domain, generator=generator, model=model,
+            code=spec.code, code_sha256=spec.code_sha256, status=status, report=report)
 
 
 def list_attempts(env_name: str | None = None, generation_id: str | None = None,
                   db: str | Path | None = None) -> list[dict[str, Any]]:
-    where, params = [], []
-    if env_name:
-        where.append("env_name = ?")
-        params.append(env_name)
-    if generation_id:
-        where.append("generation_id = ?")
-        params.append(generation_id)
-    sql = ("SELECT generation_id, attempt, env_name, capability, domain, generator, model, "
-           "code, code_sha256, status, report, created_at FROM env_generation_attempts")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
     with connect(db) as con:
-        cur = con.execute(sql + " ORDER BY created_at, generation_id, attempt", params)
-        cols = [d[0] for d in cur.description]
-        return [_row(cols, v) for v in cur.fetchall()]
+        return store_environments.attempts(con, env_name, generation_id)
 
 
 def next_generated_name(domain: str, capability: str, db: str | Path | None = None) -> tuple[
@@ -184,10 +151,7 @@ def next_generated_name(domain: str, capability: str, db: str | Path | None = No
     """The next free "DOMAIN/CAPABILITY/genN" name and its version N."""
     prefix = f"{domain}/{capability}/gen"
     with connect(db) as con:
-        names = [r[0] for r in con.execute(
-            "SELECT name FROM environments WHERE name LIKE ? UNION "
-            "SELECT env_name FROM env_generation_attempts WHERE env_name LIKE ?",
-            [prefix + "%", prefix + "%"]).fetchall()]
+        names = store_environments.names_with_prefix(con, prefix)
     used = [int(n[len(prefix):]) for n in names if n[len(prefix):].isdigit()]
     version = max(used, default=0) + 1
     return f"{prefix}{version}", version

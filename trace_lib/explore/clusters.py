@@ -5,7 +5,7 @@ Design decisions
   prefix is itself a cluster:
   1. termination reason (user_stop, max_steps, too_many_errors, ...);
   2. the first tool that returned an error (or "(no tool error)");
-  3. that error's kind (`queries.error_kind_sql`: ids and numbers masked);
+  3. that error's kind (`store.derived.error_kind_sql`: ids and numbers masked);
   4. the first deviation from the benchmark's expected actions: the first expected
      action (in the benchmark's order) that no agent call reproduces — "missing: X" when
      the agent never called X, "wrong args: X" when it called X with other arguments;
@@ -24,139 +24,28 @@ Design decisions
 - Everything runs in one SQL statement per call (aggregates with `arg_min` rather than
   window functions), so the page stays interactive at 100k trajectories.
 - Only failures (`success = false`) get a signature; the filter narrows further.
-- Computed once per trajectory, at import (`explore.derived`: the `trajectory_derived`
+- Computed once per trajectory, at import (`store.derived`: the `trajectory_derived`
   columns error_tool, error_kind, deviation); counts and members filter those rows. The
   SQL above is the definition, and the path for a store not (yet) derived.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-import duckdb
 import pandas as pd
-from duckdb.sqltypes import VARCHAR
 
-from trace_lib.explore import derived
-from trace_lib.explore.queries import TrajectoryFilter, error_kind_sql, filter_sql
+from trace_lib.explore.queries import TrajectoryFilter, filter_sql
+from trace_lib.store import derived
+from trace_lib.store.connection import Connection
+from trace_lib.store.derived import signature_parts_sql
 
 LEVELS: tuple[str, ...] = ("termination", "error_tool", "error_kind", "deviation")
-NO_ERROR = "(no tool error)"
-NO_EXPECTED = "(no expected actions)"
-ALL_MADE = "(all expected actions made)"
 PATH_SEP = " / "
 
 
-CANON_UDF = "trace_canonical_json"
-
-
-def _canonical_json(text: str | None) -> str | None:
-    # Recursive sort_keys: the same canonical form `transcript.canonical_json` uses, so the
-    # signature and the transcript's "expected vs actual" never disagree.
-    if text is None:
-        return None
-    try:
-        return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False)
-    except ValueError:
-        return text
-
-
-def _ensure_udf(con: duckdb.DuckDBPyConnection) -> None:
-    registered = con.execute(
-        "SELECT count(*) FROM duckdb_functions() WHERE function_name = ?", [CANON_UDF]
-    ).fetchall()[0][0]
-    if not registered:
-        con.create_function(CANON_UDF, _canonical_json, [VARCHAR], VARCHAR,
-                            null_handling="special", side_effects=False)
-
-
-def signature_parts_sql(con: duckdb.DuckDBPyConnection, where: str,
-                        failures_only: bool = True) -> str:
-    """The CTEs (`WITH ... sig AS (...)`) that compute every signature level from the raw
-    tables for the trajectories matching `where` (failures only unless told). The
-    importer runs it once per new trajectory (`explore.derived`); pages read the result."""
-    _ensure_udf(con)
-    # A store opened read-only is not migrated: older files have no expected requestor.
-    has_req = con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
-        "AND column_name = 'requestor'").fetchone()[0]
-    exp_side = ("CASE WHEN e.requestor = 'user' THEN 'user' ELSE 'assistant' END"
-                if has_req else "'assistant'")
-    return f"""
-        WITH f AS MATERIALIZED (
-            SELECT t.id, t.dataset_id, t.task_id, t.termination, t.trial, t.agent_model,
-                   t.domain, t.reward
-            FROM trajectories t WHERE {"NOT t.success AND " if failures_only else ""}{where}
-        ),
-        first_err AS MATERIALIZED (
-            SELECT c.trajectory_id,
-                   arg_min(c.name, c.message_idx * 1000 + c.call_idx) AS tool,
-                   arg_min(c.error, c.message_idx * 1000 + c.call_idx) AS err
-            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
-            WHERE c.error IS NOT NULL GROUP BY c.trajectory_id
-        ),
-        exp0 AS MATERIALIZED (
-            SELECT f.id AS trajectory_id, e.idx, e.name, {exp_side} AS side,
-                   coalesce(json(e.arguments)::VARCHAR, '{{}}') AS args
-            FROM f JOIN expected_actions e
-              ON e.dataset_id = f.dataset_id AND e.task_id = f.task_id
-        ),
-        calls0 AS MATERIALIZED (
-            SELECT DISTINCT c.trajectory_id, c.name,
-                   CASE WHEN c.requestor = 'user' THEN 'user' ELSE 'assistant' END AS side,
-                   coalesce(json(c.arguments)::VARCHAR, '{{}}') AS args
-            FROM tool_calls c
-            WHERE c.trajectory_id IN (SELECT trajectory_id FROM exp0)
-              AND c.name IN (SELECT name FROM exp0)
-        ),
-        canon AS MATERIALIZED (
-            SELECT args, {CANON_UDF}(args) AS canon
-            FROM (SELECT args FROM exp0 UNION SELECT args FROM calls0)
-        ),
-        exp AS MATERIALIZED (
-            SELECT x.trajectory_id, x.idx, x.name, x.side, k.canon
-            FROM exp0 x JOIN canon k ON k.args = x.args
-        ),
-        calls AS MATERIALIZED (
-            SELECT c.trajectory_id, c.name, c.side, k.canon
-            FROM calls0 c JOIN canon k ON k.args = c.args
-        ),
-        exp_status AS MATERIALIZED (
-            SELECT x.trajectory_id, x.idx, x.name, x.side,
-                   coalesce(bool_or(c.canon = x.canon), false) AS exact,
-                   count(c.name) > 0 AS named
-            FROM exp x LEFT JOIN calls c
-              ON c.trajectory_id = x.trajectory_id AND c.name = x.name AND c.side = x.side
-            GROUP BY x.trajectory_id, x.idx, x.name, x.side
-        ),
-        dev AS MATERIALIZED (
-            SELECT trajectory_id,
-                   arg_min(CASE WHEN named THEN 'wrong args' ELSE 'missing' END
-                           || CASE WHEN side = 'user' THEN ' (user)' ELSE '' END
-                           || ': ' || name,
-                           idx) FILTER (WHERE NOT exact) AS deviation
-            FROM exp_status GROUP BY trajectory_id
-        ),
-        sig AS MATERIALIZED (
-            SELECT f.*,
-                   coalesce(f.termination, '(none)') AS sig_termination,
-                   coalesce(e.tool, '{NO_ERROR}') AS sig_error_tool,
-                   CASE WHEN e.trajectory_id IS NULL THEN '{NO_ERROR}'
-                        ELSE coalesce({error_kind_sql("e.err")}, '(empty error)') END
-                       AS sig_error_kind,
-                   CASE WHEN d.trajectory_id IS NULL THEN '{NO_EXPECTED}'
-                        ELSE coalesce(d.deviation, '{ALL_MADE}') END AS sig_deviation
-            FROM f
-            LEFT JOIN first_err e ON e.trajectory_id = f.id
-            LEFT JOIN dev d ON d.trajectory_id = f.id
-        )
-    """
-
-
-def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
+def _signature_sql(con: Connection, where: str) -> str:
     # Derived at import (one row per trajectory): filter them. A store whose rows are not
     # all derived yet (written before the derived table, or by hand) computes them here.
     if not derived.ready(con):
@@ -175,7 +64,7 @@ def _signature_sql(con: duckdb.DuckDBPyConnection, where: str) -> str:
 
 
 def failure_signatures(
-    con: duckdb.DuckDBPyConnection,
+    con: Connection,
     flt: TrajectoryFilter | None = None,
     *,
     limit: int = 100_000,
@@ -192,7 +81,7 @@ def failure_signatures(
 
 
 def signature_counts(
-    con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None = None
+    con: Connection, flt: TrajectoryFilter | None = None
 ) -> pd.DataFrame:
     """Failures per full signature, largest first, with a `path` key and a few examples."""
     where, params = filter_sql(con, flt)
@@ -212,7 +101,7 @@ def signature_counts(
 
 
 def signature_members(
-    con: duckdb.DuckDBPyConnection,
+    con: Connection,
     flt: TrajectoryFilter | None = None,
     *,
     path: Sequence[str] = (),

@@ -37,18 +37,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
-import duckdb
 import numpy as np
 import pandas as pd
 
-from trace_lib.explore import derived
+from trace_lib import store
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
+from trace_lib.store import derived
+from trace_lib.store import embeddings as store_embeddings
+from trace_lib.store.derived import TEXT_CHARS
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
-TEXT_CHARS = (600, 400, 900)  # user request, tool errors, agent's last turns
-
-
 class Encoder(Protocol):
     name: str
 
@@ -166,7 +165,7 @@ def get_encoder(name: str = DEFAULT_MODEL) -> Encoder:
 # ---------------------------------------------------------------------------- texts
 
 
-def _scope(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
+def _scope(con: store.Connection, flt: TrajectoryFilter | None,
            failures_only: bool) -> tuple[str, list]:
     where, params = filter_sql(con, flt)
     if failures_only:
@@ -175,7 +174,7 @@ def _scope(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
 
 
 def trajectory_texts(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     failures_only: bool = True,
@@ -185,42 +184,11 @@ def trajectory_texts(
     return trajectory_texts_sql(con, where, params)
 
 
-def text_parts_sql(where: str) -> str:
-    """The WITH clause behind a trajectory's embedding text, for the trajectories matching a
-    SQL condition over `t`: `f` (their ids), `u` (first user request), `a` (last three
-    agent turns, newest first), `e` (distinct "tool: error" texts). One definition for the
-    texts (`trajectory_texts_sql`) and for their hash computed at import (`derived`)."""
-    return f"""
-        WITH f AS (SELECT t.id FROM trajectories t WHERE {where}),
-        u AS (
-            SELECT m.trajectory_id, arg_min(m.content, m.idx) AS request
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'user' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        a AS (
-            SELECT m.trajectory_id, list(m.content ORDER BY m.idx DESC)[1:3] AS last_turns
-            FROM messages m JOIN f ON f.id = m.trajectory_id
-            WHERE m.role = 'assistant' AND coalesce(m.content, '') <> '' GROUP BY 1
-        ),
-        e AS (
-            SELECT c.trajectory_id, list(DISTINCT c.name || ': ' || c.error) AS errors
-            FROM tool_calls c JOIN f ON f.id = c.trajectory_id
-            WHERE c.error IS NOT NULL GROUP BY 1
-        )
-    """
-
-
-def trajectory_texts_sql(con: duckdb.DuckDBPyConnection, where: str, params: list
+def trajectory_texts_sql(con: store.Connection, where: str, params: list
                          ) -> pd.DataFrame:
     """`trajectory_texts` for the trajectories matching a SQL condition over `t` (the
     importer derives `text_sha256` with it: one definition of the text)."""
-    sql = text_parts_sql(where) + """
-        SELECT f.id AS trajectory_id, u.request, e.errors, a.last_turns
-        FROM f LEFT JOIN u ON u.trajectory_id = f.id
-        LEFT JOIN a ON a.trajectory_id = f.id LEFT JOIN e ON e.trajectory_id = f.id
-        ORDER BY f.id
-    """
-    rows = con.execute(sql, params).fetchall()
+    rows = derived.text_parts(con, where, params)
     out = []
     for tid, request, errors, last_turns in rows:
         text = compose_text(request, errors or [], list(reversed(last_turns or [])))
@@ -250,7 +218,7 @@ class EmbedReport:
 
 
 def ensure_embeddings(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -265,11 +233,7 @@ def ensure_embeddings(
     it, the CLI tqdm).
     """
     texts = trajectory_texts(con, flt, failures_only=failures_only)
-    cached = dict(
-        con.execute(
-            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
-        ).fetchall()
-    )
+    cached = store_embeddings.text_hashes(con, model)
     todo = texts[[cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
                                                        strict=True)]]
     total = len(todo)
@@ -285,7 +249,7 @@ def ensure_embeddings(
                 for tid, sha, vec in zip(batch.trajectory_id, batch.text_sha256, vecs,
                                          strict=True)
             ]
-            con.executemany("INSERT OR REPLACE INTO embeddings VALUES (?, ?, ?, ?)", rows)
+            store_embeddings.upsert_vectors(con, rows)
             if progress:
                 progress(min(start + batch_size, total), total)
     return EmbedReport(model=model, n_in_scope=len(texts), n_computed=total,
@@ -293,7 +257,7 @@ def ensure_embeddings(
 
 
 def missing_embeddings(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -301,23 +265,14 @@ def missing_embeddings(
 ) -> int:
     """How many in-scope trajectories have no up-to-date vector (read-only check).
 
-    Reads the text hash derived at import (`explore.derived`) when every trajectory has
+    Reads the text hash derived at import (`store.derived`) when every trajectory has
     one; otherwise rebuilds the texts to hash them (the same definition).
     """
     where, params = _scope(con, flt, failures_only)
     if derived.ready(con):
-        return int(con.execute(f"""
-            SELECT count(*) FROM trajectories t
-            JOIN {derived.TABLE} d ON d.trajectory_id = t.id
-            LEFT JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
-            WHERE {where} AND e.text_sha256 IS DISTINCT FROM d.text_sha256
-        """, [model, *params]).fetchone()[0])
+        return store_embeddings.count_stale(con, model, where, params)
     texts = trajectory_texts_sql(con, where, params)
-    cached = dict(
-        con.execute(
-            "SELECT trajectory_id, text_sha256 FROM embeddings WHERE model = ?", [model]
-        ).fetchall()
-    )
+    cached = store_embeddings.text_hashes(con, model)
     return int(sum(cached.get(t) != s for t, s in zip(texts.trajectory_id, texts.text_sha256,
                                                         strict=True)))
 
@@ -334,7 +289,7 @@ class SemanticMap:
 
 
 def semantic_clusters(
-    con: duckdb.DuckDBPyConnection,
+    con: store.Connection,
     flt: TrajectoryFilter | None = None,
     *,
     model: str = DEFAULT_MODEL,
@@ -348,17 +303,7 @@ def semantic_clusters(
     there is something to cluster (opening the semantic map of an unembedded filter stays
     instant while the background warm-up is still importing it)."""
     where, params = _scope(con, flt, failures_only)
-    df = con.execute(
-        f"""
-        SELECT t.id AS trajectory_id, t.task_id, t.trial, t.domain, t.agent_model,
-               CASE WHEN t.success THEN 'success' WHEN NOT t.success THEN 'failure'
-                    ELSE 'unknown' END AS outcome,
-               t.termination, e.vector
-        FROM trajectories t JOIN embeddings e ON e.trajectory_id = t.id AND e.model = ?
-        WHERE {where} ORDER BY t.id
-        """,
-        [model, *params],
-    ).df()
+    df = store_embeddings.vectors(con, model, where, params)
     empty_clusters = pd.DataFrame(columns=["cluster", "n", "n_failure", "top_terms", "typical"])
     if df.empty:
         return SemanticMap(df.drop(columns=["vector"]), empty_clusters, 0, None)

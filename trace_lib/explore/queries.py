@@ -10,13 +10,13 @@ Design decisions
   trajectories (measured by bench/ingest.py).
 - The filter compiles into one `WHERE` over `trajectories t` with bound parameters
   (`list_contains(?, col)`), never string-formatted values: trajectory text is untrusted.
-- Error kinds are computed in SQL from the tool's error text: prefixes like "Error:"
-  dropped, quoted values and any token holding a digit replaced by `<id>`, whitespace
+- Error kinds are computed in SQL from the tool's error text (`store.derived.
+  error_kind_sql`, the definition the derived column uses): prefixes like "Error:" dropped, quoted values and any token holding a digit replaced by `<id>`, whitespace
   collapsed, lower-cased, cut at 60 characters. "Reservation ZFA04Y not found" and
   "Reservation 8JX2 not found" are one kind; the rule is crude on purpose, stable and
   explainable, and it is the same everywhere (charts, signatures, CLI).
 - Text search and derived columns: `filter_sql` resolves a text filter to its matching
-  ids once (`explore.search`) and reads columns derived at import (`explore.derived`)
+  ids once (`store.search`) and reads columns derived at import (`store.derived`)
   when the store has them for every trajectory; the computed SQL stays the definition.
 - Missing later-stage tables (an old or foreign file opened read-only) count as empty,
   so the overview never crashes on a half-populated store.
@@ -29,6 +29,9 @@ from typing import Any, Literal
 
 import duckdb
 import pandas as pd
+
+from trace_lib.store import derived
+from trace_lib.store.derived import error_kind_sql
 
 # `error`: a run the harness crashed on (trajectories.outcome = 'error', success NULL). It
 # is its own outcome: shown and filterable, never counted in a success rate.
@@ -51,7 +54,7 @@ class TrajectoryFilter:
     error_kinds: tuple[str, ...] = ()  # at least one tool error of these kinds
     task_ids: tuple[str, ...] = ()
     trajectory_ids: tuple[str, ...] = ()
-    # Text search over message content (`explore.search`): `words` (default) asks the
+    # Text search over message content (`store.search`): `words` (default) asks the
     # full-text index for trajectories where every word starts a token; `substring` is
     # the exact case-insensitive substring scan (identifiers, fragments; seconds at 100k).
     text: str = ""
@@ -74,15 +77,6 @@ class TrajectoryFilter:
         return self == TrajectoryFilter()
 
 
-def error_kind_sql(column: str) -> str:
-    """SQL expression mapping a tool's error text to its kind (see module docstring)."""
-    text = f"regexp_replace({column}, '^\\s*(error|exception)?\\s*[:\\-]?\\s*', '', 'i')"
-    text = f"regexp_replace({text}, '''[^'']*''|\"[^\"]*\"', '<id>', 'g')"
-    text = f"regexp_replace({text}, '[^\\s,.;:()]*[0-9][^\\s,.;:()]*', '<id>', 'g')"
-    text = f"regexp_replace({text}, '\\s+', ' ', 'g')"
-    return f"nullif(left(trim(lower({text})), 60), '')"
-
-
 def filter_sql(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
                alias: str = "t") -> tuple[str, list[Any]]:
     """The filter as a SQL boolean over `trajectories {alias}` for queries on `con`.
@@ -91,7 +85,7 @@ def filter_sql(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
     per store version and query, `search.hits`) and registered on `con`, and the
     error-kind filter reads the kinds derived at import when the store has them.
     """
-    from trace_lib.explore import derived, search
+    from trace_lib.store import search
 
     flt = flt or TrajectoryFilter()
     hits_table = None
@@ -234,7 +228,6 @@ def filter_options(
     scope = "" if where == "TRUE" else "WHERE c.trajectory_id IN (SELECT id FROM f)"
     scope_err = "WHERE c.error IS NOT NULL" + ("" if where == "TRUE" else
                                                 " AND c.trajectory_id IN (SELECT id FROM f)")
-    from trace_lib.explore import derived
 
     if derived.ready(con):  # the kinds derived at import: no regex per error
         scope_d = "" if where == "TRUE" else "WHERE d.trajectory_id IN (SELECT id FROM f)"

@@ -1,7 +1,7 @@
 """Search hits in a transcript: what a query matches, marked and counted.
 
 Design decisions
-- `query_pattern` reads a query the way `explore.search` does (`words`: each word starts a
+- `query_pattern` reads a query the way `store.search` does (`words`: each word starts a
   token, a "quoted phrase" is its tokens in a row; `substring`: the query as typed), so
   the viewer marks exactly what the search found.
 - Highlighting is escaping with marks: `Highlighter` escapes the raw pieces between hits
@@ -23,7 +23,7 @@ _MARK = "background:#fde047;padding:0 1px;border-radius:2px"
 
 
 def query_pattern(query: str | None, mode: str = "words") -> re.Pattern[str] | None:
-    """What a search query matches, as `explore.search` reads it. `words`: each word
+    """What a search query matches, as `store.search` reads it. `words`: each word
     starts a token (a prefix: "reserv" marks "reservation", not "preserve"), a "quoted
     phrase" is its tokens in a row, tokens being runs of letters and digits; `substring`:
     the query as typed, anywhere. Case-insensitive; None when nothing can match."""

@@ -10,14 +10,15 @@ Design decisions
 
 from __future__ import annotations
 
-import duckdb
 import pandas as pd
 
+from trace_lib import store
+from trace_lib.store import trajectories as store_trajectories
 from trace_lib.trajectories import load_transcripts
 from trace_lib.transcript_model import Call, Transcript
 
 
-def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Transcript:
+def load_transcript(con: store.Connection, trajectory_id: str) -> Transcript:
     """Everything the viewer shows about one trajectory: the one store reader's transcript
     (`trace_lib.trajectories.load_transcripts`) plus the viewer's extras on each message,
     its `tool_calls` and `is_error`."""
@@ -37,39 +38,26 @@ def load_transcript(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> Trans
     return t
 
 
-def task_trials(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> pd.DataFrame:
+def task_trials(con: store.Connection, trajectory_id: str) -> pd.DataFrame:
     """Every trial of the trajectory's task in its dataset (itself included), by trial:
     id, trial, outcome (passed | failed | unknown), reward, termination. One row for a task
     run once; none when the trajectory has no task id."""
-    return con.execute("""
-        SELECT t.id, t.trial,
-               CASE WHEN t.success THEN 'passed' WHEN NOT t.success THEN 'failed'
-                    ELSE 'unknown' END AS outcome,
-               t.reward, t.termination
-        FROM trajectories t JOIN trajectories me
-          ON me.id = ? AND t.dataset_id = me.dataset_id AND t.task_id = me.task_id
-        ORDER BY t.trial, t.id""", [trajectory_id]).df()
+    return store_trajectories.task_trials(con, trajectory_id)
 
 
 def contrast_pair(
-    con: duckdb.DuckDBPyConnection, trajectory_id: str
+    con: store.Connection, trajectory_id: str
 ) -> tuple[str, str] | None:
     """(passed id, failed id) of the same task and dataset as `trajectory_id`, or None.
 
     The given trajectory is one of the two when its outcome allows; otherwise the first
     passed and first failed trial (by trial number) are used.
     """
-    row = con.execute(
-        "SELECT dataset_id, task_id, success FROM trajectories WHERE id = ?", [trajectory_id]
-    ).fetchone()
+    row = store_trajectories.task_of(con, trajectory_id)
     if row is None or row[1] is None:
         return None
     dataset_id, task_id, success = row
-    trials = con.execute(
-        "SELECT id, success FROM trajectories WHERE dataset_id = ? AND task_id = ? "
-        "AND success IS NOT NULL ORDER BY trial, id",
-        [dataset_id, task_id],
-    ).fetchall()
+    trials = store_trajectories.known_outcome_trials(con, dataset_id, task_id)
     passed = [i for i, s in trials if s]
     failed = [i for i, s in trials if not s]
     if not passed or not failed:

@@ -33,12 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.explore import derived
 from trace_lib.ingest.formats import load
 from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
@@ -47,6 +44,8 @@ from trace_lib.ingest.source import IngestLimits, Source
 from trace_lib.ingest.swe_agent import load_success_file
 from trace_lib.ingest.third_party_warnings import third_party_warnings
 from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
+from trace_lib.store import derived
+from trace_lib.store import trajectories as store_trajectories
 
 ProgressFn = Callable[[float, str], None]
 
@@ -149,43 +148,6 @@ class _Progress:
             self.fn(1.0, text)
 
 
-class _Store:
-    """The store, opened on first use inside one transaction; `abort` removes a file that
-    this import created."""
-
-    def __init__(self, db: str | Path | None, memory_bytes: int):
-        self.db = db
-        self.memory_bytes = memory_bytes
-        self.path = store.resolve_db_path(db)
-        self.existed = self.path.exists()
-        self.con: duckdb.DuckDBPyConnection | None = None
-
-    def connect(self) -> duckdb.DuckDBPyConnection:
-        if self.con is None:
-            self.con = store.open_connection(self.db)
-            # Bounded: the transaction's uncommitted rows spill to disk (see IngestLimits).
-            self.con.execute(f"SET memory_limit = '{max(self.memory_bytes >> 20, 64)}MiB'")
-            self.con.execute("BEGIN TRANSACTION")
-        return self.con
-
-    def commit(self) -> None:
-        if self.con is not None:
-            self.con.execute("COMMIT")
-            self.con.close()
-            self.con = None
-
-    def abort(self) -> None:
-        if self.con is not None:
-            with contextlib.suppress(duckdb.Error):
-                self.con.execute("ROLLBACK")
-            self.con.close()
-            self.con = None
-        if not self.existed:
-            for p in (self.path, self.path.with_name(self.path.name + ".wal")):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-
-
 def _file_sha256(src: Source) -> str:
     digest = hashlib.sha256()
     for chunk in src.chunks():
@@ -226,7 +188,7 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
     ctx.success = success
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
-    target = _Store(db, ctx.limits.store_memory_bytes)
+    target = store.LazyWriteTransaction(db, ctx.limits.store_memory_bytes)
     with _gc_paused(), third_party_warnings() as caught:
         try:
             writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size)
@@ -240,7 +202,7 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
             with derived.on_import(target.con, target.path):
                 target.commit()
             report.notes += caught.notes()
-        except duckdb.OutOfMemoryException as exc:
+        except store.OutOfMemoryError as exc:
             target.abort()
             raise UserInputError(
                 f"the import needs more than the {ctx.limits.store_memory_bytes >> 20} MiB of "
@@ -366,58 +328,4 @@ def store_stats(db: str | Path | None = None) -> dict[str, Any]:
             "domains": {},
         }
     with store.connect(db, read_only=True) as con:
-        n, succ, fail, unk, err = con.execute(
-            "SELECT count(*), count(*) FILTER (success), count(*) FILTER (NOT success), "
-            "count(*) FILTER (success IS NULL AND coalesce(outcome, '') <> 'error'), "
-            "count(*) FILTER (outcome = 'error') FROM trajectories"
-        ).fetchone()
-        n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
-        n_calls, n_err = con.execute("SELECT count(*), count(error) FROM tool_calls").fetchone()
-        n_ea = con.execute("SELECT count(*) FROM expected_actions").fetchone()[0]
-        schemas = dict(
-            con.execute(
-                "SELECT source, count(*) FROM tool_schemas GROUP BY 1 ORDER BY 1"
-            ).fetchall()
-        )
-        datasets = [
-            {
-                "id": r[0],
-                "name": r[1],
-                "format": r[2],
-                "trajectories": r[3],
-                "successes": r[4],
-                "imported_at": str(r[5]),
-            }
-            for r in con.execute(
-                "SELECT d.id, d.name, d.format, count(t.id), count(t.id) FILTER (t.success), d.imported_at "
-                "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
-                "GROUP BY ALL ORDER BY d.imported_at, d.name"
-            ).fetchall()
-        ]
-        formats = dict(
-            con.execute(
-                "SELECT d.format, count(*) FROM trajectories t JOIN datasets d ON d.id = t.dataset_id "
-                "GROUP BY 1 ORDER BY 1"
-            ).fetchall()
-        )
-        domains = dict(
-            con.execute(
-                "SELECT coalesce(domain, '(none)'), count(*) FROM trajectories GROUP BY 1 ORDER BY 1"
-            ).fetchall()
-        )
-    return {
-        "db": str(path),
-        "trajectories": n,
-        "successes": succ,
-        "failures": fail,
-        "unknown": unk,
-        "errors": err,
-        "messages": n_msgs,
-        "tool_calls": n_calls,
-        "tool_errors": n_err,
-        "expected_actions": n_ea,
-        "tool_schemas": schemas,
-        "datasets": datasets,
-        "formats": formats,
-        "domains": domains,
-    }
+        return {"db": str(path), **store_trajectories.store_counts(con)}

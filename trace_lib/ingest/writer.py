@@ -13,6 +13,7 @@ Design decisions
   module keeps a per-record object for the whole import except one pair of 64-bit hashes
   per source id; the Arrow batches are handed over as relations, because a table given to
   `con.register` stays referenced until COMMIT (it held every batch, ~100 MiB per 100k).
+  The statements themselves are `store.trajectories`' (`insert_arrow`, `known_shas`).
 - Input: what importers yield, validated `Trajectory` models or `TrajectoryRows` (rows.py;
   the OpenAI importer's fast route builds those without models). Models are turned into
   rows first (`as_rows`), so the hash and the rows are computed from one shape: the same
@@ -47,14 +48,15 @@ from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 
+from trace_lib import store
 from trace_lib.data_model import ToolSchema, Trajectory
 from trace_lib.ingest import schemas as schema_mod
 from trace_lib.ingest.normalise import ParsedFile
 from trace_lib.ingest.rows import TrajectoryRows, as_rows
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
+from trace_lib.store import trajectories as store_trajectories
 
 BATCH_SIZE = 10_000
 TRAJECTORY_COLUMNS = (
@@ -252,14 +254,14 @@ class Writer:
 
     def __init__(
         self,
-        connect: Callable[[], duckdb.DuckDBPyConnection],
+        connect: Callable[[], store.Connection],
         sources: dict[str, str],
         batch_size: int = BATCH_SIZE,
     ):
         # The connection is opened on first use: a file that fails before its first batch
         # is written never opens (or creates) the store.
         self._connect = connect
-        self._con: duckdb.DuckDBPyConnection | None = None
+        self._con: store.Connection | None = None
         self._known: set[str] | None = None
         self.sources = sources
         self.batch_size = batch_size
@@ -267,7 +269,7 @@ class Writer:
         self.given: list[ToolSchema] = []
 
     @property
-    def con(self) -> duckdb.DuckDBPyConnection:
+    def con(self) -> store.Connection:
         if self._con is None:
             self._con = self._connect()
         return self._con
@@ -275,7 +277,7 @@ class Writer:
     @property
     def known_datasets(self) -> set[str]:
         if self._known is None:
-            self._known = {r[0] for r in self.con.execute("SELECT id FROM datasets").fetchall()}
+            self._known = store_trajectories.dataset_ids(self.con)
         return self._known
 
     @staticmethod
@@ -435,49 +437,24 @@ class Writer:
                      ("arguments",))
 
     def _existing(self, shas: list[str]) -> set[str]:
-        rows = self.con.from_arrow(pa.table({"sha": pa.array(shas, _STR)})).query(
-            "_ingest_shas",
-            "SELECT t.content_sha256 FROM trajectories t "
-            "JOIN _ingest_shas s ON t.content_sha256 = s.sha",
-        ).fetchall()
-        return {r[0] for r in rows}
+        return store_trajectories.known_shas(self.con, shas)
 
     def _insert(self, table: str, columns: dict[str, pa.Array],
                 json_cols: tuple[str, ...] = ()) -> None:
-        if not columns or len(next(iter(columns.values()))) == 0:
-            return
-        # A relation over the Arrow table, not `con.register`: a registered table stays
-        # referenced until the transaction ends (measured: every batch's Arrow buffers
-        # held until COMMIT, pa.total_allocated_bytes() growing with the import), a
-        # relation only for the statement.
-        view = f"_ingest_{table}"
-        cols = ", ".join(columns)
-        select = ", ".join(f"CAST({c} AS JSON)" if c in json_cols else c for c in columns)
-        self.con.from_arrow(pa.table(columns)).query(
-            view, f"INSERT INTO {table} ({cols}) SELECT {select} FROM {view}"
-        )
+        store_trajectories.insert_arrow(self.con, table, columns, json_cols)
 
     # ------------------------------------------------------------------ schemas
 
     def finish(self) -> None:
         """Upsert given and inferred tool schemas (once, after every file)."""
-        existing = {
-            (d, n): (s, src)
-            for d, n, s, src in self.con.execute(
-                "SELECT domain, name, CAST(schema AS VARCHAR), source FROM tool_schemas"
-            ).fetchall()
-        }
+        existing = store_trajectories.tool_schema_rows(self.con)
         covered = {(s.domain, s.name) for s in self.given} | {
             k for k, (_, src) in existing.items() if src == "given"
         }
         inferred = self.observer.schemas(skip=covered)
         rows = schema_mod.resolve(existing, self.given + inferred)
-        if rows:
-            self.con.executemany(
-                "INSERT OR REPLACE INTO tool_schemas (domain, name, schema, source) "
-                "VALUES (?, ?, CAST(? AS JSON), ?)",
-                [(s.domain, s.name, _dumps(_finite(s.schema_)), s.source) for s in rows],
-            )
+        store_trajectories.upsert_tool_schemas(
+            self.con, [(s.domain, s.name, _dumps(_finite(s.schema_)), s.source) for s in rows])
 
 
 def _release_freed_memory() -> None:

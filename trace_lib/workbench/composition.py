@@ -25,6 +25,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
+from trace_lib.store import trajectories as store_trajectories
 from trace_lib.workbench import environments
 
 Db = str | Path | None
@@ -136,12 +137,12 @@ def trajectory_messages(db: Db, trajectory_id: str
                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None,
                                    dict[str, Any]]:
     """An ingested trajectory as OpenAI chat messages + its domain's tool schemas + meta."""
-    from trace_lib.trajectories import chat_messages, domain_tool_schemas, load_trajectory
+    from trace_lib.trajectories import chat_messages, load_trajectory
 
     try:
         with store.connect(db, read_only=True) as con:
             st = load_trajectory(con, trajectory_id)
-            tools = domain_tool_schemas(con, st.trajectory.domain) or None
+            tools = store_trajectories.domain_tool_schemas(con, st.trajectory.domain) or None
     except UserInputError as exc:
         raise UserInputError(f"--trajectory {trajectory_id!r}: no such trajectory in "
                              f"{store.resolve_db_path(db)}") from exc
@@ -417,7 +418,4 @@ def list_trajectories(db: Db = None, limit: int = 200) -> list[dict[str, Any]]:
     if not store.resolve_db_path(db).exists():
         return []
     with store.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT id, domain, task_id, success, n_messages FROM trajectories "
-                           "ORDER BY id LIMIT ?", [limit]).fetchall()
-    return [{"id": r[0], "domain": r[1], "task_id": r[2], "success": r[3], "n_messages": r[4]}
-            for r in rows]
+        return store_trajectories.trajectories_by_id(con, limit)

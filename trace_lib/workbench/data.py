@@ -27,6 +27,8 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
+from trace_lib.store import labels as store_labels
+from trace_lib.store import trajectories as store_trajectories
 
 Db = str | Path | None
 
@@ -161,41 +163,20 @@ def list_datasets(db: Db = None) -> list[dict[str, Any]]:
     if not db_exists(db):
         return []
     with store.connect(db, read_only=True) as con:
-        rows = con.execute(
-            "SELECT d.id, d.name, d.format, d.source, d.imported_at, count(t.id) AS n, "
-            "count(t.id) FILTER (WHERE t.success = false) AS failures "
-            "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
-            "GROUP BY ALL ORDER BY d.imported_at DESC, d.name").fetchall()
-    return [{"id": r[0], "name": r[1], "format": r[2], "source": r[3], "imported_at": r[4],
-             "trajectories": int(r[5]), "failures": int(r[6])} for r in rows]
+        return store_trajectories.list_datasets(con)
 
 
 def _find_dataset(con, name: str) -> tuple[str, str]:
     """The (id, name) a person means by NAME: an exact id, else a unique name."""
-    rows = con.execute("SELECT id, name FROM datasets WHERE id = ?", [name]).fetchall()
+    rows = store_trajectories.find_datasets(con, name)
     if not rows:
-        rows = con.execute("SELECT id, name FROM datasets WHERE name = ?", [name]).fetchall()
-    if not rows:
-        known = [r[0] for r in con.execute("SELECT name FROM datasets ORDER BY 1").fetchall()]
+        known = store_trajectories.dataset_names(con)
         raise UserInputError(f"no dataset named {name!r}; the datasets are: "
                              f"{', '.join(known) or 'none yet'}.")
     if len(rows) > 1:
         raise UserInputError(f"{len(rows)} datasets are named {name!r}; give one of their "
                              f"ids instead: {', '.join(r[0] for r in rows)}.")
     return rows[0][0], rows[0][1]
-
-
-def _dependent_tables(con) -> list[tuple[str, str]]:
-    """(table, column) for every base table that holds rows of a trajectory or a dataset,
-    read from the catalog so that tables added by later migrations are included."""
-    rows = con.execute(
-        "SELECT c.table_name, c.column_name FROM information_schema.columns c "
-        "JOIN information_schema.tables t ON t.table_name = c.table_name "
-        "AND t.table_schema = c.table_schema "
-        "WHERE c.table_schema = 'main' AND t.table_type = 'BASE TABLE' "
-        "AND c.column_name IN ('trajectory_id', 'dataset_id') "
-        "AND c.table_name NOT IN ('trajectories', 'datasets') ORDER BY 1, 2").fetchall()
-    return [(r[0], r[1]) for r in rows]
 
 
 def audit_dir(db: Db = None) -> Path:
@@ -207,8 +188,6 @@ def delete_dataset(name: str, db: Db = None) -> dict[str, Any]:
     """Remove dataset NAME (a name or an id) with its trajectories and every row that
     refers to them, in one transaction (`datasets delete NAME --yes`, Home's Delete).
     Returns the rows removed per table and the audit file of the label edits removed."""
-    import duckdb
-
     if not db_exists(db):
         raise store.StoreError(f"{db_path(db)}: no database here yet, so there is no "
                                "dataset to delete.")
@@ -216,30 +195,13 @@ def delete_dataset(name: str, db: Db = None) -> dict[str, Any]:
     audit: Path | None = None
     with store.connect(db) as con:
         dataset_id, dataset_name = _find_dataset(con, name)
-        traj = "(SELECT id FROM trajectories WHERE dataset_id = ?)"
         try:
             with store.transaction(con):
-                edits = con.execute(
-                    f"SELECT * FROM label_edits WHERE trajectory_id IN {traj} ORDER BY id",
-                    [dataset_id])
-                cols = [d[0] for d in edits.description]
-                edit_rows = [dict(zip(cols, r, strict=True)) for r in edits.fetchall()]
-                for table, column in _dependent_tables(con):
-                    where = f"{column} IN {traj}" if column == "trajectory_id" else \
-                        f"{column} = ?"
-                    removed[table] = con.execute(
-                        f'SELECT count(*) FROM "{table}" WHERE {where}',
-                        [dataset_id]).fetchone()[0]
-                    con.execute(f'DELETE FROM "{table}" WHERE {where}', [dataset_id])
-                removed["trajectories"] = con.execute(
-                    "SELECT count(*) FROM trajectories WHERE dataset_id = ?",
-                    [dataset_id]).fetchone()[0]
-                con.execute("DELETE FROM trajectories WHERE dataset_id = ?", [dataset_id])
-                con.execute("DELETE FROM datasets WHERE id = ?", [dataset_id])
-                removed["datasets"] = 1
+                edit_rows = store_labels.dataset_label_edits(con, dataset_id)
+                removed = store_trajectories.delete_dataset_rows(con, dataset_id)
                 if edit_rows:  # written before the commit; removed again on rollback
                     audit = _write_audit(db, dataset_id, dataset_name, edit_rows)
-        except duckdb.Error as exc:
+        except store.DatabaseError as exc:
             if audit is not None:
                 audit.unlink(missing_ok=True)
             raise store.StoreError(

@@ -46,19 +46,23 @@ from trace_lib.diagnose.capability_curation import (  # noqa: F401  (use cases a
     set_status,
     update_capability,
 )
+from trace_lib.diagnose.label_csv import (  # noqa: F401  (use cases as they are)
+    export_labels,
+    import_labels,
+    labels_csv,
+)
+from trace_lib.diagnose.label_runs import (  # noqa: F401  (use cases as they are)
+    label_runs,
+    left_out_note,
+    left_out_runs,
+)
 from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     LabelFilter,
     bulk_edit,
     edit_history,
     edit_labels,
-    export_labels,
     grid_changes,
-    import_labels,
     label_grid,
-    label_runs,
-    labels_csv,
-    left_out_note,
-    left_out_runs,
     review_queue,
     transcript_with_evidence,
 )
@@ -70,6 +74,7 @@ from trace_lib.diagnose.ranking import (  # noqa: F401
 )
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store import labels as store_labels
 
 Db = str | Path | None
 LLM_LABELERS = ("anthropic", "openai")
@@ -202,8 +207,7 @@ def run_ids(db: Db) -> list[str]:
     if not store.resolve_db_path(db).exists():
         return []
     with store.connect(db) as con:
-        return [r[0] for r in con.execute(
-            "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
+        return store_labels.run_ids(con)
 
 
 def scope_options(db: Db) -> dict[str, list[str]]:

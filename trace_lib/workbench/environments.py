@@ -27,6 +27,7 @@ from typing import Any
 from trace_lib import store
 from trace_lib.envs.sandbox import SandboxError  # pages catch it too
 from trace_lib.errors import UserInputError
+from trace_lib.store import capabilities as store_capabilities
 
 Db = str | Path | None
 Progress = Callable[[int, int], None]
@@ -257,19 +258,15 @@ def calibrate(name: str, policy: str = "epsilon:0.5", seeds: int = 100, group: i
 def failure_examples(capability: str, db: Db = None) -> tuple[str, list[str]]:
     """The capability's stored description and excerpts of its example failed trajectories
     (what the generator is shown); empty without a database or capability row."""
-    import json
-
     from trace_lib.trajectories import excerpt, load_trajectories
 
     if not store.resolve_db_path(db).exists():
         return "", []
     with store.connect(db, read_only=True) as con:
-        row = con.execute("SELECT description, examples FROM capabilities WHERE name = ?",
-                          [capability]).fetchone()
+        row = store_capabilities.description_and_examples(con, capability)
         if not row:
             return "", []
-        ids = json.loads(row[1]) if isinstance(row[1], str) else (row[1] or [])
-        ids = [str(i) for i in ids][:N_EXAMPLES]
+        ids = [str(i) for i in row[1]][:N_EXAMPLES]
         texts = []
         for tid in ids:
             try:

@@ -33,6 +33,7 @@ from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
     transcript_render,
     untrusted_text,
 )
+from trace_lib.store import capabilities as store_capabilities
 
 Db = str | Path | None
 JOB_KIND = "evaluate"
@@ -71,10 +72,9 @@ def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
                 out.update(moe_id=row[0], moe_job_id=row[1])
         cap = out.get("capability")
         if cap:
-            status = con.execute("SELECT status FROM capabilities WHERE name = ?",
-                                 [cap]).fetchone()
+            status = store_capabilities.status_of(con, cap)
             if status:
-                out["capability_status"] = status[0]
+                out["capability_status"] = status
     return out
 
 

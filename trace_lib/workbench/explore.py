@@ -65,7 +65,7 @@ def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
     from trace_lib.explore import queries
 
     # One connection: a text filter's matching ids are computed once and every query
-    # below semi-joins them (explore.search.bind).
+    # below semi-joins them (store.search.bind).
     return Overview(
         summary=queries.outcome_summary(con, flt),
         by_domain=queries.success_by_domain_agent(con, flt),
@@ -102,7 +102,7 @@ class TrajectoriesPage:
 
 
 def _status(con: Any) -> SearchStatus:
-    from trace_lib.explore import derived, search
+    from trace_lib.store import derived, search
 
     state = search.index_state(con)
     return SearchStatus(state.fresh, state.n_unindexed, derived.ready(con))
@@ -118,7 +118,7 @@ def trajectories_page(db: Db, flt: TrajectoryFilter | None = None, limit: int = 
 
 def store_version(db: Db) -> tuple[float, ...]:
     """Changes whenever the store or its search index is written (a page cache key)."""
-    from trace_lib.explore import search
+    from trace_lib.store import search
 
     return search.file_version(store.resolve_db_path(db))
 
@@ -130,7 +130,7 @@ def search_status(db: Db) -> SearchStatus:
 
 def reindex(db: Db) -> dict[str, int]:
     """Backfill derived columns and rebuild the full-text index (`explore reindex`)."""
-    from trace_lib.explore import derived
+    from trace_lib.store import derived
 
     path = store.resolve_db_path(db)
     if not path.exists():

@@ -13,6 +13,8 @@ Design decisions
   * SQLite FTS5 is in the standard library (`sqlite3`, SQLite 3.40 here), indexes
     incrementally, has its own transactions, and a prefix query over 100k documents is a
     B-tree range walk (milliseconds). It is the one chosen.
+- It lives in `store/` because it is part of the store: a second file beside the DuckDB
+  one, written in the import's transaction, read by explore's queries (`bind`).
 - The index is a side file next to the store, `<store>.search.sqlite` (WAL mode: the page
   reads while an import writes). One document per trajectory: the content of its
   messages joined by newlines, in a *contentless* FTS5 table (`content=''`: only the
@@ -33,7 +35,7 @@ Design decisions
 - The matching ids are computed once per (store version, query, mode) and cached in the
   process (`hits`); every aggregate of a page then semi-joins the same registered Arrow
   table (`bind`) instead of re-running the scan as a subquery in each of them.
-- Hits are highlighted by the transcript renderer (`transcript.Highlighter`, the one
+- Hits are highlighted by the transcript renderer (`explore.transcript.Highlighter`, the one
   escaping highlighter): the page passes the query to it.
 """
 

@@ -1,0 +1,184 @@
+"""Opening the DuckDB store: where the file is, the lock retry, migration on open.
+
+Design decisions
+- One file holds every decision and every imported record. One writer at a time
+  (DuckDB's rule), so connections are short-lived: open, do the work, close. A file
+  locked by another process is retried with exponential backoff, then fails with
+  `StoreLockedError` naming the file and the holder that DuckDB reports. Background jobs
+  never call `connect`; they write into their run directory and the app records results
+  when a job ends.
+- A writable open migrates the file (`migrations`); a file newer than this code is
+  refused rather than half-read. A read-only open never writes, so it never migrates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+
+from trace_lib.store import migrations
+
+# What a store function takes: callers outside `store/` name the type without importing
+# DuckDB, and catch `DatabaseError` for a statement the database refused.
+Connection = duckdb.DuckDBPyConnection
+DatabaseError = duckdb.Error
+OutOfMemoryError = duckdb.OutOfMemoryException
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DB = REPO_ROOT / "data" / "trace.duckdb"
+ENV_DB = "TRACE_DB"
+
+
+class StoreError(RuntimeError):
+    """A store operation failed in a way the user can act on."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the DuckDB file's write lock."""
+
+
+def default_db_path() -> Path:
+    """`TRACE_DB` if set, else `data/trace.duckdb` in the repository."""
+    env = os.environ.get(ENV_DB)
+    return Path(env).expanduser() if env else DEFAULT_DB
+
+
+def resolve_db_path(db: str | Path | None = None) -> Path:
+    return Path(db).expanduser() if db else default_db_path()
+
+
+def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    current = migrations.current_version(con)
+    if current > migrations.SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: schema version {current} is newer than this trace_lib "
+            f"({migrations.SCHEMA_VERSION}); upgrade trace_lib to open it"
+        )
+    migrations.apply_from(con, current)
+
+
+_LOCK_PATTERNS = ("could not set lock", "conflicting lock")
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(p in text for p in _LOCK_PATTERNS)
+
+
+def _lock_holder(exc: Exception) -> str:
+    match = re.search(r"held in (.+?)(?:\n|$)", str(exc))
+    return match.group(1).strip() if match else "another process"
+
+
+def open_connection(
+    db: str | Path | None = None,
+    *,
+    read_only: bool = False,
+    timeout_s: float = 10.0,
+) -> duckdb.DuckDBPyConnection:
+    """Open the store, migrating it if needed; retry while another process holds the lock.
+
+    Prefer `connect()` (a context manager that closes); this is for callers that manage
+    the lifetime themselves.
+    """
+    path = resolve_db_path(db)
+    if read_only and not path.exists():
+        raise StoreError(f"{path}: no database here yet (import trajectories or run `demo build`)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while True:
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+            break
+        except duckdb.Error as exc:
+            if not _is_lock_error(exc):
+                raise StoreError(f"{path}: cannot open DuckDB file: {exc}") from exc
+            if time.monotonic() >= deadline:
+                raise StoreLockedError(
+                    f"{path}: the database is locked by {_lock_holder(exc)}; "
+                    f"gave up after {timeout_s:.0f}s. Close the other writer "
+                    f"(a notebook, a CLI command or another app) and retry."
+                ) from exc
+            time.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 1.0)
+    try:
+        if not read_only:
+            _migrate(con, path)
+    except Exception:
+        con.close()
+        raise
+    return con
+
+
+@contextlib.contextmanager
+def connect(
+    db: str | Path | None = None,
+    *,
+    read_only: bool = False,
+    timeout_s: float = 10.0,
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short-lived connection to the store, closed on exit."""
+    con = open_connection(db, read_only=read_only, timeout_s=timeout_s)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """All or nothing: commit on success, roll back on any exception."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    else:
+        con.execute("COMMIT")
+
+
+class LazyWriteTransaction:
+    """One write transaction over the store, opened on first use (`connect`) with a
+    bounded memory limit: the transaction's uncommitted rows spill to disk beyond it. A
+    caller that fails before its first write never opens (or creates) the file; `abort`
+    rolls back and removes the file if this transaction created it (the bulk import)."""
+
+    def __init__(self, db: str | Path | None, memory_bytes: int):
+        self.db = db
+        self.memory_bytes = memory_bytes
+        self.path = resolve_db_path(db)
+        self.existed = self.path.exists()
+        self.con: Connection | None = None
+
+    def connect(self) -> Connection:
+        if self.con is None:
+            self.con = open_connection(self.db)
+            self.con.execute(f"SET memory_limit = '{max(self.memory_bytes >> 20, 64)}MiB'")
+            self.con.execute("BEGIN TRANSACTION")
+        return self.con
+
+    def commit(self) -> None:
+        if self.con is not None:
+            self.con.execute("COMMIT")
+            self.con.close()
+            self.con = None
+
+    def abort(self) -> None:
+        if self.con is not None:
+            with contextlib.suppress(duckdb.Error):
+                self.con.execute("ROLLBACK")
+            self.con.close()
+            self.con = None
+        if not self.existed:
+            for p in (self.path, self.path.with_name(self.path.name + ".wal")):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()

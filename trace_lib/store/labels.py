@@ -1,0 +1,331 @@
+"""The label tables' SQL: label runs, labels, human edits, and the reads over the label
+views (`latest_label_edits`, `effective_labels`, `counted_labels`) and the materialised
+`label_pairs`.
+
+Design decisions
+- Writes are appends: a run row, its labels, an edit row (an undo is an edit row naming
+  the edit it reverts). Nothing here deletes an edit; a label run's rows are deleted only
+  to be written again (a resumed run's failed trajectories, a job's result recorded again).
+- Readers of what a person sees (grid, review queue, export, the value a pair has now)
+  read `label_pairs`, the materialised effective labels: the caller brings them up to
+  date first (`diagnose.materialise.sync`), which keeps this module free of the
+  materialisation's bookkeeping.
+- A `Scope` is composed into the statement (`Scope.where`), one round trip, no id list
+  pulled into Python.
+- Batches of labels arrive as Arrow tables or DataFrames and are inserted through a
+  registered name that is unregistered at once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from trace_lib.scope import Scope
+from trace_lib.store.connection import Connection
+
+# The columns of a label row, in the order a batch carries them.
+LABEL_COLUMNS = ("run_id", "trajectory_id", "capability", "value", "evidence", "confidence",
+                 "error")
+
+
+# --------------------------------------------------------------------------- label runs
+
+
+def run_exists(con: Connection, run_id: str) -> bool:
+    return con.execute("SELECT 1 FROM label_runs WHERE id = ?", [run_id]).fetchone() is not None
+
+
+def insert_run(con: Connection, run_id: str, labeler: str, *, model: str | None,
+               prompt_sha256: str | None, params: dict[str, Any], status: str) -> None:
+    con.execute("INSERT INTO label_runs (id, labeler, model, prompt_sha256, params, status) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [run_id, labeler, model, prompt_sha256, json.dumps(params), status])
+
+
+def run_status(con: Connection, run_id: str) -> str | None:
+    """The run's status, None when there is no such run."""
+    row = con.execute("SELECT status FROM label_runs WHERE id = ?", [run_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def run_head(con: Connection, run_id: str) -> tuple[str, str | None, Any, str] | None:
+    """(labeler, model, params, status) of a run, None when there is no such run."""
+    return con.execute("SELECT labeler, model, params, status FROM label_runs WHERE id = ?",
+                       [run_id]).fetchone()
+
+
+def run_ids(con: Connection) -> list[str]:
+    """Every label run, oldest first."""
+    return [r[0] for r in con.execute(
+        "SELECT id FROM label_runs ORDER BY started_at, id").fetchall()]
+
+
+def unfinished_run_ids(con: Connection) -> list[str]:
+    return [r[0] for r in con.execute(
+        "SELECT id FROM label_runs WHERE status <> 'finished' ORDER BY id").fetchall()]
+
+
+def running_run_params(con: Connection) -> list[tuple[str, Any]]:
+    """(id, params) of every run whose status is 'running'."""
+    return con.execute("SELECT id, params FROM label_runs WHERE status = 'running'").fetchall()
+
+
+def set_run_status(con: Connection, run_id: str, status: str, reason: str | None,
+                   cost: dict[str, Any] | None) -> None:
+    """Record how a run ended (a finished run gets its finish time; a cost of None keeps
+    the one recorded)."""
+    finished = "current_timestamp" if status == "finished" else "NULL"
+    con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
+                f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
+                [status, reason, json.dumps(cost) if cost is not None else None, run_id])
+
+
+def label_runs(con: Connection) -> pd.DataFrame:
+    """Every run with its label and failed-pair counts, oldest first."""
+    return con.execute("""
+        SELECT r.id, r.labeler, r.model, r.status, r.status_reason, r.started_at,
+               r.finished_at, r.params, r.cost,
+               count(l.trajectory_id) AS n_labels,
+               count(*) FILTER (WHERE l.error IS NOT NULL) AS n_failed
+        FROM label_runs r LEFT JOIN labels l ON l.run_id = r.id
+        GROUP BY ALL ORDER BY r.started_at, r.id""").df()
+
+
+def left_out_runs(con: Connection) -> list[dict[str, Any]]:
+    """Label runs that rank, the review queue and exports do not count (not finished)."""
+    rows = con.execute("""
+        SELECT r.id, r.status, r.status_reason,
+               (SELECT count(DISTINCT trajectory_id) FROM labels l WHERE l.run_id = r.id)
+        FROM label_runs r WHERE coalesce(r.status, 'finished') <> 'finished'
+        ORDER BY r.started_at, r.id""").fetchall()
+    return [{"run": r[0], "status": r[1], "reason": r[2], "n_trajectories_labeled": r[3]}
+            for r in rows]
+
+
+# ------------------------------------------------------------------------------- labels
+
+
+def insert_labels(con: Connection, batch: Any) -> None:
+    """Append label rows (an Arrow table or DataFrame with `LABEL_COLUMNS`, or a subset of
+    them: the missing columns stay NULL) on the caller's transaction."""
+    names = batch.column_names if hasattr(batch, "column_names") else list(batch.columns)
+    cols = ", ".join(c for c in LABEL_COLUMNS if c in names)
+    con.register("_new_labels", batch)
+    try:
+        con.execute(f"INSERT INTO labels ({cols}) SELECT {cols} FROM _new_labels")
+    finally:
+        con.unregister("_new_labels")
+
+
+def delete_run_labels(con: Connection, run_id: str) -> None:
+    con.execute("DELETE FROM labels WHERE run_id = ?", [run_id])
+
+
+def complete_trajectories(con: Connection, run_id: str) -> set[str]:
+    """Trajectories the run labeled with no failed pair."""
+    return {r[0] for r in con.execute(
+        "SELECT trajectory_id FROM labels WHERE run_id = ? GROUP BY trajectory_id "
+        "HAVING count(*) FILTER (WHERE value IS NULL) = 0", [run_id]).fetchall()}
+
+
+def delete_failed_trajectories(con: Connection, run_id: str) -> None:
+    """Drop every row of the run's trajectories that have a failed pair (to label again)."""
+    con.execute("DELETE FROM labels WHERE run_id = ? AND trajectory_id IN (SELECT "
+                "trajectory_id FROM labels WHERE run_id = ? AND value IS NULL)",
+                [run_id, run_id])
+
+
+def pair_evidence(con: Connection, trajectory_id: str, capability: str
+                  ) -> list[tuple[str, str | None, str | None, float | None, str | None]]:
+    """(run, value, evidence JSON text, confidence, error) of every run for one pair."""
+    return con.execute("""SELECT run_id, value, evidence, confidence, error FROM labels
+                          WHERE trajectory_id = ? AND capability = ? ORDER BY run_id""",
+                       [trajectory_id, capability]).fetchall()
+
+
+# -------------------------------------------------------------------------------- edits
+
+
+def append_edit(con: Connection, trajectory_id: str, capability: str, old: str | None,
+                new: str, editor: str, note: str | None, undoes: int | None = None) -> int:
+    """Append an edit row (an undo when `undoes` names the edit it reverts); its id."""
+    return int(con.execute(
+        "INSERT INTO label_edits (trajectory_id, capability, old, new, editor, note, undoes) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        [trajectory_id, capability, old, new, editor, note, undoes]).fetchone()[0])
+
+
+def latest_edit_id(con: Connection, trajectory_id: str, capability: str) -> int | None:
+    """The pair's latest live edit (not an undo, not undone)."""
+    row = con.execute("SELECT edit_id FROM latest_label_edits WHERE trajectory_id = ? "
+                      "AND capability = ?", [trajectory_id, capability]).fetchone()
+    return None if row is None else int(row[0])
+
+
+def edit_row(con: Connection, edit_id: int
+             ) -> tuple[str, str, str | None, str, int | None] | None:
+    """(trajectory_id, capability, old, new, undoes) of an edit."""
+    return con.execute("SELECT trajectory_id, capability, old, new, undoes FROM label_edits "
+                       "WHERE id = ?", [edit_id]).fetchone()
+
+
+def is_undone(con: Connection, edit_id: int) -> bool:
+    return con.execute("SELECT 1 FROM label_edits WHERE undoes = ?",
+                       [edit_id]).fetchone() is not None
+
+
+def previous_live_value(con: Connection, trajectory_id: str, capability: str,
+                        edit_id: int) -> str | None:
+    """The value of the pair's latest live edit other than `edit_id`, None if none."""
+    row = con.execute("""
+        SELECT new FROM label_edits
+        WHERE trajectory_id = ? AND capability = ? AND undoes IS NULL AND id != ?
+          AND id NOT IN (SELECT undoes FROM label_edits WHERE undoes IS NOT NULL)
+        ORDER BY id DESC LIMIT 1""", [trajectory_id, capability, edit_id]).fetchone()
+    return None if row is None else row[0]
+
+
+def edit_history(con: Connection, *, trajectory_id: str | None = None,
+                 capability: str | None = None, limit: int = 200) -> pd.DataFrame:
+    """Edits newest first, each with whether it was undone."""
+    where, params = [], []
+    if trajectory_id:
+        where.append("trajectory_id = ?")
+        params.append(trajectory_id)
+    if capability:
+        where.append("capability = ?")
+        params.append(capability)
+    sql = ("SELECT id, trajectory_id, capability, old, new, editor, note, edited_at, undoes, "
+           "id IN (SELECT undoes FROM label_edits WHERE undoes IS NOT NULL) AS undone "
+           "FROM label_edits" + (" WHERE " + " AND ".join(where) if where else "")
+           + f" ORDER BY id DESC LIMIT {int(limit)}")
+    return con.execute(sql, params).df()
+
+
+def dataset_label_edits(con: Connection, dataset_id: str) -> list[dict[str, Any]]:
+    """Every edit row of the dataset's trajectories, oldest first (the audit of a delete)."""
+    cur = con.execute(
+        "SELECT * FROM label_edits WHERE trajectory_id IN "
+        "(SELECT id FROM trajectories WHERE dataset_id = ?) ORDER BY id", [dataset_id])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
+# ----------------------------------------------- effective labels (`label_pairs`, views)
+
+
+def pair_values(con: Connection, pairs: list[tuple[str, str]]
+                ) -> dict[tuple[str, str], str | None]:
+    """The effective value of each (trajectory, capability) pair that has one."""
+    rows = con.execute("""SELECT p.trajectory_id, p.capability, p.value FROM label_pairs p
+                          SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS t, unnest(?::VARCHAR[]) AS c) x
+                            ON p.trajectory_id = x.t AND p.capability = x.c""",
+                       [[t for t, _ in pairs], [c for _, c in pairs]]).fetchall()
+    return {(t, c): v for t, c, v in rows}
+
+
+def pair_majority(con: Connection, trajectory_id: str, capability: str) -> str | None:
+    """The majority over finished runs for one pair, None when no run voted."""
+    row = con.execute("SELECT majority FROM label_pairs WHERE trajectory_id = ? "
+                      "AND capability = ? AND majority IS NOT NULL",
+                      [trajectory_id, capability]).fetchone()
+    return None if row is None else row[0]
+
+
+def grid_rows(con: Connection, capabilities: list[str], *, scope: Scope | None,
+              success: bool | None, domain: str | None, search: str | None,
+              value: str | None, limit: int) -> pd.DataFrame:
+    """Effective labels of the first `limit` labeled trajectories the filter selects, long:
+    trajectory_id, task_id, domain, success, capability, value."""
+    sc, sp = (scope or Scope()).where(con, "t")
+    where, params = [sc], list(sp)
+    if success is not None:
+        where.append("t.success = ?")
+        params.append(success)
+    if domain:
+        where.append("t.domain = ?")
+        params.append(domain)
+    if search:
+        where.append("(t.id ILIKE ? OR t.source_id ILIKE ? OR t.task_id ILIKE ?)")
+        params += [f"%{search}%"] * 3
+    if value is not None:
+        where.append("""EXISTS (SELECT 1 FROM label_pairs v WHERE v.trajectory_id = t.id
+                        AND v.value = ? AND list_contains(?::VARCHAR[], v.capability))""")
+        params += [value, capabilities]
+    # Page first (the limit applies to trajectories, in SQL), then the caller pivots only
+    # that page: the grid stays fast on stores with 100k trajectories.
+    return con.execute(f"""
+        WITH page AS (
+            SELECT t.id, t.task_id, t.domain, t.success FROM trajectories t
+            WHERE {' AND '.join(where)}
+              AND EXISTS (SELECT 1 FROM label_pairs l WHERE l.trajectory_id = t.id
+                          AND l.n_rows > 0)
+            ORDER BY t.id LIMIT {int(limit)}
+        )
+        SELECT p.id AS trajectory_id, p.task_id, p.domain, p.success, e.capability, e.value
+        FROM page p
+        JOIN label_pairs e ON e.trajectory_id = p.id
+        WHERE e.value IS NOT NULL AND list_contains(?::VARCHAR[], e.capability)
+    """, params + [capabilities]).df()
+
+
+def review_queue(con: Connection, limit: int, scope: Scope | None = None) -> pd.DataFrame:
+    """Undecided pairs where the finished runs disagree, most disagreement first."""
+    sc, sp = (scope or Scope()).where(con, "t")
+    return con.execute(f"""
+        SELECT v.trajectory_id, v.capability, v.majority, v.nl + v.np + v.nn AS n_runs,
+               v.nl AS n_lacking, v.np AS n_present, v.nn AS n_na,
+               1 - greatest(v.nl, v.np, v.nn) / (v.nl + v.np + v.nn) AS disagreement,
+               t.success, t.task_id
+        FROM label_pairs v
+        JOIN trajectories t ON t.id = v.trajectory_id
+        WHERE v.edit_value IS NULL AND v.majority IS NOT NULL
+          AND greatest(v.nl, v.np, v.nn) < v.nl + v.np + v.nn AND {sc}
+        ORDER BY disagreement DESC, n_runs DESC, v.trajectory_id, v.capability
+        LIMIT {int(limit)}
+    """, sp).df()
+
+
+def export_rows(con: Connection, scope: Scope | None = None) -> list[tuple[Any, ...]]:
+    """Effective labels in scope, each qualified: (trajectory_id, capability, value,
+    dataset name, task id, trial)."""
+    sc, sp = (scope or Scope()).where(con, "t")
+    return con.execute(f"""
+        SELECT p.trajectory_id, p.capability, p.value, d.name, t.task_id, t.trial
+        FROM label_pairs p JOIN trajectories t ON t.id = p.trajectory_id
+        LEFT JOIN datasets d ON d.id = t.dataset_id
+        WHERE p.value IS NOT NULL AND {sc}
+        ORDER BY p.trajectory_id, p.capability""", sp).fetchall()
+
+
+def effective_label_rows(con: Connection) -> list[tuple[str, str, str]]:
+    """(trajectory_id, capability, value) of every effective label with a value."""
+    return con.execute("SELECT trajectory_id, capability, value FROM effective_labels "
+                       "WHERE value IS NOT NULL").fetchall()
+
+
+def majority_over_runs(con: Connection, runs: list[str]) -> list[tuple[str, str, str]]:
+    """(trajectory_id, capability, value): the majority over `runs` of their edited labels
+    (ties: lacking > present > na)."""
+    return con.execute("""
+        SELECT trajectory_id, capability,
+               CASE WHEN nl >= np_ AND nl >= nn THEN 'lacking'
+                    WHEN np_ >= nn THEN 'present' ELSE 'na' END
+        FROM (SELECT trajectory_id, capability,
+                     count(*) FILTER (WHERE value = 'lacking') nl,
+                     count(*) FILTER (WHERE value = 'present') np_,
+                     count(*) FILTER (WHERE value = 'na') nn
+              FROM effective_run_labels WHERE run_id IN (SELECT unnest(?::VARCHAR[]))
+              GROUP BY ALL)""", [runs]).fetchall()
+
+
+def dataset_lacking_counts(con: Connection, dataset_id: str) -> list[tuple[str, int, int]]:
+    """capability, lacking, labelled present or lacking over a dataset's effective labels."""
+    return con.execute(
+        "SELECT l.capability, count(*) FILTER (l.value = 'lacking'), "
+        "count(*) FILTER (l.value IN ('lacking', 'present')) "
+        "FROM effective_labels l JOIN trajectories t ON t.id = l.trajectory_id "
+        "WHERE t.dataset_id = ? GROUP BY 1 ORDER BY 1", [dataset_id]).fetchall()

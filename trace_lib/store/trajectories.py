@@ -1,0 +1,300 @@
+"""The trajectory tables' SQL: datasets, trajectories, messages, tool calls, expected
+actions, tool schemas.
+
+Design decisions
+- Every statement that reads or writes these tables outside the analytical queries
+  (`explore.queries`, which reads through the same tables with filters) is here; callers
+  pass an open connection and get rows back as plain Python values. Rules about what a
+  name means (`compare`, `workbench.data`) and the import's batching (`ingest.writer`)
+  stay with their callers.
+- One exception: the reader of whole trajectories (`trace_lib.trajectories.read_rows`,
+  four set-based queries) keeps its SQL beside the models it builds, because the label
+  job reads transcripts through it and must import neither the store nor DuckDB, not
+  even indirectly (an import-linter contract). It takes a duck-typed connection.
+- The bulk import inserts Arrow tables through a relation, not `con.register`: a
+  registered table stays referenced until the transaction ends (measured: every batch's
+  Arrow buffers held until COMMIT), a relation only for the statement.
+- Deleting a dataset reads the catalog for every base table holding a `trajectory_id` or
+  `dataset_id`, so tables added by later migrations are cleared too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from trace_lib.scope import Scope
+from trace_lib.store.connection import Connection
+
+
+def _loads(value: Any) -> Any:
+    """JSON text parsed; anything else (a parsed value, text that is not JSON) as it is."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    value = _loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def list_datasets(con: Connection) -> list[dict[str, Any]]:
+    """Datasets with their trajectory and failure counts, newest first."""
+    rows = con.execute(
+        "SELECT d.id, d.name, d.format, d.source, d.imported_at, count(t.id) AS n, "
+        "count(t.id) FILTER (WHERE t.success = false) AS failures "
+        "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
+        "GROUP BY ALL ORDER BY d.imported_at DESC, d.name").fetchall()
+    return [{"id": r[0], "name": r[1], "format": r[2], "source": r[3], "imported_at": r[4],
+             "trajectories": int(r[5]), "failures": int(r[6])} for r in rows]
+
+
+def find_datasets(con: Connection, ref: str) -> list[tuple[str, str, str]]:
+    """(id, name, format) of the dataset whose id is `ref`, else of every dataset named
+    `ref` (by id); [] when none is."""
+    rows = con.execute("SELECT id, name, format FROM datasets WHERE id = ?", [ref]).fetchall()
+    if rows:
+        return [tuple(r) for r in rows]
+    return [tuple(r) for r in con.execute(
+        "SELECT id, name, format FROM datasets WHERE name = ? ORDER BY id", [ref]).fetchall()]
+
+
+def dataset_names(con: Connection) -> list[str]:
+    """Every dataset name, sorted."""
+    return [r[0] for r in con.execute("SELECT name FROM datasets ORDER BY 1").fetchall()]
+
+
+def recent_datasets(con: Connection, limit: int) -> list[tuple[str, str]]:
+    """(id, name) of the `limit` most recently imported datasets."""
+    return [tuple(r) for r in con.execute(
+        "SELECT id, name FROM datasets ORDER BY imported_at DESC LIMIT ?", [limit]).fetchall()]
+
+
+def dataset_ids(con: Connection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT id FROM datasets").fetchall()}
+
+
+def dataset_outcomes(con: Connection, dataset_id: str
+                     ) -> list[tuple[str, str | None, bool | None]]:
+    """(trajectory id, task id, success) of a dataset, by task, trial and id."""
+    return con.execute(
+        "SELECT id, task_id, success FROM trajectories WHERE dataset_id = ? "
+        "ORDER BY task_id, trial, id", [dataset_id]).fetchall()
+
+
+def dataset_provenance(con: Connection, dataset_id: str) -> tuple[Any, int, str | None] | None:
+    """(an agent model, the number of distinct agent models, one trajectory's
+    `meta.provenance` as JSON text) of a dataset."""
+    return con.execute(
+        "SELECT any_value(agent_model), count(DISTINCT agent_model), "
+        "any_value(CAST(meta->'provenance' AS VARCHAR)) FROM trajectories "
+        "WHERE dataset_id = ?", [dataset_id]).fetchone()
+
+
+def dependent_tables(con: Connection) -> list[tuple[str, str]]:
+    """(table, column) for every base table that holds rows of a trajectory or a dataset,
+    read from the catalog so that tables added by later migrations are included."""
+    rows = con.execute(
+        "SELECT c.table_name, c.column_name FROM information_schema.columns c "
+        "JOIN information_schema.tables t ON t.table_name = c.table_name "
+        "AND t.table_schema = c.table_schema "
+        "WHERE c.table_schema = 'main' AND t.table_type = 'BASE TABLE' "
+        "AND c.column_name IN ('trajectory_id', 'dataset_id') "
+        "AND c.table_name NOT IN ('trajectories', 'datasets') ORDER BY 1, 2").fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def delete_dataset_rows(con: Connection, dataset_id: str) -> dict[str, int]:
+    """Delete a dataset, its trajectories and every row that refers to them (run it inside
+    `transaction`); the rows removed per table."""
+    traj = "(SELECT id FROM trajectories WHERE dataset_id = ?)"
+    removed: dict[str, int] = {}
+    for table, column in dependent_tables(con):
+        where = f"{column} IN {traj}" if column == "trajectory_id" else f"{column} = ?"
+        removed[table] = con.execute(f'SELECT count(*) FROM "{table}" WHERE {where}',
+                                     [dataset_id]).fetchone()[0]
+        con.execute(f'DELETE FROM "{table}" WHERE {where}', [dataset_id])
+    removed["trajectories"] = con.execute(
+        "SELECT count(*) FROM trajectories WHERE dataset_id = ?", [dataset_id]).fetchone()[0]
+    con.execute("DELETE FROM trajectories WHERE dataset_id = ?", [dataset_id])
+    con.execute("DELETE FROM datasets WHERE id = ?", [dataset_id])
+    removed["datasets"] = 1
+    return removed
+
+
+def store_counts(con: Connection) -> dict[str, Any]:
+    """Counts over the whole store: outcomes, messages, calls, expected actions, tool schemas
+    by source, datasets (oldest first), trajectories by format and by domain."""
+    n, succ, fail, unk, err = con.execute(
+        "SELECT count(*), count(*) FILTER (success), count(*) FILTER (NOT success), "
+        "count(*) FILTER (success IS NULL AND coalesce(outcome, '') <> 'error'), "
+        "count(*) FILTER (outcome = 'error') FROM trajectories"
+    ).fetchone()
+    n_msgs = con.execute("SELECT count(*) FROM messages").fetchone()[0]
+    n_calls, n_err = con.execute("SELECT count(*), count(error) FROM tool_calls").fetchone()
+    n_ea = con.execute("SELECT count(*) FROM expected_actions").fetchone()[0]
+    schemas = dict(con.execute(
+        "SELECT source, count(*) FROM tool_schemas GROUP BY 1 ORDER BY 1").fetchall())
+    datasets = [
+        {"id": r[0], "name": r[1], "format": r[2], "trajectories": r[3], "successes": r[4],
+         "imported_at": str(r[5])}
+        for r in con.execute(
+            "SELECT d.id, d.name, d.format, count(t.id), count(t.id) FILTER (t.success), "
+            "d.imported_at FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
+            "GROUP BY ALL ORDER BY d.imported_at, d.name").fetchall()
+    ]
+    formats = dict(con.execute(
+        "SELECT d.format, count(*) FROM trajectories t JOIN datasets d ON d.id = t.dataset_id "
+        "GROUP BY 1 ORDER BY 1").fetchall())
+    domains = dict(con.execute(
+        "SELECT coalesce(domain, '(none)'), count(*) FROM trajectories GROUP BY 1 ORDER BY 1"
+    ).fetchall())
+    return {"trajectories": n, "successes": succ, "failures": fail, "unknown": unk,
+            "errors": err, "messages": n_msgs, "tool_calls": n_calls, "tool_errors": n_err,
+            "expected_actions": n_ea, "tool_schemas": schemas, "datasets": datasets,
+            "formats": formats, "domains": domains}
+
+
+# ------------------------------------------------------------------------- trajectories
+
+
+def trajectories_by_id(con: Connection, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` trajectories by id: id, domain, task, success, length."""
+    rows = con.execute("SELECT id, domain, task_id, success, n_messages FROM trajectories "
+                       "ORDER BY id LIMIT ?", [limit]).fetchall()
+    return [{"id": r[0], "domain": r[1], "task_id": r[2], "success": r[3], "n_messages": r[4]}
+            for r in rows]
+
+
+def existing_ids(con: Connection, ids: list[str]) -> set[str]:
+    """The store ids among `ids` (no source-id matching)."""
+    return {r[0] for r in con.execute(
+        "SELECT id FROM trajectories WHERE list_contains(?::VARCHAR[], id)", [ids]).fetchall()}
+
+
+def all_ids(con: Connection) -> list[str]:
+    """Every trajectory's store id, sorted."""
+    return [r[0] for r in con.execute("SELECT id FROM trajectories ORDER BY id").fetchall()]
+
+
+def ids_in_scope(con: Connection, scope: Scope) -> list[str]:
+    """The store ids of the trajectories in `scope`, sorted."""
+    sc, sp = scope.where(con, "t")
+    return [r[0] for r in con.execute(
+        f"SELECT id FROM trajectories t WHERE {sc} ORDER BY id", sp).fetchall()]
+
+
+def source_ids(con: Connection) -> list[tuple[str, str]]:
+    """(store id, source id) of every trajectory that has a source id."""
+    return con.execute("SELECT id, source_id FROM trajectories "
+                       "WHERE source_id IS NOT NULL").fetchall()
+
+
+def known_outcomes_with_expected_tools(con: Connection
+                                       ) -> list[tuple[str, Any, Any, bool, list[str] | None]]:
+    """(id, task_id, domain, success, distinct expected tool names) of every trajectory with
+    a known outcome, by task and id."""
+    return con.execute("""
+        SELECT t.id, t.task_id, t.domain, t.success,
+               list(DISTINCT e.name) FILTER (WHERE e.name IS NOT NULL) AS names
+        FROM trajectories t
+        LEFT JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id
+        WHERE t.success IS NOT NULL
+        GROUP BY ALL ORDER BY t.task_id, t.id
+    """).fetchall()
+
+
+def with_meta_field(con: Connection, key: str) -> list[tuple[str, bool | None, Any]]:
+    """(id, success, `meta.<key>` as JSON) of every trajectory whose meta has `key`."""
+    path = f"$.{key}"
+    return con.execute(
+        "SELECT id, success, json_extract(meta, ?) FROM trajectories "
+        "WHERE json_extract(meta, ?) IS NOT NULL", [path, path]).fetchall()
+
+
+def task_of(con: Connection, trajectory_id: str) -> tuple[str, str | None, bool | None] | None:
+    """(dataset_id, task_id, success) of a trajectory, None when there is no such id."""
+    return con.execute("SELECT dataset_id, task_id, success FROM trajectories WHERE id = ?",
+                       [trajectory_id]).fetchone()
+
+
+def known_outcome_trials(con: Connection, dataset_id: str, task_id: str
+                         ) -> list[tuple[str, bool]]:
+    """(id, success) of a task's trials with a known outcome, by trial and id."""
+    return con.execute(
+        "SELECT id, success FROM trajectories WHERE dataset_id = ? AND task_id = ? "
+        "AND success IS NOT NULL ORDER BY trial, id", [dataset_id, task_id]).fetchall()
+
+
+def task_trials(con: Connection, trajectory_id: str) -> pd.DataFrame:
+    """Every trial of the trajectory's task in its dataset (itself included), by trial:
+    id, trial, outcome (passed | failed | unknown), reward, termination."""
+    return con.execute("""
+        SELECT t.id, t.trial,
+               CASE WHEN t.success THEN 'passed' WHEN NOT t.success THEN 'failed'
+                    ELSE 'unknown' END AS outcome,
+               t.reward, t.termination
+        FROM trajectories t JOIN trajectories me
+          ON me.id = ? AND t.dataset_id = me.dataset_id AND t.task_id = me.task_id
+        ORDER BY t.trial, t.id""", [trajectory_id]).df()
+
+
+# --------------------------------------------------------------------------- bulk import
+
+
+def known_shas(con: Connection, shas: list[str]) -> set[str]:
+    """The content hashes among `shas` that a stored trajectory already has."""
+    rows = con.from_arrow(pa.table({"sha": pa.array(shas, pa.string())})).query(
+        "_ingest_shas",
+        "SELECT t.content_sha256 FROM trajectories t "
+        "JOIN _ingest_shas s ON t.content_sha256 = s.sha",
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def insert_arrow(con: Connection, table: str, columns: dict[str, pa.Array],
+                 json_cols: tuple[str, ...] = ()) -> None:
+    """Append the Arrow `columns` to `table`, casting `json_cols` to JSON."""
+    if not columns or len(next(iter(columns.values()))) == 0:
+        return
+    view = f"_ingest_{table}"
+    cols = ", ".join(columns)
+    select = ", ".join(f"CAST({c} AS JSON)" if c in json_cols else c for c in columns)
+    con.from_arrow(pa.table(columns)).query(
+        view, f"INSERT INTO {table} ({cols}) SELECT {select} FROM {view}")
+
+
+# --------------------------------------------------------------------------- tool schemas
+
+
+def tool_schema_rows(con: Connection) -> dict[tuple[str, str], tuple[str, str]]:
+    """(domain, name) -> (schema as JSON text, source) of every stored tool schema."""
+    return {(d, n): (s, src) for d, n, s, src in con.execute(
+        "SELECT domain, name, CAST(schema AS VARCHAR), source FROM tool_schemas").fetchall()}
+
+
+def upsert_tool_schemas(con: Connection, rows: list[tuple[str, str, str, str]]) -> None:
+    """Insert or replace (domain, name, schema JSON text, source) rows."""
+    if rows:
+        con.executemany(
+            "INSERT OR REPLACE INTO tool_schemas (domain, name, schema, source) "
+            "VALUES (?, ?, CAST(? AS JSON), ?)", rows)
+
+
+def domain_tool_schemas(con: Connection, domain: str | None) -> list[dict[str, Any]]:
+    """The tool schemas the store keeps for `domain` (given or inferred), by name."""
+    if not domain:
+        return []
+    rows = con.execute("SELECT schema FROM tool_schemas WHERE domain = ? ORDER BY name",
+                       [domain]).fetchall()
+    return [_loads(r[0]) for r in rows]
