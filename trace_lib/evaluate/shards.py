@@ -72,7 +72,8 @@ class Episodes:
 
         self.cfg, self.prov, self.shard_dir = cfg, prov, Path(shard_dir)
         self.run_id = str(prov["run_id"])
-        self.ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.task_seed)
+        self.ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.task_seed,
+                                offset=cfg.task_offset)
         self.pairs = [(i, trial) for i in range(len(self.ts.tasks))
                       for trial in range(cfg.trials)]
         size = cfg.shard_episodes

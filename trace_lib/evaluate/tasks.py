@@ -48,7 +48,8 @@ Design decisions
   final configuration is run on it once, and nothing is chosen on it. Seeds differ, so
   the splits are drawn from the same generator over different databases (other users,
   reservations, products): no task, user or record id is shared, which a test checks.
-  A split's tasks are a prefix-stable draw, so `--tasks N` is its first N.
+  A split's tasks are a prefix-stable draw, so `--tasks N` is its first N and
+  `--tasks START:END` the slice (where dev keeps tasks for choosing a checkpoint).
 - Nothing here opens the store: this module runs inside evaluation jobs.
 """
 
@@ -277,9 +278,9 @@ def task_set_domains() -> list[str]:
 
 
 def load_task_set(domain: str, n: int | None = None, seed: int | None = None,
-                  split: str | None = None) -> TaskSet:
+                  split: str | None = None, offset: int = 0) -> TaskSet:
     """The domain's target tasks of `split` (or of the task-set `seed`; the demo split by
-    default): the first `n`, or all with None."""
+    default): `n` of them from position `offset` (all the rest with None)."""
     if split is not None:
         chosen = get_split(split)
         if seed is not None and seed != chosen.seed:
@@ -298,11 +299,16 @@ def load_task_set(domain: str, n: int | None = None, seed: int | None = None,
             "with `env calibrate`")
     if n is not None and (not isinstance(n, int) or n < 1):
         raise UserInputError(f"--tasks {n!r}: expected a positive number or 'all'")
+    if not isinstance(offset, int) or offset < 0:
+        raise UserInputError(f"--tasks: the first task's position must be a number >= 0, got "
+                             f"{offset!r}")
     db, tasks, scorer, total = _build(domain, seed)
-    if n is not None and n > total:
-        raise UserInputError(f"--tasks {n}: the {domain} {split_of(seed)} split has {total} "
+    end = total if n is None else offset + n
+    if end > total or offset >= total:
+        asked = f"{offset}:{end}" if offset else str(n)
+        raise UserInputError(f"--tasks {asked}: the {domain} {split_of(seed)} split has {total} "
                              "tasks")
-    return TaskSet(domain=domain, seed=seed, db=db, tasks=tasks[: n or total], scorer=scorer,
+    return TaskSet(domain=domain, seed=seed, db=db, tasks=tasks[offset:end], scorer=scorer,
                    total=total)
 
 
