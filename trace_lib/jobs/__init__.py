@@ -5,8 +5,10 @@
     jobs.job_status(spec.id).state; jobs.read_metrics(spec.path); jobs.cancel(spec.id)
 
 Design decisions
-- One concept per module: `spec` (JobSpec, ids, the runs directory), `run_dir` (the file
-  contract between a job and everything else), `kinds` (the explicit table of job kinds),
+- One concept per module: `registries` (the tables of kind and backend names, at the
+  bottom so nothing circles back to them), `spec` (JobSpec, ids, the runs directory),
+  `run_dir` (the file contract between a job and everything else), `kinds` (what a job
+  function is; the typed lookup of a kind's function),
   `runner` (the entry point every backend starts: `python -m trace_lib.jobs.runner
   SPEC.json`), `backends` (protocol + registry), `local` and `ray` (the two built-in
   backends), `control` (submit / status / cancel / wait for callers).
@@ -14,7 +16,9 @@ Design decisions
   `run_job` is re-exported lazily: importing the package must not import the runner,
   because `python -m trace_lib.jobs.runner` imports the package first and runpy warns
   when the module it is about to run is already in `sys.modules`.
-- Nothing in this package imports the store, DuckDB or the CLI.
+- Nothing in this package imports the store, DuckDB or the CLI. Submitting a job for a
+  person (checks, recording its row, syncing its results into the store) is
+  `trace_lib.workbench.jobs`; stages only provide the functions that run inside a job.
 """
 
 from __future__ import annotations
