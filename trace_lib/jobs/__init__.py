@@ -38,6 +38,7 @@ from trace_lib.jobs.control import (
 from trace_lib.jobs.kinds import JOB_KINDS, Cancelled, JobFn, job_function
 from trace_lib.jobs.local import LocalBackend, pid_alive
 from trace_lib.jobs.ray import RayBackend
+from trace_lib.jobs.registries import EVALUATE, LABEL, TRAIN_ADAPTER, TRAIN_GATES
 from trace_lib.jobs.run_dir import (
     ACTIVE,
     HEARTBEAT_S,
@@ -63,7 +64,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ACTIVE", "BACKENDS", "HEARTBEAT_S", "JOB_KINDS", "RUNS_ENV", "TERMINAL", "Backend",
+    "ACTIVE", "BACKENDS", "EVALUATE", "HEARTBEAT_S", "JOB_KINDS", "LABEL", "RUNS_ENV",
+    "TERMINAL", "TRAIN_ADAPTER", "TRAIN_GATES", "Backend",
     "Cancelled", "JobFn", "JobSpec", "JobStatus", "LocalBackend", "RayBackend", "cancel",
     "find_spec", "get_backend", "job_function", "job_status", "list_jobs", "new_job_id",
     "pid_alive", "read_log", "read_metrics", "read_result", "read_samples", "read_status",

@@ -23,11 +23,17 @@ from typing import Any
 
 from trace_lib.registry import Registry
 
+# The kinds' names, for code that asks "is this a gate job?" (one spelling each).
+TRAIN_ADAPTER = "train_adapter"
+TRAIN_GATES = "train_gates"
+EVALUATE = "evaluate"
+LABEL = "label"
+
 JOB_KINDS: Registry[Callable[..., dict[str, Any]]] = Registry("job kind", builtins={
-    "train_adapter": "trace_lib.train.trainer:run_job",
-    "train_gates": "trace_lib.compose.gate_training:run_job",
-    "evaluate": "trace_lib.evaluate.runner:run_job",
-    "label": "trace_lib.diagnose.label_job:run_job",
+    TRAIN_ADAPTER: "trace_lib.train.trainer:run_job",
+    TRAIN_GATES: "trace_lib.compose.gate_training:run_job",
+    EVALUATE: "trace_lib.evaluate.runner:run_job",
+    LABEL: "trace_lib.diagnose.label_job:run_job",
 })
 
 BACKENDS: Registry[Callable[[], Any]] = Registry(
