@@ -46,6 +46,7 @@ def make_config(config: Any) -> Any:
 
 def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
     """What the store knows about the policy's parts (adapter row, composed model row)."""
+    from trace_lib.diagnose.capabilities import capabilities_on
     from trace_lib.store import jobs as job_rows
 
     path = store.resolve_db_path(db)
@@ -64,10 +65,9 @@ def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
                 out.update(moe_id=row["id"], moe_job_id=row["job_id"])
         cap = out.get("capability")
         if cap:
-            status = con.execute("SELECT status FROM capabilities WHERE name = ?",
-                                 [cap]).fetchone()
+            status = {c.name: c.status for c in capabilities_on(con)}.get(cap)
             if status:
-                out["capability_status"] = status[0]
+                out["capability_status"] = status
     return out
 
 
