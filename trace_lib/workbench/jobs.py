@@ -26,6 +26,8 @@ Design decisions
   `job_log` read the `jobs` row, not today's `TRACE_RUNS_DIR`, so moving the runs folder
   does not lose jobs. The pages' live panels, which must not open the store, read run
   directories only (`job_views` without statuses, `job_progress`).
+- The evaluation use cases (which import pandas-heavy renderers) are imported where an
+  evaluation is handled, so `job list` and the other job verbs stay light.
 - No SQL here: the job table family's statements are `trace_lib.store.jobs`; a label
   run's and an evaluation's rows belong to their stages (`diagnose.background_labeling`,
   `evaluate.results`), called with the store path.
@@ -45,7 +47,7 @@ from trace_lib.errors import UserInputError
 from trace_lib.jobs.registries import EVALUATE, LABEL, TRAIN_ADAPTER, TRAIN_GATES
 from trace_lib.scope import Scope
 from trace_lib.store import jobs as job_rows
-from trace_lib.workbench import composition, environments, evaluation, job_progress
+from trace_lib.workbench import composition, environments, job_progress, training
 
 Db = str | Path | None
 
@@ -89,6 +91,8 @@ def _prepare_evaluation(db: Db, spec: jobs.JobSpec, where: str,
                         allow_unreviewed_builtin: bool) -> None:
     """What the store knows about the policy's parts goes into the config (the job cannot
     ask); the run is named after the job unless the config names it."""
+    from trace_lib.workbench import evaluation
+
     cfg = evaluation.with_provenance(db, evaluation.make_config(spec.config))
     cfg.run_id = cfg.run_id or spec.id
     spec.config = cfg.to_dict()
@@ -134,6 +138,8 @@ def submit_evaluation(db: Db, config: Any, backend: str = "local",
                       backend_options: dict[str, Any] | None = None) -> jobs.JobSpec:
     """Evaluate a policy in the background (`evaluate --background`, the Compare page's
     Launch button); `config` is an `EvalConfig` or its dict."""
+    from trace_lib.workbench import evaluation
+
     options = dict(backend_options or {})
     if backend == "ray":
         options.setdefault("num_cpus", 0)  # the driver only waits; the shard tasks work
@@ -218,11 +224,6 @@ class Synced:
         return [s for s in self.statuses if s.kind == kind]
 
 
-def _adapter_metrics(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result.get(k) for k in ("final_reward", "steps", "eval_before", "eval_after",
-                                       "wall_s")}
-
-
 def _record_adapter(con: Any, status: jobs.JobStatus) -> str | None:
     result = jobs.read_result(status.run_dir)
     if not result.get("adapter_path"):
@@ -233,7 +234,7 @@ def _record_adapter(con: Any, status: jobs.JobStatus) -> str | None:
         environment=result.get("env") or status.config.get("env"),
         path=result["adapter_path"],
         base_model=result.get("base_model") or status.config.get("model", ""),
-        metrics={**_adapter_metrics(result), "config": status.config})
+        metrics={**training.adapter_metrics(result), "config": status.config})
 
 
 def _record_moe(db: Db, status: jobs.JobStatus, known: set[str]) -> str | None:
@@ -425,6 +426,8 @@ def job_views(kind: str | None = TRAIN_ADAPTER,
 def evaluation_jobs(statuses: list[jobs.JobStatus] | None = None) -> list[dict[str, Any]]:
     """`evaluate` jobs, newest first: state, episodes done, error (the Compare page's job
     list). Pass `sync(db).statuses`; without a store, the run directories are read."""
+    from trace_lib.workbench import evaluation
+
     out = []
     for st in jobs.list_jobs() if statuses is None else statuses:
         if st.kind != EVALUATE:

@@ -90,10 +90,15 @@ def train_foreground(db: Db, config: dict[str, Any], run_dir: str | Path | None 
             "wall_s": round(result.wall_s, 2)}
 
 
+def adapter_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """What an adapter's row keeps of a training result (a foreground run's or a job's)."""
+    return {k: result.get(k) for k in ("final_reward", "steps", "eval_before", "eval_after",
+                                       "wall_s")}
+
+
 def record_adapter(db: Db, result: dict[str, Any], job_id: str) -> str:
     """Record a foreground run's adapter (`train` without --background); returns its id."""
-    metrics = {k: result.get(k) for k in ("final_reward", "steps", "eval_before",
-                                          "eval_after", "wall_s")}
+    metrics = adapter_metrics(result)
     with store.connect(db) as con:
         return job_rows.insert_adapter(
             con, job_id=job_id, capability=result["capability"], environment=result["env"],
