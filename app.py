@@ -8,7 +8,9 @@ Design decisions
 - Thin page: the counts are `trace_lib.workbench.data.pipeline_counts` (the same numbers
   `python -m trace_lib explore overview` prints, environments counted as the Environments
   page lists them) and "what next" is `data.next_step` over the same counts. A missing
-  database or empty later-stage tables show as an empty state, never as an error.
+  database or empty later-stage tables show as an empty state, never as an error. The
+  counts of jobs (running) and what they made are read after the one job sync
+  (`jobs.sync`), so Home never shows a job as running that has ended.
 - Deleting a dataset is `data.delete_dataset` (what `datasets delete NAME --yes` runs),
   behind a confirmation that names what will go.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from trace_lib.workbench import data
+from trace_lib.workbench import data, jobs
 from trace_lib.workbench.errors import ActionError, StoreError
 
 HERE = Path(__file__).resolve().parent
@@ -100,6 +102,8 @@ def home() -> None:
     db = data.db_path()
     counts = None
     try:
+        if data.db_exists(db):
+            jobs.sync(db)  # job rows and what ended jobs made, before they are counted
         counts = data.pipeline_counts(db)
     except StoreError as exc:
         st.error(str(exc))

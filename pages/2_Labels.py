@@ -1,7 +1,8 @@
 """Labels: trajectories x capabilities, with the transcript and its evidence below them.
 
 Thin page: every read and action is a use case of `trace_lib.workbench.diagnose` (the
-`label`, `labels` and `capabilities` verbs call the same functions). An edit in the grid is
+`label`, `labels` and `capabilities` verbs call the same functions); a background run is a
+`label` job of `trace_lib.workbench.jobs`, recorded by its one job sync. An edit in the grid is
 saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
 on its next run. Trajectory text is untrusted: it is shown with st.text/st.code only.
 
@@ -23,7 +24,7 @@ import os
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import data
+from trace_lib.workbench import data, jobs
 from trace_lib.workbench import diagnose as wb
 from trace_lib.workbench.errors import ActionError, LLMError, UserInputError
 
@@ -103,7 +104,8 @@ with st.sidebar:
                              help="as a `label` job (see `job status`); its labels are "
                                   "recorded here once it ended")
     # Ended background runs are recorded (once) before anything below reads the labels.
-    recorded = [r for r in _guard(wb.sync_label_jobs, DB) or [] if r["outcome"] == "recorded"]
+    synced = _guard(jobs.sync, DB)
+    recorded = [r for r in (synced.labels if synced else []) if r["outcome"] == "recorded"]
     if recorded:
         st.success("recorded " + ", ".join(f"{r['run_id']} ({r['n_labels']} labels)"
                                            for r in recorded))
@@ -111,7 +113,7 @@ with st.sidebar:
     what = "all trajectories" if scope.is_empty() else "the trajectories in scope"
     clicked = st.button(f"Label {what}", key="run_labeler")
     if clicked and background:
-        specs = _guard(wb.label_background, DB, labeler, runs=int(n_runs), model=model,
+        specs = _guard(jobs.submit_labeling, DB, labeler, runs=int(n_runs), model=model,
                        base_url=base_url, scope=scope)
         if specs:
             st.info("started " + ", ".join(f"job {s.id} (run {s.config['run_id']})"

@@ -1,16 +1,18 @@
 """Training: launch GRPO LoRA jobs, watch them live, cancel them, see finished adapters.
 
-Thin page: every action is a use case of `trace_lib.workbench.training`: the form builds
-the config with `build_config` and launching is `launch` (both what `train --background`
-calls; only approved environments, or an explicit smoke run on an unreviewed built-in),
-the job list is `sync_jobs` (`job list`), the live panel is `live_status` over the run
-directory (what the notebook draws), cancel is `cancel` (`job cancel`).
+Thin page: every action is a use case of `trace_lib.workbench`: the form builds the
+config with `training.build_config` and launching is `jobs.submit_training` (both what
+`train --background` calls; only approved environments, or an explicit smoke run on an
+unreviewed built-in), the job list is the one job sync `jobs.sync` (`job list`), the live
+panel is `job_progress.live_status` over the run directory (what the notebook draws),
+cancel is `jobs.cancel` (`job cancel`).
 The jobs table, the "Watch job" selector and the live panel are one fragment over one
-snapshot (`job_views`, run directories only: no database access, so it never holds the
-store's lock), re-read every two seconds while a job is active, so they always show the
-same step count; a full rerun records finished jobs. Launch moves the selector to the new
-job. A job that learned nothing reads "succeeded — no learning signal" with a warning
-(`learning_signal`), and the eval-before phase has its own progress (`phase`).
+snapshot (`jobs.job_views`): a full run shows the statuses the sync read and recorded;
+the fragment, re-read every two seconds while a job is active, reads run directories
+only (no database access, so it never holds the store's lock), so table and panel always
+show the same step count; a full rerun records finished jobs. Launch moves the selector
+to the new job. A job that learned nothing reads "succeeded — no learning signal" with a
+warning (`learning_signal`), and the eval-before phase has its own progress (`phase`).
 The environment, model and build options sit above the form so that changing them
 re-checks at once whether the environment's prompt fits the model's context
 (`context_check`), before Launch.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import data, environments, training
+from trace_lib.workbench import data, environments, job_progress, jobs, models, training
 from trace_lib.workbench.errors import ActionError, StoreError
 
 st.set_page_config(page_title="Training · TRACE", page_icon="🧭", layout="wide")
@@ -61,7 +63,7 @@ with st.expander("Launch a training job", expanded=True):
                 "(or tick the box above for a smoke run on a built-in).")
     c1, c2, c3 = st.columns(3)
     env = c1.selectbox("Environment", [e["name"] for e in envs], key="env")
-    model_names = training.model_names() + ["other (folder or hub name)"]
+    model_names = models.model_names() + ["other (folder or hub name)"]
     model = c2.selectbox("Model", model_names, key="model")
     model_other = c2.text_input("Model folder / hub name (for 'other')", key="model_other")
     c1, c2, c3, c4 = st.columns(4)
@@ -144,8 +146,8 @@ with st.expander("Launch a training job", expanded=True):
                 difficulty=int(difficulty), distractors=int(distractors),
                 init_adapter=init_adapter.strip() or None, sft_steps=int(sft_steps),
                 stop_on_no_signal=bool(stop_quiet))
-            spec = training.launch(DB, config, backend, options,
-                                   allow_unreviewed_builtin=include_builtins)
+            spec = jobs.submit_training(DB, config, backend, options,
+                                        allow_unreviewed_builtin=include_builtins)
         except (*ActionError, OSError) as exc:
             st.error(str(exc))
         else:
@@ -156,21 +158,24 @@ with st.expander("Launch a training job", expanded=True):
 # --------------------------------------------------------------------------- jobs
 st.subheader("Jobs")
 try:
-    training.sync_jobs(DB)  # records finished jobs and their adapters (full runs only)
+    SYNCED = jobs.sync(DB).statuses  # records finished jobs and their adapters (full runs)
 except StoreError as exc:
     st.error(str(exc))
+    SYNCED = None
 # Which jobs were active at this full run: the fragment polls while any is, and asks for a
 # full rerun (which records it) when one of them has ended. The selector sits outside the
 # fragment (a dropdown that redraws every two seconds would close under the pointer); the
 # table and the live panel inside it read one snapshot, so their step counts agree.
-VIEWS = training.job_views()
-ACTIVE_AT_START = {v["status"].id for v in VIEWS if training.is_active(v["status"].state)}
+VIEWS = jobs.job_views(statuses=SYNCED)
+ACTIVE_AT_START = {v["status"].id for v in VIEWS if job_progress.is_active(v["status"].state)}
 
 
 @st.fragment(run_every="2s" if ACTIVE_AT_START else None)
 def jobs_panel(job_id: str) -> None:
-    views = training.job_views()  # one snapshot: the table and the panel agree
-    if any(v["status"].id in ACTIVE_AT_START and not training.is_active(v["status"].state)
+    # One snapshot, the full run's while nothing is active (the table and the panel agree);
+    # run directories only while the fragment polls.
+    views = jobs.job_views() if ACTIVE_AT_START else VIEWS
+    if any(v["status"].id in ACTIVE_AT_START and not job_progress.is_active(v["status"].state)
            for v in views):
         st.rerun(scope="app")  # a job just ended: record it and its adapter
     st.dataframe(pd.DataFrame([{
@@ -185,7 +190,7 @@ def jobs_panel(job_id: str) -> None:
 
 
 def live(snapshot: dict) -> None:
-    view = training.live_status(snapshot["status"])  # the run directory only: never the store
+    view = job_progress.live_status(snapshot["status"])  # the run directory only: never the store
     status, rows, signal, phase = view["status"], view["metrics"], view["signal"], view["phase"]
     job_id = status.id
     total = int(status.config.get("steps") or 1)
@@ -209,10 +214,10 @@ def live(snapshot: dict) -> None:
         st.progress(min(status.steps_done / total, 1.0),
                     text=f"{status.steps_done}/{total} steps")
     if rows:
-        st.plotly_chart(training.metrics_figure(rows), key=f"chart_{job_id}")
-    if training.is_active(status.state):
+        st.plotly_chart(job_progress.metrics_figure(rows), key=f"chart_{job_id}")
+    if job_progress.is_active(status.state):
         if st.button("Cancel", key=f"cancel_{job_id}"):
-            done = training.cancel(DB, job_id, grace_s=10, record=False)
+            done = jobs.cancel(DB, job_id, grace_s=10, record=False)
             st.warning(f"Job {job_id}: {done.state}")
             st.rerun(scope="app")
     if status.state == "failed":

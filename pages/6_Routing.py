@@ -1,8 +1,9 @@
 """Routing: compose adapters, train the gates, and watch which expert handles each token.
 
 Thin page: every action is a use case of `trace_lib.workbench.composition` (compose,
-route through its one source dispatch, train gates, evaluate; it also keeps the rows) and
-`views` draws; the widgets only choose. Every action here is also a CLI verb (`compose`,
+route through its one source dispatch, evaluate; it also keeps the rows) or, for a gate
+job, of `trace_lib.workbench.jobs` (submit, the one job sync) and `job_progress` (the
+live panel), and `views` draws; the widgets only choose. Every action here is also a CLI verb (`compose`,
 `route`, `gates`, `moe-eval`) and a cell of notebooks/04_compose_and_route.ipynb.
 The composed model in use is the sidebar's pick unless a folder is typed; Compose selects
 the model it made (a rerun, no reload) and writes under the runs directory. Forcing one
@@ -17,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import composition, data, training
+from trace_lib.workbench import composition, data, job_progress, jobs, training
 from trace_lib.workbench.composition import views
 from trace_lib.workbench.errors import StoreError, UserInputError
 
@@ -238,21 +239,22 @@ with tab_gates:
                                           warm_steps=int(warm_steps), steps=int(steps),
                                           group=int(group), max_tokens=int(max_tokens),
                                           max_turns=int(max_turns))
-            started = composition.train_gates(DB, cfg, background=True)
-            st.success(f"started job {started['job_id']} → {started['run_dir']}")
+            started = jobs.submit_gates(DB, cfg)
+            st.success(f"started job {started.id} → {started.run_dir}")
         except UserInputError as exc:
             st.error(str(exc))
-    if data.db_exists(DB):
-        composition.sync_gate_jobs(DB)  # full runs record finished jobs and their models
-    gate_views = training.job_views(kind=training.GATES_KIND)
-    gate_active = {v["status"].id for v in gate_views if training.is_active(v["status"].state)}
+    # Full runs record finished jobs and their models through the one job sync.
+    synced = jobs.sync(DB).statuses if data.db_exists(DB) else None
+    gate_views = jobs.job_views(kind=jobs.TRAIN_GATES, statuses=synced)
+    gate_active = {v["status"].id for v in gate_views
+                   if job_progress.is_active(v["status"].state)}
 
     @st.fragment(run_every="2s" if gate_active else None)
     def gate_panel(job: str) -> None:
         # Run directories only (never the store): safe to poll while a job writes. The
         # job selector is outside: a dropdown redrawn every two seconds would close.
-        views_ = training.job_views(kind=training.GATES_KIND)
-        if any(v["status"].id in gate_active and not training.is_active(v["status"].state)
+        views_ = jobs.job_views(kind=jobs.TRAIN_GATES) if gate_active else gate_views
+        if any(v["status"].id in gate_active and not job_progress.is_active(v["status"].state)
                for v in views_):
             st.rerun(scope="app")  # a job just ended: record its composed model
         st.dataframe(pd.DataFrame([{
@@ -263,7 +265,7 @@ with tab_gates:
         if job not in by_id:
             return
         status = by_id[job]
-        rows = composition.read_metrics(status.run_dir)
+        rows = job_progress.read_metrics(status.run_dir)
         grpo = [r for r in rows if r.get("phase") == "grpo"]
         warm = [r for r in rows if r.get("phase") == "warm"]
         if warm:
@@ -274,10 +276,10 @@ with tab_gates:
             st.area_chart(frame[[c for c in frame.columns if c.startswith("share_")]])
         # Gate movement: norm, distance from the start, routing entropy; warn when the gates
         # have not moved (no group with reward variance, or a dead estimator).
-        movement = composition.gate_movement(
+        movement = job_progress.gate_movement(
             status.run_dir, finished=status.state in ("succeeded", "failed", "cancelled"))
         m1, m2, m3, m4, m5 = st.columns(5)
-        m1.metric("State", training.learning_signal(status, rows)["state"])
+        m1.metric("State", job_progress.learning_signal(status, rows)["state"])
         m2.metric("Gate norm", "-" if movement["gate_norm"] is None
                   else f"{movement['gate_norm']:.4g}")
         m3.metric("Gates moved by", "-" if movement["gate_delta"] is None
@@ -295,7 +297,7 @@ with tab_gates:
             st.line_chart(pd.DataFrame([{"row": i, "gate_norm": r["gate_norm"]}
                                         for i, r in enumerate(rows) if "gate_norm" in r])
                           .set_index("row"))
-        if training.is_active(status.state):
+        if job_progress.is_active(status.state):
             total = int(status.config.get("steps") or 1)
             st.progress(min(1.0, len(grpo) / max(total, 1)),
                         text=f"{status.state}: {len(warm)} warm steps, {len(grpo)}/{total} "

@@ -2,8 +2,9 @@
 
 Thin page: every figure comes from `trace_lib.workbench.evaluation` (the same use cases as
 `python -m trace_lib compare` / `evaluate` and notebook 05); this file lays out widgets.
-Evaluations launched here run as background `evaluate` jobs (the page never blocks on a
-model); each rerun imports finished ones as datasets, so they appear in the pickers.
+Evaluations launched here run as background `evaluate` jobs (`workbench.jobs`: the page
+never blocks on a model); each rerun runs the one job sync, which imports finished ones as
+datasets (so they appear in the pickers) and gives the job list its statuses.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import data, evaluation
+from trace_lib.workbench import data, evaluation, jobs
 from trace_lib.workbench.errors import ActionError, StoreError
 
 capability_delta_chart = evaluation.compare_views.capability_delta_chart
@@ -104,7 +105,7 @@ def _evaluate_form() -> None:
     config["max_model_len"] = int(ctx) or None
     if st.button("Launch evaluation", key="eval_launch", type="primary"):
         try:
-            spec = evaluation.launch_evaluation(DB, config)
+            spec = jobs.submit_evaluation(DB, config)
         except ActionError as exc:
             st.error(markdown_literal(exc))
         else:
@@ -113,7 +114,7 @@ def _evaluate_form() -> None:
 
 
 def _evaluation_jobs() -> None:
-    rows = evaluation.evaluation_jobs()
+    rows = jobs.evaluation_jobs(SYNCED.statuses if SYNCED else None)
     if not rows:
         return
     st.button("Refresh", key="eval_refresh")
@@ -131,11 +132,11 @@ if not DB.exists():
             "`python -m trace_lib ingest PATH...`, or evaluate a model below.")
 
 try:
-    imported = evaluation.sync_evaluations(DB) if DB.exists() else []
+    SYNCED = jobs.sync(DB) if DB.exists() else None
 except ActionError as exc:
-    imported = []
+    SYNCED = None
     st.error(markdown_literal(exc))
-for item in imported:
+for item in SYNCED.evaluations if SYNCED else []:
     st.toast(f"evaluation imported: {item['dataset']}")
 
 compare_tab, evaluate_tab = st.tabs(["Compare two runs", "Evaluate a policy"])

@@ -127,8 +127,8 @@ def test_config_errors_name_the_field(moe_dir) -> None:
 def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, db_path,
                                                capsys) -> None:
     from trace_lib import jobs
-    from trace_lib.compose.gate_training import submit_gate_job
-    from trace_lib.workbench.composition import list_moe_models, sync_gate_jobs
+    from trace_lib.workbench import jobs as wb_jobs
+    from trace_lib.workbench.composition import list_moe_models
 
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
@@ -136,19 +136,18 @@ def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, d
     cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy_env:VowelEnv"], warm_seeds=1,
                           warm_steps=2, steps=1, group=2, groups_per_step=1, max_turns=1,
                           max_tokens=4, torch_threads=1)
-    spec = submit_gate_job(cfg)
+    spec = wb_jobs.submit_gates(db_path, cfg)
     status = jobs.wait(spec.id, timeout_s=300)
     assert status.state == "succeeded", jobs.read_log(spec.run_dir)
-    listed = sync_gate_jobs(db_path)
-    assert [j["id"] for j in listed] == [spec.id]
+    listed = wb_jobs.sync(db_path).of_kind(jobs.TRAIN_GATES)
+    assert [j.id for j in listed] == [spec.id]
     models = list_moe_models(db_path)
     assert len(models) == 1 and models[0]["job_id"] == spec.id
     assert models[0]["path"] == str((Path(spec.run_dir) / "moe").resolve())
     # `job status` reports gate movement for gate jobs (the warm start moved them).
     from trace_lib.cli import main
-    from trace_lib.workbench.training import record_job
 
-    record_job(db_path, spec)
+    wb_jobs.record_job(db_path, spec)
     assert main(["job", "status", spec.id, "--db", str(db_path)]) == 0
     out = capsys.readouterr().out
     assert "gates: norm" in out and "WARNING" not in out

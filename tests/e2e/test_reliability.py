@@ -308,12 +308,12 @@ def test_job_killed_is_failed_with_checkpoints_intact(db_path: Path, tmp_path: P
 
     from trace_lib import jobs
     from trace_lib.train.trainer import latest_checkpoint
-    from trace_lib.workbench import training as records
+    from trace_lib.workbench import jobs as records
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     monkeypatch.setenv("TRACE_DB", str(db_path))
     _toy_env_store(db_path)
-    spec = records.launch(db_path, _toy_config(steps=400))
+    spec = records.submit_training(db_path, _toy_config(steps=400))
     ckpts = spec.path / "checkpoints"
     wait_until(lambda: len(list(ckpts.glob("step_*"))) >= 3, 240, "three checkpoints")
     status = jobs.read_status(spec.path)
@@ -330,7 +330,7 @@ def test_job_killed_is_failed_with_checkpoints_intact(db_path: Path, tmp_path: P
     except ProcessLookupError:
         leftover = False
 
-    statuses = {s.id: s for s in records.sync_jobs(db_path)}
+    statuses = {s.id: s for s in records.sync(db_path).statuses}
     assert seen_failed and statuses[spec.id].state == "failed"
     at = AppTest.from_file(str(REPO_ROOT / "pages" / "5_Training.py"), default_timeout=60).run()
     assert not at.exception
@@ -357,13 +357,13 @@ def test_app_restart_keeps_tracking_the_job(streamlit_server, browser_page, wait
     from playwright.sync_api import expect
 
     from trace_lib import jobs
-    from trace_lib.workbench import training as records
+    from trace_lib.workbench import jobs as records
 
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     _toy_env_store(db_path)
     page = browser_page
     first = streamlit_server(db_path)
-    spec = records.launch(db_path, _toy_config(steps=400))
+    spec = records.submit_training(db_path, _toy_config(steps=400))
     wait_until(lambda: jobs.read_metrics(spec.path), 240, "the job's first step")
     goto(page, first.url + "/Training", wait_for_app)
     state = page.get_by_test_id("stMetric").filter(has_text="State")
@@ -391,4 +391,4 @@ def test_app_restart_keeps_tracking_the_job(streamlit_server, browser_page, wait
         "steps_when_cancelled": final.steps_done, "state_after_restart": "running",
         "final_state": final.state})
     assert final.state == "cancelled"
-    assert {s.id: s.state for s in records.sync_jobs(db_path)}[spec.id] == "cancelled"
+    assert {s.id: s.state for s in records.sync(db_path).statuses}[spec.id] == "cancelled"

@@ -24,6 +24,7 @@ from trace_lib.evaluate.policy import EvalConfig
 from trace_lib.evaluate.runner import run_evaluation
 from trace_lib.evaluate.tasks import load_task_set
 from trace_lib.workbench import evaluation
+from trace_lib.workbench import jobs as wb_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -140,7 +141,7 @@ def test_local_job_writes_shards_resumes_and_is_recorded(db_path):
     ts = load_task_set("airline", 4)
     with ReferencePolicyServer(ts, set(tasks_with_writes(ts)[:1])) as srv:
         cfg = _cfg(srv, tasks=4, shard_episodes=2, concurrency=2, run_id=None)
-        spec = evaluation.launch_evaluation(db_path, cfg)
+        spec = wb_jobs.submit_evaluation(db_path, cfg)
         st = jobs.wait(spec.id, timeout_s=300)
         assert st.state == "succeeded", jobs.read_log(spec.path)
         assert "2 of 2 shards to run (local)" in jobs.read_log(spec.path)
@@ -161,7 +162,7 @@ def test_local_job_writes_shards_resumes_and_is_recorded(db_path):
     assert again["shard_pids"] == {"shard-0000": None, "shard-0001": os.getpid()}
     assert merged.read_bytes() == data
     assert jobs.read_metrics(spec.path)[-1]["step"] == 4
-    out = evaluation.wait_and_record(db_path, spec.id)
+    out = wb_jobs.wait_evaluation(db_path, spec.id)
     assert (out["job_id"], out["trajectories"], out["successes"]) == (spec.id, 4, 3)
 
 
@@ -211,8 +212,8 @@ def test_ray_evaluate_job_runs_each_shard_as_a_task_and_is_recorded(ray_head, db
         local = run_evaluation(EvalConfig(**cfg), tmp_path / "local")
         asked_local = _asked(srv)
         srv.requests.clear()
-        spec = evaluation.launch_evaluation(db_path, cfg, backend="ray",
-                                            backend_options={"address": ray_head})
+        spec = wb_jobs.submit_evaluation(db_path, cfg, backend="ray",
+                                         backend_options={"address": ray_head})
         assert spec.backend_options["num_cpus"] == 0  # the entry point only waits
         st = jobs.wait(spec.id, timeout_s=600)
         assert st.state == "succeeded", jobs.read_log(spec.path)
@@ -227,7 +228,7 @@ def test_ray_evaluate_job_runs_each_shard_as_a_task_and_is_recorded(ray_head, db
         Path(local["episodes_path"]).read_bytes()
 
     # the app records it as it does any evaluate job
-    out = evaluation.wait_and_record(db_path, spec.id)
+    out = wb_jobs.wait_evaluation(db_path, spec.id)
     assert (out["job_id"], out["trajectories"], out["successes"]) == (spec.id, 4, 3)
     with store.connect(db_path, read_only=True) as con:
         job = con.execute("SELECT kind, backend FROM jobs WHERE id = ?", [spec.id]).fetchone()
@@ -237,7 +238,7 @@ def test_ray_evaluate_job_runs_each_shard_as_a_task_and_is_recorded(ray_head, db
                         [out["dataset_id"]]).fetchone()[0]
     assert job == ("evaluate", "ray") and n == 4
     assert source == str(Path(result["episodes_path"]).resolve())
-    assert evaluation.sync_evaluations(db_path) == []  # once
+    assert wb_jobs.sync(db_path).evaluations == []  # once
 
 
 class _HeldPolicy(ReferencePolicyServer):
@@ -259,7 +260,7 @@ def test_ray_evaluate_job_cancels_its_shard_tasks(ray_head, db_path):
     ts = load_task_set("airline", 2)
     with _HeldPolicy(ts) as srv:
         try:
-            spec = evaluation.launch_evaluation(
+            spec = wb_jobs.submit_evaluation(
                 db_path, _cfg(srv, tasks=2, shard_episodes=1, run_id=None), backend="ray",
                 backend_options={"address": ray_head})
             deadline = time.monotonic() + 300

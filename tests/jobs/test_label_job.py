@@ -20,9 +20,9 @@ import pytest
 
 from trace_lib import jobs, store
 from trace_lib.diagnose import label_job
-from trace_lib.diagnose.background_labeling import record_label_job, submit_label_job
 from trace_lib.diagnose.labeling import run_labeling
-from trace_lib.workbench import diagnose as wb
+from trace_lib.workbench import jobs as wb_jobs
+from trace_lib.workbench.jobs import record_label_job, submit_label_job
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "llm"))
@@ -70,10 +70,10 @@ def _materialised_runs(db: Path) -> dict:
 
 def test_local_label_job_records_the_in_process_labels_once(demo_db: Path) -> None:
     run_labeling(demo_db, "heuristic", run_prefix="inproc")
-    (spec,) = wb.label_background(demo_db, "heuristic", run_prefix="bg", shard_size=7)
+    (spec,) = wb_jobs.submit_labeling(demo_db, "heuristic", run_prefix="bg", shard_size=7)
     assert spec.config["shards"] == [label_job.shard_name(i) for i in range(5)]  # 30 / 7
     assert _run_status(demo_db, "bg") == ("running", None)
-    assert wb.record_label_job(demo_db, spec.id)["outcome"] in ("running", "recorded")
+    assert wb_jobs.record_label_job(demo_db, spec.id)["outcome"] in ("running", "recorded")
 
     st = jobs.wait(spec.id, timeout_s=300)
     assert st.state == "succeeded", jobs.read_log(spec.path)
@@ -81,7 +81,7 @@ def test_local_label_job_records_the_in_process_labels_once(demo_db: Path) -> No
     # local: every shard labeled in the job process itself
     assert set(jobs.read_result(spec.path)["shard_pids"].values()) == {
         jobs.read_status(spec.path)["pid"]}
-    out = wb.record_label_job(demo_db, spec.id)
+    out = wb_jobs.record_label_job(demo_db, spec.id)
     assert out["outcome"] in ("recorded", "already")
     assert _run_status(demo_db, "bg") == ("finished", None)
     expected = _labels(demo_db, "inproc")
@@ -89,8 +89,8 @@ def test_local_label_job_records_the_in_process_labels_once(demo_db: Path) -> No
     assert _materialised_runs(demo_db)["bg"] == len(expected)
 
     # Exactly once: recording again (directly or by the sync) changes nothing.
-    assert wb.record_label_job(demo_db, spec.id)["outcome"] == "already"
-    assert wb.sync_label_jobs(demo_db) == []
+    assert wb_jobs.record_label_job(demo_db, spec.id)["outcome"] == "already"
+    assert wb_jobs.sync(demo_db).labels == []
     assert _labels(demo_db, "bg") == expected
 
 
@@ -115,7 +115,7 @@ def test_cli_background_wait_and_job_status(demo_db: Path) -> None:
 def test_job_side_never_imports_the_store(demo_db: Path) -> None:
     """The label job process itself (a rerun of its spec.json: a resume with every shard
     already labeled) imports neither the store nor DuckDB."""
-    (spec,) = wb.label_background(demo_db, "heuristic", run_prefix="imp", shard_size=10)
+    (spec,) = wb_jobs.submit_labeling(demo_db, "heuristic", run_prefix="imp", shard_size=10)
     assert jobs.wait(spec.id, timeout_s=300).state == "succeeded", jobs.read_log(spec.path)
     mods = spec.path.parent / "modules.json"
     probe = ("import json, sys\n"
@@ -169,7 +169,7 @@ def test_openai_labeler_job_records_the_in_process_labels_and_cost(demo_db: Path
         run_labeling(demo_db, "openai", run_prefix="inproc", **cfg)
         spec = submit_label_job(demo_db, "openai", run_id="llm", labeler_cfg=cfg,
                                 shard_size=8)
-        assert wb.wait_label_job(demo_db, spec.id, timeout_s=300)["outcome"] == "recorded"
+        assert wb_jobs.wait_label_jobs(demo_db, [spec.id], timeout_s=300)[0]["outcome"] == "recorded"
     assert _labels(demo_db, "llm") == _labels(demo_db, "inproc") != []
     with store.connect(demo_db) as con:
         costs = dict(con.execute("SELECT id, cost FROM label_runs").fetchall())
@@ -243,14 +243,14 @@ def test_ray_label_job_shards_into_tasks_and_records_the_same_labels(
         ray_head: str, demo_db: Path) -> None:
     assert "ray[default]" in (REPO / "requirements.txt").read_text()
     run_labeling(demo_db, "heuristic", run_prefix="inproc")
-    (spec,) = wb.label_background(demo_db, "heuristic", run_prefix="onray", shard_size=12,
-                                  backend="ray", backend_options={"address": ray_head})
+    (spec,) = wb_jobs.submit_labeling(demo_db, "heuristic", run_prefix="onray", shard_size=12,
+                                      backend="ray", backend_options={"address": ray_head})
     st = jobs.wait(spec.id, timeout_s=600)
     assert st.state == "succeeded", jobs.read_log(spec.path)
     assert "3 of 3 shards to label (ray)" in jobs.read_log(spec.path)
     pids = jobs.read_result(spec.path)["shard_pids"]
     assert sorted(pids) == spec.config["shards"]
     assert jobs.read_status(spec.path)["pid"] not in pids.values()  # Ray tasks labeled them
-    assert wb.record_label_job(demo_db, spec.id)["outcome"] == "recorded"
+    assert wb_jobs.record_label_job(demo_db, spec.id)["outcome"] == "recorded"
     assert _labels(demo_db, "onray") == _labels(demo_db, "inproc")
     assert _run_status(demo_db, "onray") == ("finished", None)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from trace_lib import cli, jobs, store
-from trace_lib.workbench import training as records
+from trace_lib.workbench import jobs as records
+from trace_lib.workbench import training
 
 TOY = {
     "env": "trace_lib.train.smoke_envs:TargetLetterEnv", "model": "tiny", "group": 4, "groups_per_step": 1,
@@ -58,9 +59,9 @@ def test_submit_progress_succeed_and_record(runs, tmp_path, db_path):
     assert status["pid"] and status["pgid"] and status["heartbeat"]
     assert not (tmp_path / "job_must_not_open.duckdb").exists()
     # The app side records the finished job and its adapter, once.
-    records.sync_jobs(db_path)
-    records.sync_jobs(db_path)
-    adapters = records.list_adapters(db_path)
+    records.sync(db_path)
+    records.sync(db_path)
+    adapters = training.list_adapters(db_path)
     assert len(adapters) == 1 and adapters[0]["job_id"] == spec.id
     assert adapters[0]["capability"] == "toy_target_letter"
     assert adapters[0]["path"].endswith("adapter")
@@ -118,7 +119,7 @@ def test_cli_verbs(runs, db_path, capsys):
     assert "succeeded" in capsys.readouterr().out
     assert cli.main(["job", "status", job_id, "--db", str(db_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps_done"] == 2
-    assert records.list_adapters(db_path)[0]["job_id"] == job_id
+    assert training.list_adapters(db_path)[0]["job_id"] == job_id
     # Bad input: a clear error, exit 1.
     assert cli.main(["job", "status", "nope"]) == 1
     assert "nope" in capsys.readouterr().err

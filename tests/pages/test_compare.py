@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import jobs
 from trace_lib.evaluate.tasks import load_task_set
 from trace_lib.workbench import evaluation
+from trace_lib.workbench import jobs as wb_jobs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "evaluate"))
 from reference_policy import ReferencePolicyServer, tasks_with_writes  # noqa: E402
@@ -120,6 +121,6 @@ def test_launch_the_per_request_composition_from_the_page(env, tmp_path):
     _launch_smallest(at)
     assert not at.exception
     assert jobs.wait(at.session_state["eval_job"], timeout_s=600).state == "succeeded"
-    evaluation.sync_evaluations(env)
+    wb_jobs.sync(env)
     names = [d["name"] for d in evaluation.datasets(env)]
     assert any(n.startswith("tiny+router-export__airline__") for n in names), names

@@ -251,14 +251,15 @@ def test_gate_job_that_did_not_move_is_flagged(store_with_moe, tmp_path: Path) -
     """A gate job whose groups all had the same reward cannot move the gates: the Train
     gates tab shows the movement metrics and says so (as `job status` does)."""
     from trace_lib import jobs
-    from trace_lib.compose.gate_training import GateTrainConfig, submit_gate_job
+    from trace_lib.compose.gate_training import GateTrainConfig
+    from trace_lib.workbench.jobs import submit_gates
 
-    _db, moe_dir = store_with_moe
+    db, moe_dir = store_with_moe
     env_file = write_file_env(tmp_path, "toy/constant", reward="zero")
     cfg = GateTrainConfig(moe=str(moe_dir), envs=[str(env_file)], warm_seeds=0,
                           warm_steps=0, steps=1, group=2, groups_per_step=1, max_turns=1,
                           max_tokens=2, balance_coef=0.0, torch_threads=1)
-    spec = submit_gate_job(cfg)
+    spec = submit_gates(db, cfg)
     status = jobs.wait(spec.id, timeout_s=300)
     assert status.state == "succeeded", jobs.read_log(spec.run_dir)
     at = AppTest.from_file(PAGE, default_timeout=120).run()

@@ -20,7 +20,8 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import jobs
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
-from trace_lib.workbench import training
+from trace_lib.workbench import job_progress, training
+from trace_lib.workbench import jobs as wb_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = str(REPO / "pages" / "5_Training.py")
@@ -72,8 +73,8 @@ def test_launch_watch_and_adapter(store_with_env):
     assert not at.exception
     # Whether two tiny steps found a group with reward variance depends on the samples:
     # either state is honest, and the no-signal one is never a plain "succeeded".
-    signal = training.learning_signal(st, jobs.read_metrics(st.run_dir))
-    assert at.metric[0].value == signal["state"] in ("succeeded", training.NO_SIGNAL_STATE)
+    signal = job_progress.learning_signal(st, jobs.read_metrics(st.run_dir))
+    assert at.metric[0].value == signal["state"] in ("succeeded", job_progress.NO_SIGNAL_STATE)
     assert at.metric[1].value == "2/2"
     assert len(at.get("plotly_chart")) == 1
     assert any(e.label.startswith("Latest sample rollout") for e in at.expander)
@@ -85,7 +86,7 @@ def test_launch_watch_and_adapter(store_with_env):
 
 
 def test_cancel_from_the_page(store_with_env):
-    spec = training.launch(store_with_env, {
+    spec = wb_jobs.submit_training(store_with_env, {
         "env": TOY_ENV, "model": "tiny", "steps": 500, "group": 4, "groups_per_step": 1,
         "max_tokens": 3, "lora": {"rank": 4, "targets": ["q_proj"]}})
     deadline = time.monotonic() + 180

@@ -20,7 +20,7 @@ from trace_lib import jobs
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
 from trace_lib.jobs.run_dir import write_json_atomic
-from trace_lib.workbench import training
+from trace_lib.workbench import jobs as wb_jobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from journey_helpers import choose_option  # noqa: E402
@@ -39,11 +39,11 @@ def runs(tmp_path: Path, monkeypatch, db_path: Path) -> Path:
 
 def _job(state: str, rows: list[dict], log: str = "", steps: int = 3,
          eval_seeds: int = 0) -> jobs.JobSpec:
-    spec = jobs.JobSpec(kind=training.JOB_KIND, config={
+    spec = jobs.JobSpec(kind=jobs.TRAIN_ADAPTER, config={
         "env": TOY_ENV, "model": "tiny", "steps": steps, "eval_seeds": eval_seeds})
     spec.path.mkdir(parents=True)
     write_json_atomic(spec.path / "spec.json", spec.to_dict())
-    jobs.update_status(spec.path, state=state, backend="local", kind=training.JOB_KIND)
+    jobs.update_status(spec.path, state=state, backend="local", kind=jobs.TRAIN_ADAPTER)
     _append(spec, rows)
     (spec.path / "log.txt").write_text(log)
     return spec
@@ -148,7 +148,7 @@ def test_launch_moves_the_watch_selector_to_the_new_job(
     try:
         expect(watch.get_by_role("combobox")).to_have_value(launched[0].id)
     finally:
-        training.cancel(db_path, launched[0].id, grace_s=5)
+        wb_jobs.cancel(db_path, launched[0].id, grace_s=5)
 
 
 @pytest.mark.e2e

@@ -20,7 +20,8 @@ from streamlit.testing.v1 import AppTest
 from trace_lib import cli, jobs, store
 from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
-from trace_lib.workbench import composition, data, diagnose, environments, training
+from trace_lib.workbench import composition, data, diagnose, environments
+from trace_lib.workbench import jobs as wb_jobs
 
 PAGES = Path(__file__).resolve().parents[2] / "pages"
 BUILTIN = "airline/precondition_verification"
@@ -175,7 +176,7 @@ def test_train_launch(env_db, monkeypatch):
     save_environment(EnvSpec(name=TOY_ENV, capability="toy_target_letter", domain="toy",
                              version=1, source="file", code="# toy env lives in tests"),
                      status="approved", db=env_db)
-    rec = Recorder(monkeypatch, training, "launch")
+    rec = Recorder(monkeypatch, wb_jobs, "submit_training")
     at = page("5_Training.py")
     at.selectbox(key="model").set_value("tiny")
     next(b for b in at.button if b.label == "Launch").click().run()
@@ -195,8 +196,8 @@ def test_job_cancel(env_db, monkeypatch):
     # recorder stands in for the cancel).
     jobs.update_status(spec.path, state="running", backend="local", kind=spec.kind,
                        pid=os.getpid())
-    training.record_job(env_db, spec)
-    rec = Recorder(monkeypatch, training, "cancel")
+    wb_jobs.record_job(env_db, spec)
+    rec = Recorder(monkeypatch, wb_jobs, "cancel")
     at = page("5_Training.py")
     at.button(key=f"cancel_{spec.id}").click().run()
     assert rec.take()[0][1] == spec.id

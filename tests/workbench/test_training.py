@@ -14,6 +14,7 @@ from trace_lib.envs.catalog import save_environment
 from trace_lib.envs.registry import EnvSpec
 from trace_lib.errors import UserInputError
 from trace_lib.workbench import environments, training
+from trace_lib.workbench import jobs as wb_jobs
 
 GEN_CODE = "def make_env():\n    raise RuntimeError('never imported in the host')\n"
 BUILTIN = "airline/precondition_verification"
@@ -112,12 +113,12 @@ def test_job_status_reads_the_run_directory_the_database_recorded(db_path, tmp_p
     spec.path.mkdir(parents=True)
     (spec.path / "spec.json").write_text(json.dumps(spec.to_dict()))
     jobs.update_status(spec.path, state="succeeded", backend="local", kind=spec.kind)
-    training.record_job(db_path, spec)
+    wb_jobs.record_job(db_path, spec)
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs-now"))  # the runs folder moved
     assert cli.main(["job", "status", spec.id, "--db", str(db_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["state"] == "succeeded" and out["run_dir"] == spec.run_dir
-    assert training.job_status(db_path, spec.id).state == "succeeded"
+    assert wb_jobs.job_status(db_path, spec.id).state == "succeeded"
 
 
 def test_list_adapters_reads_before_after(db_path):

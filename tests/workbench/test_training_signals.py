@@ -16,11 +16,12 @@ import pytest
 from trace_lib import jobs
 from trace_lib.cli import main
 from trace_lib.jobs.run_dir import write_json_atomic
-from trace_lib.workbench import training
+from trace_lib.workbench import job_progress, training
+from trace_lib.workbench import jobs as wb_jobs
 
 
 def _job(tmp_path: Path, monkeypatch, state: str, rows: list[dict], log: str = "",
-         kind: str = training.JOB_KIND, steps: int = 3, eval_seeds: int = 4) -> jobs.JobStatus:
+         kind: str = jobs.TRAIN_ADAPTER, steps: int = 3, eval_seeds: int = 4) -> jobs.JobStatus:
     monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
     spec = jobs.JobSpec(kind=kind, config={"env": "toy", "model": "tiny", "steps": steps,
                                            "eval_seeds": eval_seeds})
@@ -41,11 +42,11 @@ def _row(step: int, no_signal: bool) -> dict:
 
 def test_constant_reward_everywhere_is_not_a_plain_success(tmp_path, monkeypatch, capsys):
     st = _job(tmp_path, monkeypatch, "succeeded", [_row(i, True) for i in (1, 2, 3)])
-    sig = training.learning_signal(st, jobs.read_metrics(st.run_dir))
-    assert sig["state"] == training.NO_SIGNAL_STATE == "succeeded — no learning signal"
+    sig = job_progress.learning_signal(st, jobs.read_metrics(st.run_dir))
+    assert sig["state"] == job_progress.NO_SIGNAL_STATE == "succeeded — no learning signal"
     assert (sig["steps"], sig["no_signal_steps"], sig["learned"]) == (3, 3, False)
     assert "learned nothing" in sig["warning"]
-    assert [v["state"] for v in training.job_views()] == [training.NO_SIGNAL_STATE]
+    assert [v["state"] for v in wb_jobs.job_views()] == [job_progress.NO_SIGNAL_STATE]
     assert main(["job", "status", st.id, "--db", str(tmp_path / "t.duckdb")]) == 0
     out = capsys.readouterr().out
     assert "succeeded — no learning signal" in out and "no-signal steps=3/3" in out
@@ -56,7 +57,7 @@ def test_constant_reward_everywhere_is_not_a_plain_success(tmp_path, monkeypatch
 
 def test_one_step_with_signal_is_a_success(tmp_path, monkeypatch, capsys):
     st = _job(tmp_path, monkeypatch, "succeeded", [_row(1, True), _row(2, False)])
-    sig = training.learning_signal(st, jobs.read_metrics(st.run_dir))
+    sig = job_progress.learning_signal(st, jobs.read_metrics(st.run_dir))
     assert (sig["state"], sig["no_signal_steps"], sig["warning"]) == ("succeeded", 1, None)
     assert main(["job", "status", st.id, "--db", str(tmp_path / "t.duckdb")]) == 0
     assert "no-signal steps=1/2" in capsys.readouterr().out
@@ -65,19 +66,19 @@ def test_one_step_with_signal_is_a_success(tmp_path, monkeypatch, capsys):
 def test_gates_that_did_not_move_are_not_a_plain_success(tmp_path, monkeypatch):
     rows = [{"phase": "grpo", "step": 1, "gate_delta": 0.0, "gate_norm": 0.0,
              "groups_kept": 0}]
-    st = _job(tmp_path, monkeypatch, "succeeded", rows, kind=training.GATES_KIND)
-    sig = training.learning_signal(st, rows)
-    assert sig["state"] == training.NO_SIGNAL_STATE and "have not moved" in sig["warning"]
+    st = _job(tmp_path, monkeypatch, "succeeded", rows, kind=jobs.TRAIN_GATES)
+    sig = job_progress.learning_signal(st, rows)
+    assert sig["state"] == job_progress.NO_SIGNAL_STATE and "have not moved" in sig["warning"]
 
 
 def test_eval_before_has_its_own_progress(tmp_path, monkeypatch):
     st = _job(tmp_path, monkeypatch, "succeeded", [],
               log="[eval before] 1/4 held-out seeds\n[eval before] 3/4 held-out seeds\n")
     st = dataclasses.replace(st, state="running")  # as the live panel sees it mid-run
-    ph = training.phase(st, [], jobs.read_log(st.run_dir))
+    ph = job_progress.phase(st, [], jobs.read_log(st.run_dir))
     assert (ph["name"], ph["done"], ph["total"]) == ("eval before", 3, 4)
     assert ph["text"] == "evaluating before training: 3/4 held-out seeds"
-    mid = training.phase(st, [_row(1, False)], "")
+    mid = job_progress.phase(st, [_row(1, False)], "")
     assert mid["name"] == "training"
 
 

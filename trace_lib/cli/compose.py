@@ -114,8 +114,13 @@ def _gates(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, max_turns=args.max_turns, lr=args.lr,
         balance_coef=args.balance_coef, eval_seeds=args.eval_seeds, seed=args.seed,
         warm_lr=args.warm_lr, estimator=args.estimator, device=args.device, dtype=args.dtype)
-    result = composition.train_gates(args.db, cfg, background=args.background,
-                                     backend=args.backend, progress=not args.json)
+    if args.background:
+        from trace_lib.workbench import jobs
+
+        spec = jobs.submit_gates(args.db, cfg, backend=args.backend)
+        result = {"job_id": spec.id, "run_dir": spec.run_dir, "state": "queued"}
+    else:
+        result = composition.train_gates(args.db, cfg, progress=not args.json)
     if args.json:
         print_json(result)
     else:

@@ -146,16 +146,16 @@ def _label_background(args: argparse.Namespace) -> int:
     """`label --background` submits one `label` job per run; `--wait` waits and records
     them; `label --record JOB` records an ended job's labels into the store (once)."""
     from trace_lib.errors import UserInputError
-    from trace_lib.workbench import diagnose as wb
+    from trace_lib.workbench import jobs
 
     if args.resume:
         raise UserInputError("label --resume runs in-process; rerun a label job with "
                              "`job run RUN_DIR/spec.json` (it labels only missing shards)")
     if args.record:
-        out: Any = wb.record_label_job(args.db, args.record)
+        out: Any = jobs.record_label_job(args.db, args.record)
     else:
         options = {"address": args.ray_address} if args.ray_address else {}
-        specs = wb.label_background(
+        specs = jobs.submit_labeling(
             args.db, args.labeler or "heuristic", runs=args.runs,
             capabilities=_csv(args.capabilities), run_prefix=args.run, model=args.model,
             base_url=args.base_url, concurrency=args.concurrency,
@@ -164,8 +164,9 @@ def _label_background(args: argparse.Namespace) -> int:
         out = [{"job_id": s.id, "run_id": s.config["run_id"], "run_dir": s.run_dir,
                 "backend": s.backend} for s in specs]
         if args.wait:
-            for o in out:
-                o.update(wb.wait_label_job(args.db, o["job_id"]))
+            recorded = jobs.wait_label_jobs(args.db, [o["job_id"] for o in out])
+            for o, outcome in zip(out, recorded, strict=True):
+                o.update(outcome)
     if args.json:
         print_json(out)
     else:

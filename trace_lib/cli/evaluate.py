@@ -5,13 +5,16 @@
     python -m trace_lib compare DATASET_A DATASET_B --json
 
 Design decisions
-- Thin: flags become one `EvalConfig` dict and go to `workbench.evaluation`, the same use
-  cases the Evaluate/Compare page and notebook 05 call.
+- Thin: flags become one `EvalConfig` dict and go to `workbench.evaluation` (in the
+  background to `workbench.jobs`, where every job kind is submitted and synced), the
+  same use cases the Evaluate/Compare page and notebook 05 call.
 - `--background` submits an `evaluate` job and prints its id; with `--wait` it also waits
   for it and imports the result, printing the same document as a foreground run;
-  `--sync` imports every finished one (what the Compare page does on each visit).
+  `--sync` runs the one job sync and prints the evaluations it imported (what the Compare
+  page does on each visit).
 - `--tasks all`, a number N (the first N) or START:END (a slice of the split, e.g. dev's
-  tasks kept for choosing a checkpoint); anything else is refused by argparse with the accepted forms.
+  tasks kept for choosing a checkpoint); anything else is refused by argparse with the
+  accepted forms.
 """
 
 from __future__ import annotations
@@ -74,10 +77,10 @@ def _print_result(out: dict[str, Any], as_json: bool) -> None:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import sys
 
-    from trace_lib.workbench import evaluation
+    from trace_lib.workbench import evaluation, jobs
 
     if args.sync:
-        done = evaluation.sync_evaluations(args.db)
+        done = jobs.sync(args.db).evaluations
         if args.json:
             print_json(done)
         for out in ([] if args.json else done):
@@ -91,10 +94,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
               "--temperature > 0 for trials that differ", file=sys.stderr)
     if args.background:
         options = {"address": args.ray_address} if args.ray_address else {}
-        spec = evaluation.launch_evaluation(args.db, config, backend=args.backend,
-                                            backend_options=options)
+        spec = jobs.submit_evaluation(args.db, config, backend=args.backend,
+                                      backend_options=options)
         if args.wait:
-            _print_result(evaluation.wait_and_record(args.db, spec.id), args.json)
+            _print_result(jobs.wait_evaluation(args.db, spec.id), args.json)
             return 0
         out = {"job_id": spec.id, "run_dir": spec.run_dir, "backend": spec.backend}
         print_json(out) if args.json else print(spec.id)

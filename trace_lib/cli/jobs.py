@@ -3,8 +3,9 @@
 Design decisions
 - `job run SPEC.json` runs a job in this process through the same function as the entry
   point every backend starts (`python -m trace_lib.jobs.runner SPEC.json`, which imports
-  no CLI); it never opens the database. The other `job` verbs read run directories and sync the store through the
-  training use cases (`trace_lib.workbench.training`).
+  no CLI); it never opens the database. The other `job` verbs read run directories and
+  sync the store through the one jobs use case module (`trace_lib.workbench.jobs`), for
+  every kind.
 - Heavy modules (torch, transformers, ray) are imported inside handlers.
 """
 
@@ -19,16 +20,13 @@ from trace_lib.cli.output import print_json
 
 def _show_status(st: Any, as_json: bool) -> None:
     from trace_lib import jobs
-    from trace_lib.workbench import training
+    from trace_lib.workbench import job_progress
 
     movement = None
-    if getattr(st, "kind", None) == "train_gates":  # composition: have the gates moved?
-        from trace_lib.workbench import composition
-
-        movement = composition.gate_movement(
-            st.run_dir, finished=st.state in ("succeeded", "failed", "cancelled"))
+    if getattr(st, "kind", None) == jobs.TRAIN_GATES:  # composition: have the gates moved?
+        movement = job_progress.gate_movement(st.run_dir, finished=st.state in jobs.TERMINAL)
     # A job that learned nothing is not a plain "succeeded" (the page says the same).
-    signal = training.learning_signal(st, jobs.read_metrics(st.run_dir))
+    signal = job_progress.learning_signal(st, jobs.read_metrics(st.run_dir))
     if as_json:
         print_json(st.to_dict() | {"learning_signal": signal}
                    | ({"gate_movement": movement} if movement else {}))
@@ -50,58 +48,56 @@ def _show_status(st: Any, as_json: bool) -> None:
 
 
 def _cmd_job_submit(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
-    spec = training.submit_spec_file(args.db, args.spec, backend=args.backend)
+    spec = jobs.submit_spec_file(args.db, args.spec, backend=args.backend)
     print_json({"job_id": spec.id, "run_dir": spec.run_dir}) if args.json else print(spec.id)
     return 0
 
 
 def _cmd_job_list(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
-    statuses = training.sync_jobs(args.db)
+    statuses = jobs.sync(args.db).statuses
     if args.json:
         print_json([s.to_dict() | {"log_tail": None} for s in statuses])
         return 0
-    from trace_lib import jobs
-
-    for st in statuses:
-        state = training.learning_signal(st, jobs.read_metrics(st.run_dir))["state"]
-        print(f"{st.id:40s} {state:10s} {st.backend:6s} steps={st.steps_done}")
+    for view in jobs.job_views(kind=None, statuses=statuses):
+        st = view["status"]
+        print(f"{st.id:40s} {view['state']:10s} {st.backend:6s} steps={st.steps_done}")
     return 0
 
 
 def _cmd_job_status(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
-    _show_status(training.job_status(args.db, args.job_id), args.json)
+    _show_status(jobs.job_status(args.db, args.job_id), args.json)
     return 0
 
 
 def _cmd_job_logs(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
     if not args.follow:
-        sys.stdout.write(training.job_log(args.db, args.job_id, tail=args.tail) + "\n")
+        sys.stdout.write(jobs.job_log(args.db, args.job_id, tail=args.tail) + "\n")
         return 0
-    for chunk in training.follow_log(args.db, args.job_id):  # until the job ends
+    for chunk in jobs.follow_log(args.db, args.job_id):  # until the job ends
         sys.stdout.write(chunk)
         sys.stdout.flush()
     return 0
 
 
 def _cmd_job_cancel(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
-    _show_status(training.cancel(args.db, args.job_id, grace_s=args.grace), args.json)
+    _show_status(jobs.cancel(args.db, args.job_id, grace_s=args.grace), args.json)
     return 0
 
 
 def _cmd_job_wait(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs
 
-    st = training.wait(args.db, args.job_id, timeout_s=args.timeout)
+    st = jobs.wait(args.db, args.job_id, timeout_s=args.timeout)
     _show_status(st, args.json)
     return 0 if st.state == "succeeded" else 1
 

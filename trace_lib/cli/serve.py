@@ -2,7 +2,7 @@
 
 Design decisions
 - Kept apart from `train` and `job` because models and the policy server are shared by
-  the train and compose stages; the handlers call `trace_lib.workbench.training`.
+  the train and compose stages; the handlers call `trace_lib.workbench.models`.
 - `model prepare NAME` builds a registered model into the models folder once (progress on
   stderr) and prints where it is; `serve` runs the CPU policy server in the foreground on
   127.0.0.1, the same server a training job starts in-process. Its limits (`--max-n`,
@@ -39,9 +39,9 @@ def _int_at_least(low: int):
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import models
 
-    path = training.prepare_model(args.name, rebuild=args.rebuild)
+    path = models.prepare_model(args.name, rebuild=args.rebuild)
     if args.json:
         print_json({"name": args.name, "path": str(path)})
     else:
@@ -50,9 +50,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import models
 
-    rows = training.list_models()
+    rows = models.list_models()
     if args.json:
         print_json(rows)
     else:
@@ -63,9 +63,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import models
 
-    training.serve_policy(args.model, port=args.port,
+    models.serve_policy(args.model, port=args.port,
                           served_model_name=args.served_model_name,
                           max_tokens=args.max_tokens, threads=args.threads,
                           **{field: getattr(args, field) for _, field, _, _ in SERVER_LIMITS})

@@ -1,4 +1,5 @@
-"""CLI verb of the train stage: `train` (over `trace_lib.workbench.training`).
+"""CLI verb of the train stage: `train` (over `trace_lib.workbench.training`; in the
+background over `trace_lib.workbench.jobs`, where every job kind is submitted).
 
 Design decisions
 - The flags map one to one onto `training.build_config`, the one place a training config
@@ -105,12 +106,12 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from trace_lib.workbench import training
+    from trace_lib.workbench import jobs, training
 
     config = config_from_args(args)  # fails with the field's name before anything starts
     if args.background:
         options = {"address": args.ray_address} if args.ray_address else {}
-        spec = training.launch(args.db, config, args.backend, options)
+        spec = jobs.submit_training(args.db, config, args.backend, options)
         out = {"job_id": spec.id, "run_dir": spec.run_dir, "backend": spec.backend}
         print_json(out) if args.json else print(spec.id)
         return 0

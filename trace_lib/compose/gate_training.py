@@ -45,7 +45,8 @@ Design decisions
   status.json, metrics.jsonl, log.txt, checkpoints/step_N/gates.safetensors and, at the
   end, a complete composed model folder `moe/` with the trained gates. It never opens
   the database: each environment arrives as its serialised spec in the config
-  (`env_specs`, name -> `EnvSpec.to_json()`, filled by `submit_gate_job` on the app side);
+  (`env_specs`, name -> `EnvSpec.to_json()`, filled by `workbench.jobs.submit_gates` on the
+  app side: this stage provides the job function, it never submits);
   generated ones carry their code and run in the sandbox.
 """
 
@@ -563,21 +564,3 @@ def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[s
     cfg = GateTrainConfig.from_dict(spec.config, where=f"{run_dir / 'spec.json'}: config")
     return train_gates(cfg, run_dir, should_stop=should_stop)
 
-
-def submit_gate_job(cfg: GateTrainConfig, backend: str = "local", db: Any = None) -> Any:
-    """Start gate training in the background; returns the JobSpec (run dir, id).
-
-    Runs on the app/CLI side: every environment is resolved here (through `db`) and its
-    serialised spec (code included) travels in the config; the job never opens the
-    database."""
-    from trace_lib.envs import catalog
-    from trace_lib.jobs import JobSpec, submit
-
-    cfg.validate()
-    for name in cfg.envs:
-        if name not in cfg.env_specs:
-            cfg.env_specs[name] = catalog.resolve(name, db=db).to_json()
-    env_makers_for(cfg)  # every name resolves before a job starts, or the error is here
-    config = cfg.to_dict()
-    config["moe"] = str(Path(cfg.moe).resolve())
-    return submit(JobSpec(kind=JOB_KIND, config=config, backend=backend))

@@ -6,9 +6,10 @@ Design decisions
   all-or-nothing transaction, the same expected actions and tool schemas, so explore,
   diagnose, rank and compare read it like a user's file.
 - Background runs never open the store (one writer): the job leaves `result.json` with
-  the episodes path in its run directory, and `sync_evaluations` (called by the app and
-  the CLI when they look at jobs) imports each succeeded `evaluate` job once. "Once" is
-  the dataset whose `source` is that file: re-syncing finds it and imports nothing.
+  the episodes path in its run directory, and the one job sync
+  (`trace_lib.workbench.jobs.sync`, called by every page and verb that shows jobs)
+  imports each succeeded `evaluate` job once through `import_episodes`. "Once" is the
+  dataset whose `source` is that file (`is_imported`): re-syncing imports nothing.
 - A result carries the pass rate's Wilson interval, so every front end prints the same.
 """
 
@@ -57,29 +58,12 @@ def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> d
     }
 
 
-def _dataset_for(con: Any, path: str) -> tuple[str, str] | None:
-    row = con.execute("SELECT id, name FROM datasets WHERE source = ?", [path]).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-def sync_evaluations(db: str | Path | None) -> list[dict[str, Any]]:
-    """Import every succeeded `evaluate` job's episodes not yet in the store; return the
-    summaries of what this call imported."""
-    from trace_lib import jobs
-
-    done = []
-    for st in jobs.list_jobs():
-        if st.kind != "evaluate" or st.state != "succeeded":
-            continue
-        result = jobs.read_result(st.run_dir)
-        path = result.get("episodes_path")
-        if not path or not Path(path).is_file():
-            continue
-        with store.connect(db) as con:
-            known = _dataset_for(con, str(Path(path).resolve()))
-        if known is None:
-            done.append(import_episodes(db, result, job_id=st.id))
-    return done
+def is_imported(db: str | Path | None, episodes_path: str | Path) -> bool:
+    """Whether a dataset was imported from this episodes file already (its `source`)."""
+    with store.connect(db) as con:
+        row = con.execute("SELECT id FROM datasets WHERE source = ?",
+                          [str(Path(episodes_path).resolve())]).fetchone()
+    return row is not None
 
 
 def evaluation_datasets(db: str | Path | None) -> list[dict[str, Any]]:

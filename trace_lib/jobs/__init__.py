@@ -5,8 +5,10 @@
     jobs.job_status(spec.id).state; jobs.read_metrics(spec.path); jobs.cancel(spec.id)
 
 Design decisions
-- One concept per module: `spec` (JobSpec, ids, the runs directory), `run_dir` (the file
-  contract between a job and everything else), `kinds` (the explicit table of job kinds),
+- One concept per module: `registries` (the tables of kind and backend names, at the
+  bottom so nothing circles back to them), `spec` (JobSpec, ids, the runs directory),
+  `run_dir` (the file contract between a job and everything else), `kinds` (what a job
+  function is; the typed lookup of a kind's function),
   `runner` (the entry point every backend starts: `python -m trace_lib.jobs.runner
   SPEC.json`), `backends` (protocol + registry), `local` and `ray` (the two built-in
   backends), `control` (submit / status / cancel / wait for callers).
@@ -14,7 +16,9 @@ Design decisions
   `run_job` is re-exported lazily: importing the package must not import the runner,
   because `python -m trace_lib.jobs.runner` imports the package first and runpy warns
   when the module it is about to run is already in `sys.modules`.
-- Nothing in this package imports the store, DuckDB or the CLI.
+- Nothing in this package imports the store, DuckDB or the CLI. Submitting a job for a
+  person (checks, recording its row, syncing its results into the store) is
+  `trace_lib.workbench.jobs`; stages only provide the functions that run inside a job.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from trace_lib.jobs.control import (
 from trace_lib.jobs.kinds import JOB_KINDS, Cancelled, JobFn, job_function
 from trace_lib.jobs.local import LocalBackend, pid_alive
 from trace_lib.jobs.ray import RayBackend
+from trace_lib.jobs.registries import EVALUATE, LABEL, TRAIN_ADAPTER, TRAIN_GATES
 from trace_lib.jobs.run_dir import (
     ACTIVE,
     HEARTBEAT_S,
@@ -59,7 +64,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ACTIVE", "BACKENDS", "HEARTBEAT_S", "JOB_KINDS", "RUNS_ENV", "TERMINAL", "Backend",
+    "ACTIVE", "BACKENDS", "EVALUATE", "HEARTBEAT_S", "JOB_KINDS", "LABEL", "RUNS_ENV",
+    "TERMINAL", "TRAIN_ADAPTER", "TRAIN_GATES", "Backend",
     "Cancelled", "JobFn", "JobSpec", "JobStatus", "LocalBackend", "RayBackend", "cancel",
     "find_spec", "get_backend", "job_function", "job_status", "list_jobs", "new_job_id",
     "pid_alive", "read_log", "read_metrics", "read_result", "read_samples", "read_status",

@@ -7,22 +7,22 @@ Design decisions
 - The entry point is the runner module itself, not the CLI: a job process imports neither
   the CLI nor the store nor DuckDB (`tests/jobs/test_runner.py` checks the imports of a
   real job).
-- Backends are a typed registry (`trace_lib.registry.Registry`): `local` and `ray` built
-  in, others from the `trace_workbench.job_backends` entry-point group; a backend is a
-  class (or factory) called with no arguments, whose options come from
-  `spec.backend_options`.
+- Backends are a typed registry (`trace_lib.registry.Registry`, `BACKENDS` in
+  `registries.py`, below the spec so a spec checks its backend name without importing
+  this module): `local` and `ray` built in, others from the `trace_workbench.job_backends`
+  entry-point group; a backend is a class (or factory) called with no arguments, whose
+  options come from `spec.backend_options`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from trace_lib.jobs.registries import BACKENDS
 from trace_lib.jobs.spec import REPO_ROOT, JobSpec
-from trace_lib.registry import Registry
 
 RUNNER_MODULE = "trace_lib.jobs.runner"
 
@@ -59,13 +59,10 @@ def job_env() -> dict[str, str]:
     return env
 
 
-BACKENDS: Registry[Callable[[], Backend]] = Registry(
-    "job backend", group="trace_workbench.job_backends",
-    builtins={"local": "trace_lib.jobs.local:LocalBackend",
-              "ray": "trace_lib.jobs.ray:RayBackend"},
-)
-
-
 def get_backend(name: str) -> Backend:
     """A fresh backend object for `name` (UserInputError listing the known ones)."""
-    return BACKENDS.get(name)()
+    backend: Backend = BACKENDS.get(name)()
+    return backend
+
+
+__all__ = ["BACKENDS", "RUNNER_MODULE", "Backend", "entrypoint", "get_backend", "job_env"]

@@ -1,11 +1,12 @@
-"""The table of job kinds: kind -> "module:function", imported only when a job of that kind
-runs.
+"""Job kinds: what a job function is, and the one typed way to get the function of a kind.
 
 Design decisions
-- An explicit table, not registration by import side effect: the job process knows every
-  kind without importing the CLI or the stage that submits it (before, `train_gates` was
-  known to the job process only because building the CLI parser imported compose). Add a
-  kind by adding one line here; the function lives with its stage.
+- The table itself (`JOB_KINDS`, kind -> "module:function") lives in `registries.py`,
+  below `spec.py`, so a spec can check its kind without importing this module (which
+  speaks of `JobSpec`): no import circle. It is an explicit table, not registration by
+  import side effect: the job process knows every kind without importing the CLI or the
+  stage that submits it. Add a kind by adding one line there; the function lives with
+  its stage (stages provide job functions; `trace_lib.workbench.jobs` submits them).
 - A job function is `(spec, run_dir, should_stop) -> result dict`. It validates its own
   `spec.config`, writes only into `run_dir` (see `run_dir.py`), polls `should_stop()` at
   safe points and raises `Cancelled` there; its return value becomes result.json.
@@ -17,28 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trace_lib.registry import Registry
+from trace_lib.jobs.registries import JOB_KINDS
+from trace_lib.jobs.spec import JobSpec
 
-if TYPE_CHECKING:
-    from trace_lib.jobs.spec import JobSpec
-
-JobFn = Callable[["JobSpec", Path, Callable[[], bool]], dict[str, Any]]
+JobFn = Callable[[JobSpec, Path, Callable[[], bool]], dict[str, Any]]
 
 
 class Cancelled(Exception):
     """Raised inside a job when a stop was requested; the job ends as `cancelled`."""
 
 
-JOB_KINDS: Registry[JobFn] = Registry("job kind", builtins={
-    "train_adapter": "trace_lib.train.trainer:run_job",
-    "train_gates": "trace_lib.compose.gate_training:run_job",
-    "evaluate": "trace_lib.evaluate.runner:run_job",
-    "label": "trace_lib.diagnose.label_job:run_job",
-})
-
-
 def job_function(kind: str) -> JobFn:
     """The function that runs jobs of `kind` (a UserInputError lists the known kinds)."""
-    return JOB_KINDS.get(kind)
+    fn: JobFn = JOB_KINDS.get(kind)
+    return fn
+
+
+__all__ = ["JOB_KINDS", "Cancelled", "JobFn", "job_function"]

@@ -6,7 +6,9 @@ Design decisions
   (`python -m trace_lib.jobs.runner RUN_DIR/spec.json`).
 - `config` is the kind's own configuration, validated by the kind's code when the job
   starts (and by the use case before it is submitted); the spec checks only what every
-  job shares: a known kind, a known backend, no unknown top-level fields.
+  job shares: a known kind, a known backend, no unknown top-level fields. The names are
+  checked against the tables in `registries.py`, which sit below this module (the kinds
+  and backends modules import the spec, never the reverse).
 - Anything a job needs from the database (a generated environment's code, say) is put into
   `config` by whoever submits it; nothing in a spec is a name to look up in the store.
 - Job ids sort by time (`<kind>-<UTC stamp>-<6 hex>`), so a directory listing is a history.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.errors import UserInputError
+from trace_lib.jobs.registries import BACKENDS, JOB_KINDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNS_ENV = "TRACE_RUNS_DIR"
@@ -67,9 +70,6 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> JobSpec:
-        from trace_lib.jobs.backends import BACKENDS
-        from trace_lib.jobs.kinds import JOB_KINDS
-
         if not isinstance(data, dict):
             raise UserInputError(f"{where}: expected a JSON object with `kind` and `config`")
         if data.get("kind") not in JOB_KINDS:

@@ -10,10 +10,14 @@ ends cannot drift apart.
     environments   list, sample, play, validate, calibrate, generate, approve / reject;
                    the one name -> environment resolution and the "only approved
                    environments train" rule
-    training       launch / cancel / record training jobs, list adapters; the one place a
-                   training config is assembled
-    composition    compose, train gates, route (one routing-source dispatch), moe-eval
+    training       the one place a training config is assembled; a foreground run; adapters
+    models         base models (list, prepare) and the CPU policy server
+    composition    compose, train gates here, route (one routing-source dispatch), moe-eval
     evaluation     evaluate policies on task sets, compare runs
+    jobs           every job kind: submit, record, the one sync (run directories -> store),
+                   status, cancel, wait, list
+    job_progress   a job's progress from its run directory: learning signal, phase, live
+                   panel, gate movement (never the store)
     errors         `ActionError`: what a front end shows as a message, not a traceback
 
 Design decisions

@@ -5,18 +5,20 @@ Design decisions
   environment rollout, or an ingested trajectory (read through the one trajectory
   loader); the page's Route and "Re-run forced" buttons and the `route` verb all call it.
 - Gate training goes through the same approval rule as adapter training
-  (`environments.require_trainable`, checked for every environment before a job starts).
-- This is the only composition module that writes the store. Code that runs inside a job
-  (gate training) writes files into its run directory, and the app records them when it
-  sees the job end (one writer). A composed model's id is a hash of its folder's resolved
-  path, so registering the same folder again (after gate training rewrote its gates)
-  updates the row instead of adding a twin. Trace rows point at the `.npz` file; the
-  arrays never go into the database.
+  (`environments.require_trainable`, checked for every environment before it starts).
+  `train_gates` runs in this process; in the background it is a job like every other
+  kind (`workbench.jobs.submit_gates`), and the one job sync registers the composed model
+  it wrote (`register_moe`) once it succeeded.
+- Code that runs inside a job (gate training) writes files into its run directory, never
+  the store (one writer). A composed model's id is a hash of its folder's resolved path
+  (`store.jobs.moe_id_for`), so registering the same folder again (after gate training
+  rewrote its gates) updates the row instead of adding a twin. Trace rows point at the
+  `.npz` file; the arrays never go into the database. The rows' SQL is
+  `trace_lib.store.jobs`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +27,9 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
+from trace_lib.store import jobs as job_rows
 from trace_lib.store import trajectories as store_trajectories
+from trace_lib.store.jobs import moe_id_for
 from trace_lib.workbench import environments
 
 Db = str | Path | None
@@ -218,72 +222,22 @@ def gate_config(moe: str | Path, envs: list[str] | str, **fields: Any):
                                      where="gates")
 
 
-def train_gates(db: Db, cfg: Any, background: bool = False, backend: str = "local",
-                progress: bool = True) -> dict[str, Any]:
-    """Train a composed model's gates (`gates`, the page's Start button): every environment
-    must be approved; in the background it is a recorded job, else it runs here and the
-    composed model's row gets the new metrics."""
+def train_gates(db: Db, cfg: Any, progress: bool = True) -> dict[str, Any]:
+    """Train a composed model's gates in this process (`gates`; in the background:
+    `workbench.jobs.submit_gates`): every environment must be approved, and the composed
+    model's row gets the new metrics."""
     from trace_lib import jobs
     from trace_lib.compose import gate_training
-    from trace_lib.workbench import training
 
     for name in cfg.envs:
         environments.require_trainable(name, db=db)
-    if background:
-        spec = gate_training.submit_gate_job(cfg, backend=backend, db=db)
-        training.record_job(db, spec)
-        return {"job_id": spec.id, "run_dir": spec.run_dir, "state": "queued"}
-    job_id = jobs.new_job_id(gate_training.JOB_KIND)
+    job_id = jobs.new_job_id(jobs.TRAIN_GATES)
     result = gate_training.train_gates(cfg, jobs.runs_dir() / job_id, progress=progress)
     result["job_id"] = job_id
     result["id"] = register_moe(db, result["moe_path"], job_id=job_id,
                                 metrics={"final_reward": result["final_reward"],
                                          "warm_rewards": result["warm_rewards"]})
     return result
-
-
-def sync_gate_jobs(db: Db = None) -> list[dict[str, Any]]:
-    """Register the composed model of every succeeded `train_gates` job (idempotent).
-
-    Returns the gate jobs' statuses (newest first) for the page to list."""
-    from trace_lib import jobs
-    from trace_lib.compose.gate_training import JOB_KIND
-    from trace_lib.workbench import training
-
-    training.sync_jobs(db)  # keeps the `jobs` rows' states current, as the Training page does
-    known = {m["path"]: m for m in list_moe_models(db)}
-    out = []
-    for status in jobs.list_jobs():
-        if status.kind != JOB_KIND:
-            continue
-        item = status.to_dict()
-        if status.state == "succeeded":
-            result = jobs.read_result(status.run_dir)
-            moe_path = result.get("moe_path")
-            item["moe_path"] = moe_path
-            if moe_path and str(Path(moe_path).resolve()) not in known and Path(moe_path).exists():
-                register_moe(db, moe_path, job_id=status.id,
-                             metrics={"final_reward": result.get("final_reward"),
-                                      "warm_rewards": result.get("warm_rewards"),
-                                      "eval_before": result.get("eval_before"),
-                                      "eval_after": result.get("eval_after")})
-        out.append(item)
-    return out
-
-
-def gate_movement(run_dir: str | Path, finished: bool = False) -> dict[str, Any]:
-    """Have a gate-training run's gates moved? Norm, distance moved, routing entropy,
-    share per slot and a warning when they have not (the page and `job status`)."""
-    from trace_lib import jobs
-    from trace_lib.compose.movement import gate_movement as _movement
-
-    return _movement(jobs.read_metrics(run_dir), finished=finished)
-
-
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    from trace_lib import jobs
-
-    return jobs.read_metrics(run_dir)
 
 
 # ----------------------------------------------------------------------- evaluation
@@ -326,83 +280,39 @@ def saved_eval(moe_path: str | Path) -> dict[str, Any] | None:
 # ------------------------------------------------------------------ store recording
 
 
-def moe_id_for(folder: str | Path) -> str:
-    return "moe-" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:10]
-
-
 def register_moe(db: Db, folder: str | Path, job_id: str | None = None,
                  metrics: dict[str, Any] | None = None) -> str:
     """Insert or update the `moe_models` row for a composed model folder; returns its id."""
     from trace_lib.compose.gated import read_moe_meta
 
     root = Path(folder).resolve()
-    meta = read_moe_meta(root)
-    moe_id = moe_id_for(root)
     with store.connect(db) as con, store.transaction(con):
-        old = con.execute("SELECT metrics, job_id FROM moe_models WHERE id = ?",
-                          [moe_id]).fetchone()
-        merged = {**(json.loads(old[0]) if old and old[0] else {}), **(metrics or {})}
-        values = [str(root), meta["base_model"], json.dumps(meta["adapters"]), meta["mode"],
-                  int(meta["gate_params"]), job_id or (old[1] if old else None),
-                  json.dumps(merged)]
-        if old:  # keep created_at: the row is the same model with new gates or metrics
-            con.execute("UPDATE moe_models SET path = ?, base_model = ?, adapters = ?, mode = ?,"
-                        " gate_params = ?, job_id = ?, metrics = ? WHERE id = ?",
-                        values + [moe_id])
-        else:
-            con.execute("INSERT INTO moe_models (path, base_model, adapters, mode, gate_params,"
-                        " job_id, metrics, id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        values + [moe_id])
-    return moe_id
+        return job_rows.record_moe_model(con, root, read_moe_meta(root), job_id=job_id,
+                                         metrics=metrics)
 
 
 def list_moe_models(db: Db = None) -> list[dict[str, Any]]:
+    """Recorded composed models, newest first ([] without a database)."""
     if not store.resolve_db_path(db).exists():
         return []
     with store.connect(db) as con:
-        rows = con.execute(
-            "SELECT id, path, base_model, adapters, mode, gate_params, job_id, metrics, "
-            "created_at FROM moe_models ORDER BY created_at DESC").fetchall()
-    cols = ["id", "path", "base_model", "adapters", "mode", "gate_params", "job_id", "metrics",
-            "created_at"]
-    out = []
-    for row in rows:
-        item = dict(zip(cols, row, strict=True))
-        item["adapters"] = json.loads(item["adapters"]) if item["adapters"] else []
-        item["metrics"] = json.loads(item["metrics"]) if item["metrics"] else {}
-        out.append(item)
-    return out
+        return job_rows.moe_models(con)
 
 
 def index_trace(db: Db, moe_id: str, trace: Any, path: str | Path, source: str) -> str:
     with store.connect(db) as con, store.transaction(con):
-        con.execute(
-            "INSERT INTO routing_traces (id, moe_id, path, source, n_tokens, n_layers, meta) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [trace.id, moe_id, str(Path(path).resolve()), source, trace.n_tokens,
-             trace.n_layers, json.dumps(trace.meta, default=str)],
-        )
-    return trace.id
+        return job_rows.insert_routing_trace(
+            con, trace_id=trace.id, moe_id=moe_id, path=str(Path(path).resolve()),
+            source=source, n_tokens=trace.n_tokens, n_layers=trace.n_layers,
+            meta=trace.meta)
 
 
 def list_traces(db: Db = None, moe_id: str | None = None) -> list[dict[str, Any]]:
+    """Saved routing traces (of one composed model, or all), newest first."""
     if not store.resolve_db_path(db).exists():
         return []
-    sql = ("SELECT id, moe_id, path, source, n_tokens, n_layers, meta, created_at "
-           "FROM routing_traces")
-    params: list[Any] = []
-    if moe_id:
-        sql += " WHERE moe_id = ?"
-        params.append(moe_id)
     with store.connect(db) as con:
-        rows = con.execute(sql + " ORDER BY created_at DESC", params).fetchall()
-    cols = ["id", "moe_id", "path", "source", "n_tokens", "n_layers", "meta", "created_at"]
-    out = []
-    for row in rows:
-        item = dict(zip(cols, row, strict=True))
-        item["meta"] = json.loads(item["meta"]) if item["meta"] else {}
-        out.append(item)
-    return out
+        return job_rows.routing_traces(con, moe_id)
 
 
 def save_and_index(db: Db, folder: str | Path, trace: Any, source: str) -> Path:

@@ -21,7 +21,6 @@ Design decisions
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +71,6 @@ from trace_lib.diagnose.ranking import (  # noqa: F401
     format_p,
     ranking_json,
 )
-from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store import labels as store_labels
 
@@ -95,16 +93,16 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
     unless `labeler` names it)."""
     from trace_lib.diagnose.labeling import run_labeling
 
-    cfg = _labeler_cfg(labeler, model, base_url, concurrency, temperature, batch,
-                       llm=labeler in LLM_LABELERS or (resume is not None and labeler is None))
+    cfg = labeler_settings(labeler, model, base_url, concurrency, temperature, batch,
+                           llm=labeler in LLM_LABELERS or (resume is not None and labeler is None))
     return run_labeling(db, labeler, runs=runs, capabilities=capabilities,
                         run_prefix=run_prefix, progress=progress, resume=resume,
                         scope=scope, **cfg)
 
 
-def _labeler_cfg(labeler: str | None, model: str | None, base_url: str | None,
-                 concurrency: int | None, temperature: float | None, batch: bool, *,
-                 llm: bool) -> dict[str, Any]:
+def labeler_settings(labeler: str | None, model: str | None, base_url: str | None,
+                     concurrency: int | None, temperature: float | None, batch: bool, *,
+                     llm: bool) -> dict[str, Any]:
     """The labeler's settings; LLM-only ones are dropped for the heuristic labeler."""
     cfg: dict[str, Any] = {}
     if llm:
@@ -116,53 +114,6 @@ def _labeler_cfg(labeler: str | None, model: str | None, base_url: str | None,
         if labeler == "anthropic" and batch:
             cfg["batch"] = True
     return cfg
-
-
-def label_background(db: Db, labeler: str = "heuristic", *, runs: int = 1,
-                     capabilities: list[str] | None = None, run_prefix: str | None = None,
-                     model: str | None = None, base_url: str | None = None,
-                     concurrency: int | None = None, temperature: float | None = None,
-                     scope: Scope | None = None, backend: str = "local",
-                     backend_options: dict[str, Any] | None = None,
-                     shard_size: int | None = None) -> list[Any]:
-    """`label --background`: one `label` job per run (seeds 0..runs-1) on `backend`;
-    returns their JobSpecs. Each run's labels reach the store through `record_label_job`
-    (or `sync_label_jobs`) once its job ended."""
-    from trace_lib.diagnose.background_labeling import SHARD_SIZE, submit_label_job
-
-    if runs < 1:
-        raise UserInputError(f"--runs {runs}: expected at least 1")
-    cfg = _labeler_cfg(labeler, model, base_url, concurrency, temperature, False,
-                       llm=labeler in LLM_LABELERS)
-    prefix = run_prefix or f"{labeler}-{uuid.uuid4().hex[:6]}"
-    return [submit_label_job(db, labeler, labeler_cfg=cfg, capabilities=capabilities,
-                             scope=scope, run_id=prefix if runs == 1 else f"{prefix}-r{r}",
-                             seed=r, n_runs=runs, backend=backend,
-                             backend_options=backend_options,
-                             shard_size=shard_size or SHARD_SIZE)
-            for r in range(runs)]
-
-
-def record_label_job(db: Db, job_id: str) -> dict[str, Any]:
-    """Record an ended label job's labels into the store, once (see background_labeling)."""
-    from trace_lib.diagnose.background_labeling import record_label_job as record
-
-    return record(db, job_id)
-
-
-def wait_label_job(db: Db, job_id: str, timeout_s: float = 7 * 86400) -> dict[str, Any]:
-    """Block until the label job ends, then record it (`label --background --wait`)."""
-    from trace_lib import jobs
-
-    jobs.wait(job_id, timeout_s=timeout_s)
-    return record_label_job(db, job_id)
-
-
-def sync_label_jobs(db: Db) -> list[dict[str, Any]]:
-    """Record every ended label job whose run is still 'running' (the Labels page's poll)."""
-    from trace_lib.diagnose.background_labeling import sync_label_jobs as sync
-
-    return sync(db)
 
 
 def edit_label(db: Db, trajectory_id: str, capability: str, value: str, *, editor: str,

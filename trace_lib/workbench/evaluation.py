@@ -12,11 +12,11 @@ Design decisions
   `adapters` row); for a composed model, its row's adapters. The run directory's own
   files (an adapter's `result.json`, a composed folder's `moe.json`) fill the rest, so a
   run started without a store still says what it evaluated.
-- Foreground `evaluate` runs in this process and imports the episodes at once;
-  `launch_evaluation` submits an `evaluate` job (it never opens the store: it writes its
-  episodes file and result.json into its run directory; on Ray its entry point reserves
-  no CPU, the shard tasks do) and `sync_evaluations` imports finished jobs' files,
-  idempotently, when a page or verb looks at jobs.
+- Foreground `evaluate` runs in this process and imports the episodes at once. In the
+  background it is a job like any other (`workbench.jobs.submit_evaluation`, which adds
+  the provenance through `with_provenance`): the job never opens the store, and the one
+  job sync (`workbench.jobs.sync`) imports its episodes file, once, when a page or verb
+  looks at jobs.
 - Comparison and the one-task view are read-only (`trace_lib.compare`).
 """
 
@@ -36,7 +36,6 @@ from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
 from trace_lib.store import capabilities as store_capabilities
 
 Db = str | Path | None
-JOB_KIND = "evaluate"
 
 
 def make_config(config: Any) -> Any:
@@ -51,25 +50,22 @@ def make_config(config: Any) -> Any:
 
 def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
     """What the store knows about the policy's parts (adapter row, composed model row)."""
+    from trace_lib.store import jobs as job_rows
+
     path = store.resolve_db_path(db)
     if not path.exists() or not (cfg.adapter or cfg.moe):
         return {}
     out: dict[str, Any] = {}
     with store.connect(db, read_only=True) as con:
         if cfg.adapter:
-            folder = str(Path(cfg.adapter).expanduser().resolve())
-            row = con.execute(
-                "SELECT id, capability, environment, job_id FROM adapters WHERE path = ? "
-                "ORDER BY created_at DESC LIMIT 1", [folder]).fetchone()
+            row = job_rows.adapter_at(con, str(Path(cfg.adapter).expanduser().resolve()))
             if row:
-                out.update(adapter_id=row[0], capability=row[1], environment=row[2],
-                           job_id=row[3])
+                out.update(adapter_id=row["id"], capability=row["capability"],
+                           environment=row["environment"], job_id=row["job_id"])
         if cfg.moe:
-            folder = str(Path(cfg.moe).expanduser().resolve())
-            row = con.execute("SELECT id, job_id FROM moe_models WHERE path = ? LIMIT 1",
-                              [folder]).fetchone()
+            row = job_rows.moe_model_at(con, str(Path(cfg.moe).expanduser().resolve()))
             if row:
-                out.update(moe_id=row[0], moe_job_id=row[1])
+                out.update(moe_id=row["id"], moe_job_id=row["job_id"])
         cap = out.get("capability")
         if cap:
             status = store_capabilities.status_of(con, cap)
@@ -78,7 +74,8 @@ def store_provenance(db: Db, cfg: Any) -> dict[str, Any]:
     return out
 
 
-def _with_provenance(db: Db, cfg: Any) -> Any:
+def with_provenance(db: Db, cfg: Any) -> Any:
+    """`cfg` with what the store knows added to its provenance (its own entries win)."""
     extra = store_provenance(db, cfg)
     cfg.provenance = {**extra, **cfg.provenance}
     return cfg
@@ -92,50 +89,11 @@ def evaluate(db: Db, config: Any, *, out_dir: str | Path | None = None,
     from trace_lib.evaluate.results import import_episodes
     from trace_lib.evaluate.runner import run_evaluation
 
-    cfg = _with_provenance(db, make_config(config))
+    cfg = with_provenance(db, make_config(config))
     cfg.run_id = cfg.run_id or new_run_id()
     folder = Path(out_dir) if out_dir else jobs.runs_dir() / cfg.run_id
     result = run_evaluation(cfg, folder, on_progress=on_progress)
     return import_episodes(db, result)
-
-
-def launch_evaluation(db: Db, config: Any, backend: str = "local",
-                      backend_options: dict[str, Any] | None = None) -> Any:
-    """Submit an `evaluate` job and record it; returns its JobSpec."""
-    from trace_lib import jobs
-    from trace_lib.workbench.training import record_job
-
-    cfg = _with_provenance(db, make_config(config))
-    options = dict(backend_options or {})
-    if backend == "ray":
-        options.setdefault("num_cpus", 0)  # the driver only waits; the shard tasks work
-    spec = jobs.JobSpec(kind=JOB_KIND, config=cfg.to_dict(), backend=backend,
-                        backend_options=options)
-    cfg.run_id = cfg.run_id or spec.id
-    spec.config = cfg.to_dict()
-    jobs.submit(spec)
-    record_job(db, spec)
-    return spec
-
-
-def sync_evaluations(db: Db) -> list[dict[str, Any]]:
-    """Import finished `evaluate` jobs' episodes not yet in the store."""
-    from trace_lib.evaluate.results import sync_evaluations as _sync
-
-    return _sync(db)
-
-
-def wait_and_record(db: Db, job_id: str, timeout_s: float = 3600.0) -> dict[str, Any]:
-    """Block until an `evaluate` job ends, import it; returns its `evaluate --json` document."""
-    from trace_lib import jobs
-    from trace_lib.evaluate.results import import_episodes
-
-    st = jobs.wait(job_id, timeout_s=timeout_s)
-    if st.state != "succeeded":
-        raise UserInputError(f"evaluation job {job_id} ended {st.state}: {st.error or ''}")
-    sync_evaluations(db)
-    result = jobs.read_result(st.run_dir)
-    return import_episodes(db, result, job_id=job_id)
 
 
 def datasets(db: Db) -> list[dict[str, Any]]:
@@ -183,23 +141,8 @@ def task_pair(db: Db, a: str, b: str, task_id: str) -> Any:
     return _pair(db, a, b, task_id)
 
 
-def evaluation_jobs() -> list[dict[str, Any]]:
-    """`evaluate` jobs, newest first: state, episodes done, error (the page's job list)."""
-    from trace_lib import jobs
-
-    out = []
-    for st in jobs.list_jobs():
-        if st.kind != JOB_KIND:
-            continue
-        metrics = jobs.read_metrics(st.run_dir)
-        total = metrics[-1].get("total") if metrics else None
-        out.append({"job_id": st.id, "state": st.state, "episodes_done": st.steps_done,
-                    "episodes_total": total, "policy": _policy_label(st.config),
-                    "created_at": st.created_at, "error": st.error})
-    return out
-
-
-def _policy_label(config: dict[str, Any]) -> str:
+def policy_label(config: dict[str, Any]) -> str:
+    """How a job list names an evaluation's policy."""
     try:
         return make_config(config).policy_label()
     except UserInputError:  # e.g. an adapter folder removed since: still list the job

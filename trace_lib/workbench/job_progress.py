@@ -1,0 +1,117 @@
+"""How far a job is and whether it learned: what a page's live panel and `job status` show.
+
+Design decisions
+- Everything here reads run directories only, never the store: the pages' live panels
+  redraw every two seconds while a job writes, and must not hold the store's lock (the
+  full page render records through `workbench.jobs.sync`).
+- A finished job that learned nothing (every GRPO step had constant reward in every group,
+  or a gate run whose gates did not move) is not a plain "succeeded": `learning_signal`
+  derives the state a person sees, "succeeded — no learning signal", with the reason, from
+  the run's metrics rows (the pages, `job status` and `job list` show the same).
+- `phase` says where an active training job is (the held-out evaluation before the first
+  step can take minutes; without it a page says "0/N steps" the whole time).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from trace_lib import jobs
+
+NO_SIGNAL_STATE = "succeeded — no learning signal"
+_EVAL_LINE = re.compile(r"\[eval (before|after)\] (\d+)/(\d+) held-out seeds")
+
+
+def is_active(state: str) -> bool:
+    return state in jobs.ACTIVE
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A run directory's metrics.jsonl rows (a foreground run's too)."""
+    return jobs.read_metrics(run_dir)
+
+
+def metrics_figure(rows: list[dict[str, Any]], **kwargs: Any):
+    """The training metrics chart (reward, loss, KL, ... per step)."""
+    from trace_lib.train import metrics_charts
+
+    return metrics_charts.metrics_figure(rows, **kwargs)
+
+
+def gate_movement(run_dir: str | Path, finished: bool = False) -> dict[str, Any]:
+    """Have a gate-training run's gates moved? Norm, distance moved, routing entropy,
+    share per slot and a warning when they have not (the Routing page and `job status`)."""
+    from trace_lib.compose.movement import gate_movement as _movement
+
+    return _movement(jobs.read_metrics(run_dir), finished=finished)
+
+
+def learning_signal(status: jobs.JobStatus, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Did the job learn anything? From its metrics rows: `steps` (GRPO steps run),
+    `no_signal_steps` (steps where every group had constant reward, so GRPO had nothing to
+    learn from), `learned` (False when none had a signal, or a gate run's gates did not
+    move; None while unknown), `state` (the job state a person should read: a succeeded job
+    that learned nothing is "succeeded — no learning signal") and `warning`."""
+    finished = status.state in jobs.TERMINAL
+    if status.kind == jobs.TRAIN_GATES:
+        from trace_lib.compose.movement import gate_movement as _movement
+
+        moved = _movement(rows, finished=finished)
+        learned, warning = moved["moved"], moved["warning"]
+        steps, quiet = moved["steps"], moved["steps"] - moved["informative_steps"]
+        if finished and learned is None:
+            learned = False
+    else:
+        grpo = [r for r in rows if "no_signal" in r]
+        steps, quiet = len(grpo), sum(bool(r["no_signal"]) for r in grpo)
+        learned = None if not grpo else quiet < len(grpo)
+        warning = None
+        if learned is False:
+            warning = (f"No learning signal: in all {steps} GRPO steps every group's rollouts "
+                       "got the same reward, so the adapter learned nothing. Try SFT "
+                       "warm-start steps, hints, a lower difficulty or a larger group.")
+    state = status.state
+    if state == "succeeded" and learned is False:
+        state = NO_SIGNAL_STATE
+    return {"steps": steps, "no_signal_steps": quiet, "learned": learned, "state": state,
+            "warning": warning}
+
+
+def phase(status: jobs.JobStatus, rows: list[dict[str, Any]], log: str) -> dict[str, Any]:
+    """Where an active training job is: `name` (starting | eval before | training | eval
+    after | ended), `done`/`total` for a progress bar and a `text` for it."""
+    total_steps = int(status.config.get("steps") or 0)
+    eval_seeds = int(status.config.get("eval_seeds") or 0)
+    if status.state in jobs.TERMINAL:
+        return {"name": "ended", "done": status.steps_done, "total": total_steps,
+                "text": f"{status.steps_done}/{total_steps} steps"}
+    grpo = [r for r in rows if "no_signal" in r]
+    evals = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _EVAL_LINE.finditer(log)}
+    if eval_seeds and not grpo:
+        if "before" not in evals and status.state == "queued":
+            return {"name": "starting", "done": 0, "total": eval_seeds,
+                    "text": "starting: loading the model"}
+        done, total = evals.get("before", (0, eval_seeds))
+        return {"name": "eval before", "done": done, "total": total,
+                "text": f"evaluating before training: {done}/{total} held-out seeds"}
+    if eval_seeds and status.steps_done >= total_steps > 0:
+        done, total = evals.get("after", (0, eval_seeds))
+        return {"name": "eval after", "done": done, "total": total,
+                "text": f"evaluating the adapter: {done}/{total} held-out seeds"}
+    return {"name": "training", "done": status.steps_done, "total": total_steps,
+            "text": f"training: {status.steps_done}/{total_steps} steps"}
+
+
+def live_status(job: str | jobs.JobStatus) -> dict[str, Any]:
+    """What the page's live panel redraws every two seconds, from the run directory only:
+    status, metrics, samples, log, the learning signal and the phase. Given a JobStatus
+    (the page's `workbench.jobs.job_views` snapshot), that status is used as it is, so the
+    panel and the table agree."""
+    status = job if isinstance(job, jobs.JobStatus) else jobs.job_status(job)
+    rows = jobs.read_metrics(status.run_dir)
+    log = jobs.read_log(status.run_dir, tail=60)
+    return {"status": status, "metrics": rows, "samples": jobs.read_samples(status.run_dir),
+            "log": log, "signal": learning_signal(status, rows),
+            "phase": phase(status, rows, log)}
