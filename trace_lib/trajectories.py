@@ -48,7 +48,10 @@ class StoredTrajectory:
         return self.trajectory.outcome or outcome_of(self.trajectory.success)
 
 
-def _loads(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A stored JSON column as DuckDB returns it, parsed: JSON text parsed; anything else (a
+    parsed value, text that is not JSON) as it is. `store` reads its JSON columns with it
+    too (this module may not import the store: the label job loads through it)."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -57,8 +60,8 @@ def _loads(value: Any) -> Any:
     return value
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
-    value = _loads(value)
+def json_object(value: Any) -> dict[str, Any]:
+    value = json_value(value)
     return value if isinstance(value, dict) else {}
 
 
@@ -97,7 +100,7 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
     heads = {}
     for row in cur.fetchall():
         head = dict(zip(cols, row, strict=True))
-        head["meta"] = _as_dict(head.get("meta"))
+        head["meta"] = json_object(head.get("meta"))
         heads[head["id"]] = head
     msgs: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
     for tid, idx, role, content, tcid, name, turn in con.execute(
@@ -113,7 +116,7 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
             "ON w.id = c.trajectory_id ORDER BY c.trajectory_id, c.message_idx, c.call_idx",
             [wanted]).fetchall():
         calls[tid].append({"message_idx": midx, "call_idx": cidx, "call_id": cid, "name": name,
-                           "arguments": _as_dict(args), "requestor": req, "error": err})
+                           "arguments": json_object(args), "requestor": req, "error": err})
     # A store opened read-only is not migrated: older files have no expected requestor.
     req_col = "e.requestor" if con.execute(
         "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
@@ -124,7 +127,7 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
             "JOIN (SELECT unnest(?::VARCHAR[]) AS id) w USING (id) "
             "JOIN expected_actions e ON e.dataset_id = t.dataset_id AND e.task_id = t.task_id "
             "ORDER BY t.id, e.idx", [wanted]).fetchall():
-        expected[tid].append({"name": name, "arguments": _as_dict(args), "requestor": requestor})
+        expected[tid].append({"name": name, "arguments": json_object(args), "requestor": requestor})
     return TrajectoryRows(heads, msgs, calls, expected)
 
 

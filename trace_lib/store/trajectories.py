@@ -20,7 +20,6 @@ Design decisions
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
@@ -28,22 +27,7 @@ import pyarrow as pa
 
 from trace_lib.scope import Scope
 from trace_lib.store.connection import Connection
-
-
-def _loads(value: Any) -> Any:
-    """JSON text parsed; anything else (a parsed value, text that is not JSON) as it is."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _as_dict(value: Any) -> dict[str, Any]:
-    value = _loads(value)
-    return value if isinstance(value, dict) else {}
-
+from trace_lib.trajectories import json_value as _loads
 
 # ----------------------------------------------------------------------------- datasets
 
