@@ -61,3 +61,55 @@ def test_the_check_catches_a_stage_import(tmp_path: Path):
                     "def f():\n    from trace_lib.diagnose import labels\n")
     assert [m for _, m in imported_modules(page) if not allowed(m)] == [
         "trace_lib", "trace_lib.diagnose"]
+
+
+# ------------------------------------------------------ the CLI and the notebooks too
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+CLI_MODULES = sorted((REPO / "trace_lib" / "cli").glob("*.py"))
+
+
+def notebook_imports(path: Path) -> list[tuple[str, str]]:
+    """(cell id, module) for every import in the notebook's code cells (shell and magic
+    lines left out: they are not Python)."""
+    import json
+
+    out = []
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        code = "\n".join(line for line in src.splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code, filename=f"{path.name} cell {i}")):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            out += [(cell.get("id", str(i)), n) for n in names]
+    return out
+
+
+def _library_use_case(module: str, also: tuple[str, ...] = ()) -> bool:
+    """Outside trace_lib anything goes; inside it, the use cases (and `also`) only."""
+    if module.split(".")[0] != "trace_lib":
+        return True
+    return any(module == m or module.startswith(m + ".")
+               for m in ("trace_lib.workbench", *also))
+
+
+def test_there_are_notebooks_and_cli_modules_to_check():
+    assert len(NOTEBOOKS) >= 6 and len(CLI_MODULES) >= 10
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_reach_the_library_through_the_use_cases(path: Path):
+    bad = [f"{path.name} cell {cell} imports {mod}" for cell, mod in notebook_imports(path)
+           if not _library_use_case(mod)]
+    assert not bad, "a notebook cell is a page action: trace_lib.workbench only\n" + \
+        "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", CLI_MODULES, ids=lambda p: p.name)
+def test_cli_verbs_reach_the_library_through_the_use_cases(path: Path):
+    bad = [f"cli/{path.name}:{line} imports {mod}" for line, mod in imported_modules(path)
+           if not _library_use_case(mod, ("trace_lib.cli", "trace_lib.errors"))]
+    assert not bad, "a CLI verb is a page action: trace_lib.workbench only\n" + "\n".join(bad)

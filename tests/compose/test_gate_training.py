@@ -133,6 +133,8 @@ def test_background_job_and_store_registration(moe_dir, tmp_path, monkeypatch, d
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p))
+    # submitting resolves the environments here too (run alone, nothing imported toy_env)
+    monkeypatch.syspath_prepend(str(HERE))
     cfg = GateTrainConfig(moe=str(moe_dir), envs=["toy_env:VowelEnv"], warm_seeds=1,
                           warm_steps=2, steps=1, group=2, groups_per_step=1, max_turns=1,
                           max_tokens=4, torch_threads=1)

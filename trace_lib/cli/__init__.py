@@ -46,7 +46,7 @@ from trace_lib.cli import (
 )
 from trace_lib.cli.output import common_parser, print_json
 from trace_lib.errors import UserInputError
-from trace_lib.store import StoreError
+from trace_lib.workbench.errors import StoreError
 
 __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
 

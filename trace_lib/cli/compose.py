@@ -158,12 +158,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import time
 
-    from trace_lib.compose.serving import MoEPolicyServer
+    from trace_lib.workbench import composition
 
-    server = MoEPolicyServer(args.moe, record_dir=args.record_dir, mode=args.mode,
-                             trace=not args.no_trace, host=args.host, port=args.port,
-                             served_model_name=args.served_model_name)
-    server.start()
+    server = composition.start_composed_server(
+        args.moe, record_dir=args.record_dir, mode=args.mode, trace=not args.no_trace,
+        host=args.host, port=args.port, served_model_name=args.served_model_name)
     print(f"serving {args.moe} as {server.model_name!r} on {server.base_url}"
           + (f", traces -> {args.record_dir}" if args.record_dir else ""), file=sys.stderr)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from trace_lib.cli.output import print_json
-from trace_lib.demo import DEMO_DIR, DEMO_FILE
+from trace_lib.workbench.data import DEMO_DIR, DEMO_FILE
 
 
 def _cmd_build(args: argparse.Namespace) -> int:

@@ -174,9 +174,9 @@ def _with_sandbox_choice(func: Any) -> Any:
     """Apply --unsafe-local-sandbox (explicit only) before the verb runs generated code."""
     def run(args: argparse.Namespace) -> int:
         if getattr(args, "unsafe_local_sandbox", False):
-            from trace_lib.envs.sandbox import allow_unsafe_local
+            from trace_lib.workbench.environments import allow_unsafe_local_sandbox
 
-            allow_unsafe_local()
+            allow_unsafe_local_sandbox()
         return func(args)
     return run
 

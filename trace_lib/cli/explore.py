@@ -46,7 +46,7 @@ def _filter_parent() -> argparse.ArgumentParser:
 
 
 def _flt(args: argparse.Namespace):
-    from trace_lib.explore.queries import TrajectoryFilter
+    from trace_lib.workbench.explore import TrajectoryFilter
 
     return TrajectoryFilter(
         datasets=tuple(args.dataset), domains=tuple(args.domain),

@@ -19,14 +19,11 @@ from trace_lib.cli.output import print_json
 
 
 def _show_status(st: Any, as_json: bool) -> None:
-    from trace_lib import jobs
     from trace_lib.workbench import job_progress
 
-    movement = None
-    if getattr(st, "kind", None) == jobs.TRAIN_GATES:  # composition: have the gates moved?
-        movement = job_progress.gate_movement(st.run_dir, finished=st.state in jobs.TERMINAL)
     # A job that learned nothing is not a plain "succeeded" (the page says the same).
-    signal = job_progress.learning_signal(st, jobs.read_metrics(st.run_dir))
+    report = job_progress.job_report(st)
+    signal, movement = report["learning_signal"], report["gate_movement"]
     if as_json:
         print_json(st.to_dict() | {"learning_signal": signal}
                    | ({"gate_movement": movement} if movement else {}))
@@ -35,9 +32,7 @@ def _show_status(st: Any, as_json: bool) -> None:
           f"no-signal steps={signal['no_signal_steps']}/{signal['steps']}  "
           f"run_dir={st.run_dir}")
     if movement is not None:
-        from trace_lib.compose.movement import movement_line
-
-        print(movement_line(movement))
+        print(report["movement_line"])
     if signal["warning"]:
         print(f"WARNING: {signal['warning']}")
     if st.error:
@@ -103,9 +98,9 @@ def _cmd_job_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_run(args: argparse.Namespace) -> int:
-    from trace_lib import jobs
+    from trace_lib.workbench import jobs
 
-    return jobs.run_job(args.spec)
+    return jobs.run_job_here(args.spec)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -96,9 +96,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     srv.add_argument("--max-tokens", type=int, default=256,
                      help="max_tokens when a request gives none")
     srv.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    from trace_lib.runtime.policy_server import ServerConfig  # no torch: cheap for --help
+    from trace_lib.workbench.models import server_defaults  # no torch: cheap for --help
 
-    defaults = ServerConfig()
+    defaults = server_defaults()
     for flag, field, low, text in SERVER_LIMITS:
         srv.add_argument(flag, dest=field, type=_int_at_least(low), default=None,
                          help=f"{text} (default: {getattr(defaults, field)})")

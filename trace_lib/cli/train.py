@@ -22,7 +22,7 @@ from trace_lib.cli.output import print_json
 def add_device_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """`--device` / `--dtype`, shared by `train` and `gates` (the configs' one rule:
     `runtime.base_models.is_device_name`, `DTYPE_NAMES`)."""
-    from trace_lib.runtime.base_models import DTYPE_NAMES
+    from trace_lib.workbench.models import DTYPE_NAMES
 
     p.add_argument("--device", default=None,
                    help=f"where {what} runs: auto (CUDA if torch sees a GPU, default), cpu, "

@@ -329,3 +329,14 @@ def list_trajectories(db: Db = None, limit: int = 200) -> list[dict[str, Any]]:
         return []
     with store.connect(db, read_only=True) as con:
         return store_trajectories.trajectories_by_id(con, limit)
+
+
+def start_composed_server(moe: str | Path, **options: Any) -> Any:
+    """Serve a composed model on an OpenAI-compatible endpoint (`moe serve`), started:
+    `options` are `MoEPolicyServer`'s (record_dir, mode, trace, host, port,
+    served_model_name). The caller stops it."""
+    from trace_lib.compose.serving import MoEPolicyServer
+
+    server = MoEPolicyServer(moe, **options)
+    server.start()
+    return server

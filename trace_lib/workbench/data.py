@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
+from trace_lib.demo import DEMO_DIR, DEMO_FILE  # noqa: F401  (where the demo data set lives)
 from trace_lib.errors import UserInputError
 from trace_lib.store import labels as store_labels
 from trace_lib.store import trajectories as store_trajectories
@@ -91,7 +92,6 @@ def store_stats(db: Db = None) -> dict[str, Any]:
 
 def build_demo(out: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
     """Generate the demo data set and import it (`demo build`); see `trace_lib.demo`."""
-    from trace_lib.demo import DEMO_DIR
     from trace_lib.demo import build_demo as _build
 
     return _build(out if out is not None else DEMO_DIR, **kwargs)

@@ -372,3 +372,11 @@ def job_environment(config: dict[str, Any], db: Db = None, key: str = "env",
     if config.get("env_spec"):
         return config
     return {**config, "env_spec": spec.to_json()}
+
+
+def allow_unsafe_local_sandbox() -> None:
+    """Run generated code without the bubblewrap sandbox in this process
+    (`--unsafe-local-sandbox`: explicit only, for machines without user namespaces)."""
+    from trace_lib.envs.sandbox import allow_unsafe_local
+
+    allow_unsafe_local()

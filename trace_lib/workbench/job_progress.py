@@ -115,3 +115,18 @@ def live_status(job: str | jobs.JobStatus) -> dict[str, Any]:
     return {"status": status, "metrics": rows, "samples": jobs.read_samples(status.run_dir),
             "log": log, "signal": learning_signal(status, rows),
             "phase": phase(status, rows, log)}
+
+
+def job_report(st: Any) -> dict[str, Any]:
+    """What `job status` shows for a job: its `learning_signal` and, for a gate-training
+    job, its `gate_movement` with the one-line `movement_line` (None for other kinds)."""
+    movement = None
+    if getattr(st, "kind", None) == jobs.TRAIN_GATES:  # composition: have the gates moved?
+        movement = gate_movement(st.run_dir, finished=st.state in jobs.TERMINAL)
+    line = None
+    if movement is not None:
+        from trace_lib.compose.movement import movement_line
+
+        line = movement_line(movement)
+    return {"learning_signal": learning_signal(st, jobs.read_metrics(st.run_dir)),
+            "gate_movement": movement, "movement_line": line}

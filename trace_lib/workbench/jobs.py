@@ -438,3 +438,9 @@ def evaluation_jobs(statuses: list[jobs.JobStatus] | None = None) -> list[dict[s
                     "episodes_total": total, "policy": evaluation.policy_label(st.config),
                     "created_at": st.created_at, "error": st.error})
     return out
+
+
+def run_job_here(spec_path: str | Path) -> int:
+    """Run a job spec in this process (`job run SPEC`: what a backend's worker runs),
+    returning its exit status."""
+    return jobs.run_job(spec_path)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_lib.runtime.base_models import DTYPE_NAMES  # noqa: F401  (the --dtype choices)
+
 
 def list_models() -> list[dict[str, Any]]:
     """Registered base models with their cache state (`model list`)."""
@@ -45,3 +47,11 @@ def serve_policy(model: str = "tiny", port: int = 8000, served_model_name: str |
                        served_model_name=served_model_name, default_max_tokens=max_tokens,
                        torch_threads=threads,
                        **{k: v for k, v in limits.items() if v is not None}))
+
+
+def server_defaults() -> Any:
+    """The CPU policy server's default settings (a `ServerConfig`; `serve --help` shows
+    its limits). Importing it loads no torch."""
+    from trace_lib.runtime.policy_server import ServerConfig
+
+    return ServerConfig()
