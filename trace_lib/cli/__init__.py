@@ -44,7 +44,7 @@ from trace_lib.cli import (
     serve,
     train,
 )
-from trace_lib.cli.output import common_parser, print_json
+from trace_lib.cli.output import common_parser, json_document, print_json
 from trace_lib.errors import UserInputError
 from trace_lib.workbench.errors import StoreError
 
@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
+        if getattr(args, "json", False):
+            with json_document():
+                return int(args.func(args) or 0)
         return int(args.func(args) or 0)
     except (StoreError, UserInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
