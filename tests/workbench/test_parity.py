@@ -237,3 +237,23 @@ def test_route(env_db, tmp_path, monkeypatch):
              str(env_db)])
     args, kwargs = rec.take()
     assert args[2].kind == "prompt" and args[2].prompt == "hello"
+
+
+# ------------------------------------------------------------------------------- loop
+
+
+def test_loop_start(env_db, monkeypatch):
+    from trace_lib.workbench import loop
+
+    rec = Recorder(monkeypatch, loop, "start_background")
+    at = page("8_Improve.py")
+    at.multiselect(key="loop_caps").set_value(["tool_calling_precision"])
+    at.number_input(key="loop_budget").set_value(0.0)
+    at.button[0].click().run()
+    cfg = rec.take()[0][1]
+    assert (cfg.model, cfg.capabilities, cfg.budget_cpu_hours) == (
+        "smollm2-135m", ["tool_calling_precision"], None)
+    run_cli(["loop", "--model", "smollm2-135m", "--capabilities", "tool_calling_precision",
+             "--background", "--db", str(env_db)])
+    cfg = rec.take()[0][1]
+    assert (cfg.model, cfg.capabilities) == ("smollm2-135m", ["tool_calling_precision"])

@@ -41,6 +41,7 @@ from trace_lib.cli import (
     explore,
     ingest,
     jobs,
+    loop,
     serve,
     train,
 )
@@ -52,7 +53,7 @@ __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
 
 # The verb modules, in the order `--help` lists them. A new verb module goes here.
 VERB_MODULES = (ingest, datasets, demo, app, explore, diagnose, envs, train, jobs, serve,
-                compose, evaluate)
+                compose, evaluate, loop)
 
 
 def build_parser() -> argparse.ArgumentParser:

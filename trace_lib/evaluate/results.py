@@ -60,10 +60,17 @@ def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> d
 
 def is_imported(db: str | Path | None, episodes_path: str | Path) -> bool:
     """Whether a dataset was imported from this episodes file already (its `source`)."""
+    return imported_dataset(db, episodes_path) is not None
+
+
+def imported_dataset(db: str | Path | None, episodes_path: str | Path
+                     ) -> dict[str, str] | None:
+    """{id, name} of the dataset imported from this episodes file, None when none was."""
+    from trace_lib.store import trajectories as store_trajectories
+
     with store.connect(db) as con:
-        row = con.execute("SELECT id FROM datasets WHERE source = ?",
-                          [str(Path(episodes_path).resolve())]).fetchone()
-    return row is not None
+        row = store_trajectories.dataset_from_source(con, str(Path(episodes_path).resolve()))
+    return {"id": row[0], "name": row[1]} if row else None
 
 
 def evaluation_datasets(db: str | Path | None) -> list[dict[str, Any]]:

@@ -53,6 +53,13 @@ def find_datasets(con: Connection, ref: str) -> list[tuple[str, str, str]]:
         "SELECT id, name, format FROM datasets WHERE name = ? ORDER BY id", [ref]).fetchall()]
 
 
+def dataset_from_source(con: Connection, source: str) -> tuple[str, str] | None:
+    """(id, name) of the dataset imported from the file `source` (a resolved path)."""
+    row = con.execute("SELECT id, name FROM datasets WHERE source = ? ORDER BY imported_at "
+                      "LIMIT 1", [source]).fetchone()
+    return (row[0], row[1]) if row else None
+
+
 def dataset_names(con: Connection) -> list[str]:
     """Every dataset name, sorted."""
     return [r[0] for r in con.execute("SELECT name FROM datasets ORDER BY 1").fetchall()]

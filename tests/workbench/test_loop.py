@@ -1,0 +1,146 @@
+"""The self-trace loop (`loop`, `loops`) as a user runs it, on `tiny` with the smallest
+settings: it stops for the person's approval, runs in the background, is killed with
+SIGKILL mid-training, resumes from the last finished stage and ends with every stage's
+artefact in the store and on disk, linked by its provenance. Bad input changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trace_lib import store
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--model", "tiny", "--capabilities", "tool_calling_precision", "--dev-tasks", "3",
+         "--test-tasks", "3", "--validate-seeds", "10", "--eval-max-turns", "2",
+         "--eval-max-tokens", "16", "--train-sft-steps", "2", "--train-sft-seeds", "4",
+         "--train-steps", "1", "--train-group", "2", "--train-groups-per-step", "1",
+         "--train-max-turns", "2", "--train-max-tokens", "32", "--gate-steps", "1",
+         "--gate-group", "2", "--gate-groups-per-step", "1", "--gate-warm-seeds", "1",
+         "--gate-warm-steps", "5", "--gate-max-turns", "2", "--gate-max-tokens", "16"]
+
+
+def _cli(*args: str, db: Path, runs: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRACE_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "trace_lib", *args, "--db", str(db)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _state(runs: Path, loop_id: str) -> dict:
+    return json.loads((runs / "loops" / loop_id / "loop.json").read_text())
+
+
+def test_approve_kill_resume_and_the_provenance_chain(db_path, tmp_path):
+    runs = tmp_path / "runs"
+    # 1. Without --approve-all the loop stops at the person's step, naming it.
+    proc = _cli("loop", *SMALL, "--json", db=db_path, runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = json.loads(proc.stdout)
+    loop_id = first["id"]
+    assert first["state"] == "awaiting approval", first["message"]
+    assert "airline/tool_calling_precision" in first["message"]
+    done = [s for s, st in first["stages"].items() if st["state"] == "done"]
+    assert done == ["evaluate_dev", "label", "rank"]
+    assert first["stages"]["environments"]["state"] == "pending"
+
+    # 2. The person approves; the loop goes on in the background and is killed (SIGKILL,
+    # its whole process group) while it trains.
+    approve = _cli("env", "approve", "airline/tool_calling_precision", db=db_path, runs=runs)
+    assert approve.returncode == 0, approve.stderr
+    bg = _cli("loop", "--resume", loop_id, "--background", "--json", db=db_path, runs=runs)
+    assert bg.returncode == 0, bg.stderr
+    pid = json.loads(bg.stdout)["pid"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = _state(runs, loop_id)
+        if st.get("stage") == "train" and st["stages"]["train"]["state"] == "running":
+            break
+        assert st["state"] in ("starting", "running"), st
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the loop never reached training: {_state(runs, loop_id)}")
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    shown = _cli("loops", loop_id, "--json", db=db_path, runs=runs)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "interrupted"
+
+    # 3. Resumed in the foreground it finishes without redoing a finished stage.
+    proc = _cli("loop", "--resume", loop_id, "--json", db=db_path, runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads(proc.stdout)
+    assert final["state"] == "succeeded", final["message"]
+    assert all(st["state"] == "done" for st in final["stages"].values())
+    art = {s: st["artefact"] for s, st in final["stages"].items()}
+    assert art["evaluate_dev"]["dataset_id"] == first["stages"]["evaluate_dev"]["artefact"][
+        "dataset_id"]
+    assert art["environments"]["environments"][0]["status"] == "approved"
+    assert not art["environments"]["environments"][0]["approved_by_loop"]
+
+    with store.connect(db_path, read_only=True) as con:
+        datasets = dict(con.execute("SELECT id, name FROM datasets").fetchall())
+        runs_ = [r[0] for r in con.execute("SELECT id FROM label_runs").fetchall()]
+        adapters = con.execute("SELECT id, path FROM adapters").fetchall()
+        moes = [r[0] for r in con.execute("SELECT id FROM moe_models").fetchall()]
+    # dev + test base + test final: the dev evaluation was imported once
+    assert set(datasets) == {art["evaluate_dev"]["dataset_id"],
+                             art["evaluate_test"]["base"]["dataset_id"],
+                             art["evaluate_test"]["final"]["dataset_id"]}
+    assert runs_ == art["label"]["runs"]
+    adapter = art["train"]["adapters"]["tool_calling_precision"]
+    assert [(adapter["id"], adapter["path"])] == adapters
+    assert (Path(adapter["path"]) / "adapter_config.json").is_file()
+    # the zero-gate composition and the trained gates' model, which the test split ran
+    assert sorted(moes) == sorted([art["compose"]["zero_gates"]["id"], art["compose"]["id"]])
+    assert (Path(art["compose"]["path"]) / "moe.json").is_file()
+    assert art["evaluate_test"]["final"]["split"] == "test"
+    assert art["evaluate_dev"]["split"] == "dev"
+    assert Path(art["rank"]["document"]).is_file()
+    comparison = json.loads(Path(art["compare"]["path"]).read_text())
+    assert comparison["paired"]["tasks"] == 3 == art["compare"]["tasks"]
+
+    # the provenance chain: each link points at the one before
+    links = {(link["stage"], link.get("policy")): link for link in final["provenance"]}
+    assert links[("label", None)]["from"] == datasets[art["evaluate_dev"]["dataset_id"]]
+    assert links[("rank", None)]["from"] == art["label"]["runs"]
+    assert links[("train", None)]["from"] == "airline/tool_calling_precision"
+    assert links[("compose", None)]["from"] == [adapter["id"]]
+    assert links[("evaluate_test", "final")]["from"] == art["compose"]["id"]
+
+    listed = _cli("loops", "--json", db=db_path, runs=runs)
+    assert [r["state"] for r in json.loads(listed.stdout)] == ["succeeded"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--domain", "mars"], "domain 'mars' has no target tasks"),
+    (["--test-tasks", "151"], "the airline test split has 150 tasks"),
+    (["--capabilities", "flying"], "capability 'flying' has no environment in airline"),
+    (["--capabilities", "tool_calling_precision", "--budget-cpu-hours", "0.000001"],
+     "too small for one training step"),
+    (["--resume", "loop-nope"], "loop 'loop-nope': no such loop"),
+])
+def test_bad_input_is_a_clear_error_and_changes_nothing(db_path, tmp_path, args, message):
+    runs = tmp_path / "runs"
+    proc = _cli("loop", *args, db=db_path, runs=runs)
+    assert proc.returncode == 1
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not db_path.exists() and not (runs / "loops").exists()
