@@ -49,6 +49,14 @@ def _context_check(db: str, env: str, model: str, tools: str, policy: str, diffi
                                                    "distractors": distractors}, max_tokens)
 
 
+@st.cache_data(show_spinner="Measuring the reference turns…", max_entries=64)
+def _max_tokens_default(db: str, env: str, model: str, tools: str, policy: str,
+                        difficulty: int, distractors: int):
+    return training.max_tokens_default(db, env, model, {"tools": tools, "policy": policy,
+                                                        "difficulty": difficulty,
+                                                        "distractors": distractors})
+
+
 # ------------------------------------------------------------------------- launch
 with st.expander("Launch a training job", expanded=True):
     include_builtins = st.checkbox(
@@ -74,12 +82,15 @@ with st.expander("Launch a training job", expanded=True):
     distractors = c4.number_input("Distractor tools (built-ins, capability tools)", 0, 100,
                                   DEFAULTS.distractors, key="distractors")
     chosen = model_other.strip() if model.startswith("other") else model
-    fit = None
+    fit = derived = None
     if env and chosen:
         try:
+            derived = _max_tokens_default(str(DB), env, chosen, tools, policy_text,
+                                          int(difficulty), int(distractors))
             fit = _context_check(str(DB), env, chosen, tools, policy_text, int(difficulty),
                                  int(distractors),
-                                 int(st.session_state.get("max_tokens", DEFAULTS.max_tokens)))
+                                 int(st.session_state.get("max_tokens") or 0)
+                                 or (derived or {}).get("max_tokens", 0))
         except (*ActionError, OSError, ValueError) as exc:
             st.caption(f"Could not compare the prompt with the model's context: {exc}")
     if fit and fit["warning"]:
@@ -87,6 +98,10 @@ with st.expander("Launch a training job", expanded=True):
     elif fit:
         st.caption(f"The prompt is {fit['prompt_tokens']} tokens; the model's context is "
                    f"{fit['context']}.")
+    if derived:
+        st.caption(f"Max tokens / turn left at 0 uses {derived['max_tokens']}: the longest "
+                   f"reference turn of {env} is {derived['longest_reference_turn']} tokens of "
+                   f"{chosen}, +25%.")
     with st.form("launch"):
         c1, c2, c3 = st.columns(3)
         backend = c1.radio("Backend", ["local", "ray"], horizontal=True, key="backend")
@@ -104,8 +119,10 @@ with st.expander("Launch a training job", expanded=True):
         targets = c3.text_input("LoRA targets", ",".join(DEFAULTS.lora.targets), key="targets")
         max_turns = c4.number_input("Max turns", 1, 100, DEFAULTS.max_turns, key="max_turns")
         c1, c2, c3, c4 = st.columns(4)
-        max_tokens = c1.number_input("Max tokens / turn", 1, 8192, DEFAULTS.max_tokens,
-                                     key="max_tokens")
+        max_tokens = c1.number_input(
+            "Max tokens / turn", 0, 8192, 0, key="max_tokens",
+            help="0: from the environment, its longest reference turn in the model's "
+                 "tokens + 25% (shown above the form)")
         temperature = c2.number_input("Temperature", 0.0, 2.0, DEFAULTS.temperature,
                                       key="temperature")
         hint_share = c3.slider("Hinted share of a group", 0.0, 1.0, DEFAULTS.hint_share,
@@ -137,7 +154,7 @@ with st.expander("Launch a training job", expanded=True):
         try:
             config = training.build_config(
                 env, chosen, steps=int(steps), group=int(group), groups_per_step=int(groups),
-                lr=float(lr), max_turns=int(max_turns), max_tokens=int(max_tokens),
+                lr=float(lr), max_turns=int(max_turns), max_tokens=int(max_tokens) or None,
                 temperature=float(temperature), hint_share=float(hint_share),
                 checkpoint_every=int(ckpt), eval_seeds=int(eval_seeds), seed=int(seed),
                 micro_batch=int(micro_batch), gradient_checkpointing=bool(grad_ckpt),

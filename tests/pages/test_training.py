@@ -172,3 +172,21 @@ def test_browser_launch_watch_adapter(store_with_env, tmp_path):
     adapters = training.list_adapters(store_with_env)
     assert len(adapters) == 1 and adapters[0]["capability"] == "toy_target_letter"
     assert Path(adapters[0]["path"], "adapter_model.safetensors").exists()
+
+
+def test_the_turn_budget_default_comes_from_the_environment(store_with_env):
+    """Max tokens / turn left at 0 is derived from the environment's longest reference
+    turn; the page says which number that is before Launch (issue 30 item 5)."""
+    at = AppTest.from_file(PAGE, default_timeout=120)
+    at.run()
+    at.checkbox(key="builtins").check().run()
+    at.selectbox(key="env").set_value("airline/tool_calling_precision")
+    at.selectbox(key="model").set_value("tiny").run()
+    assert not at.exception, at.exception
+    expected = training.max_tokens_default(store_with_env, "airline/tool_calling_precision",
+                                           "tiny", {"tools": "capability",
+                                                    "policy": "excerpt", "difficulty": 2,
+                                                    "distractors": 2})
+    assert expected["max_tokens"] >= expected["longest_reference_turn"] * 1.25 > 64
+    assert any(f"left at 0 uses {expected['max_tokens']}" in c.value for c in at.caption)
+    assert at.number_input(key="max_tokens").value == 0

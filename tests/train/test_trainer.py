@@ -163,11 +163,12 @@ def test_a_checkpoint_interrupted_while_written_leaves_no_step_folder(tmp_path):
 def test_a_turn_budget_below_the_reference_call_is_said(capsys):
     """airline/tool_calling_precision's passenger-list call does not fit in 16 tokens: the
     trainer says so before any step, with the length it measured; a budget that holds the
-    longest reference turn says nothing."""
+    longest reference turn says nothing; no budget at all is derived from that turn (issue
+    30: the fixed default of 64 could not hold it)."""
     from trace_lib.envs.capabilities import make_capability_env
     from trace_lib.runtime.base_models import load_tokenizer, resolve_model
-    from trace_lib.train.local_rollouts import longest_reference_turn
-    from trace_lib.train.trainer import _check_turn_budget
+    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+    from trace_lib.train.trainer import turn_budget
 
     def make_env():
         return make_capability_env("airline", "tool_calling_precision", difficulty=1,
@@ -178,8 +179,16 @@ def test_a_turn_budget_below_the_reference_call_is_said(capsys):
     assert longest > 40  # a JSON call with a nested passenger list
     cfg = TrainConfig(env="airline/tool_calling_precision", model="tiny", max_tokens=16,
                       max_turns=2)
-    _check_turn_budget(cfg, make_env, tok)
+    assert turn_budget(cfg, make_env, tok) == 16
     out = capsys.readouterr().out
     assert "warning: --max-tokens 16 is below" in out and f"({longest} tokens" in out
-    _check_turn_budget(dataclasses.replace(cfg, max_tokens=longest), make_env, tok)
+    assert f"use --max-tokens {derived_max_tokens(longest)}" in out
+    assert turn_budget(dataclasses.replace(cfg, max_tokens=longest), make_env, tok) == longest
     assert capsys.readouterr().out == ""
+    derived = turn_budget(dataclasses.replace(cfg, max_tokens=None), make_env, tok)
+    assert derived == derived_max_tokens(longest) and derived % 32 == 0
+    assert longest * 1.25 <= derived < longest * 1.25 + 32
+    out = capsys.readouterr().out
+    assert f"--max-tokens {derived}: from the longest reference turn" in out
+    assert TrainConfig(env="x").max_tokens is None
+    assert derived_max_tokens(0) == 64 and derived_max_tokens(10) == 64

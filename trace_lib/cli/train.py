@@ -44,7 +44,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=None)
     p.add_argument("--lora-targets", default=None, help="comma-separated module names")
     p.add_argument("--max-turns", type=int, default=None)
-    p.add_argument("--max-tokens", type=int, default=None, help="per assistant turn")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="per assistant turn (default: the environment's longest reference "
+                   "turn in this model's tokens + 25%%)")
     p.add_argument("--max-sequence", type=int, default=None,
                    help="episode token budget (prompt included); stops before overrunning it")
     p.add_argument("--temperature", type=float, default=None)

@@ -47,7 +47,11 @@ class TrainConfig:
     group: int = 8
     groups_per_step: int = 2
     max_turns: int = 4
-    max_tokens: int = 64
+    # None: from the environment, its longest reference turn in this model's tokens + 25%,
+    # rounded up to 32 (64 where it has no reference): a fixed 64 cut the airline
+    # passenger-list call (112-187 SmolLM2 tokens) mid-JSON, so the default run earned
+    # nothing (`trainer.turn_budget`).
+    max_tokens: int | None = None
     max_sequence: int = 8192  # whole episode, prompt included (SmolLM2's context)
     temperature: float = 1.0
     # 2e-4: LoRA's usual range is 1e-4..5e-4 (an adapter's B starts at 0 and needs a far
@@ -132,7 +136,8 @@ class TrainConfig:
             (self.group >= 2, "group", "an integer >= 2 (GRPO compares rollouts of a seed)"),
             (self.groups_per_step >= 1, "groups_per_step", "an integer >= 1"),
             (self.max_turns >= 1, "max_turns", "an integer >= 1"),
-            (self.max_tokens >= 1, "max_tokens", "an integer >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             "an integer >= 1, or null (from the environment's reference turns)"),
             (self.lr > 0, "lr", "a positive learning rate"),
             (self.micro_batch >= 1, "micro_batch", "an integer >= 1"),
             (self.epochs_per_step >= 1, "epochs_per_step", "an integer >= 1"),

@@ -35,6 +35,7 @@ Design decisions
 from __future__ import annotations
 
 import copy
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -328,6 +329,15 @@ def longest_reference_turn(env: Environment, seeds: Any, tokenizer: Any,
             run = run + 1 if keep else 0
             longest = max(longest, run)
     return longest
+
+
+def derived_max_tokens(longest_turn: int) -> int:
+    """The per-turn token budget for an environment whose longest reference turn is
+    `longest_turn` tokens: +25% (a sampled turn is rarely the shortest way to say it),
+    rounded up to 32; 64 when there is no reference to measure."""
+    if longest_turn <= 0:
+        return 64
+    return max(64, 32 * math.ceil(longest_turn * 1.25 / 32))
 
 
 def sft(

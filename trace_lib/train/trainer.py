@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import re
 import shutil
@@ -222,13 +221,15 @@ def _eval_log(label: str) -> Callable[[int, int], None]:
     return lambda k, n: print(f"[eval {label}] {k}/{n} held-out seeds", flush=True)
 
 
-def _check_turn_budget(cfg: TrainConfig, make_env: Callable[[], Environment],
-                       tokenizer: Any) -> None:
-    """Say so, loudly, when a reference turn does not fit in `max_tokens`: every rollout
-    that tries the right call is then cut mid-JSON and earns nothing, and GRPO sees only
-    "no signal" steps (found twice on airline/tool_calling_precision: its passenger-list
-    call is 112-187 SmolLM2 tokens, and 48 / 96 were tried)."""
-    from trace_lib.train.local_rollouts import longest_reference_turn
+def turn_budget(cfg: TrainConfig, make_env: Callable[[], Environment],
+                tokenizer: Any) -> int:
+    """The run's tokens per assistant turn: `cfg.max_tokens`, or when it is None the one
+    derived from the environment's longest reference turn (`derived_max_tokens`). Says so,
+    loudly, when a given budget is below a reference turn: every rollout that tries the
+    right call is then cut mid-JSON and earns nothing, and GRPO sees only "no signal"
+    steps (found twice on airline/tool_calling_precision: its passenger-list call is
+    112-187 SmolLM2 tokens, and 48 / 96 were tried)."""
+    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
 
     env = make_env()
     try:
@@ -237,15 +238,23 @@ def _check_turn_budget(cfg: TrainConfig, make_env: Callable[[], Environment],
         # A generated environment may have no reference (its sandbox says so by an error).
         print(f"[train] turn budget not checked ({type(exc).__name__}: "
               f"{str(exc).splitlines()[-1] if str(exc) else ''})", flush=True)
-        return
+        longest = 0
     finally:
         if hasattr(env, "close"):
             env.close()
+    if cfg.max_tokens is None:
+        budget = derived_max_tokens(longest)
+        print(f"[train] --max-tokens {budget}: from the longest reference turn of {cfg.env} "
+              f"({longest} tokens of this model, seeds 0-3) + 25%" if longest else
+              f"[train] --max-tokens {budget}: {cfg.env} has no reference turn to measure",
+              flush=True)
+        return budget
     if longest > cfg.max_tokens:
         print(f"[train] warning: --max-tokens {cfg.max_tokens} is below the longest reference "
               f"turn of {cfg.env} ({longest} tokens of this model, seeds 0-3): rollouts that "
               f"make the right call are cut before it ends; use --max-tokens "
-              f"{32 * math.ceil(longest * 1.25 / 32)} or more", flush=True)
+              f"{derived_max_tokens(longest)} or more (or leave it out)", flush=True)
+    return cfg.max_tokens
 
 
 # ------------------------------------------------------------------------ the loop
@@ -324,7 +333,8 @@ def train(
         if cfg.sft_steps > 0:
             warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir)
 
-    _check_turn_budget(cfg, make_env, tokenizer)
+    cfg = dataclasses.replace(cfg, max_tokens=turn_budget(cfg, make_env, tokenizer))
+    (run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     rollout_cfg = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, cfg.temperature)
     eval_path = run_dir / "eval.json"
     evals: dict[str, Any] = json.loads(eval_path.read_text()) if eval_path.exists() else {}

@@ -126,6 +126,27 @@ def list_adapters(db: Db) -> list[dict[str, Any]]:
     return out
 
 
+def max_tokens_default(db: Db, env: str, model: str, options: dict[str, Any] | None = None,
+                       max_turns: int = 8) -> dict[str, Any] | None:
+    """What a run with no `max_tokens` will use (`trainer.turn_budget`): the environment's
+    longest reference turn in `model`'s tokens + 25%, rounded up to 32. None when the model
+    is not built yet or the environment cannot be opened here (the job still derives it)."""
+    from trace_lib.runtime.base_models import list_models, load_tokenizer, resolve_model
+    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+
+    ready = {m["name"]: m["ready"] for m in list_models()}
+    if model in ready and not ready[model]:
+        return None
+    try:
+        with _TOKENIZER_LOCK:
+            tokenizer = load_tokenizer(resolve_model(model))
+        with environments.open_environment(env, db=db, options=options) as handle:
+            longest = longest_reference_turn(handle, range(4), tokenizer, max_turns)
+    except Exception:  # noqa: BLE001 - a hint for the form: the job measures it again
+        return None
+    return {"longest_reference_turn": longest, "max_tokens": derived_max_tokens(longest)}
+
+
 def context_check(db: Db, env: str, model: str, options: dict[str, Any] | None = None,
                   max_tokens: int = 0) -> dict[str, Any] | None:
     """Does the environment's prompt fit the model's context? `prompt_tokens` (in the
