@@ -231,13 +231,15 @@ with tab_gates:
     warm_steps = g1.number_input("Warm-start KL steps", 0, 2000, 100, key="warm_steps")
     steps = g2.number_input("GRPO steps", 0, 1000, 4, key="gate_steps")
     group = g2.number_input("Group size", 2, 64, 4, key="gate_group")
-    max_tokens = g3.number_input("Max tokens per turn", 1, 1024, 48, key="gate_tokens")
+    max_tokens = g3.number_input("Max tokens per turn", 0, 1024, 0, key="gate_tokens",
+                                 help="0: from the environments, their longest reference "
+                                      "turn in the model's tokens + 25%")
     max_turns = g3.number_input("Max turns", 1, 16, 2, key="gate_turns")
     if st.button("Start gate training", key="gates_go", type="primary"):
         try:
             cfg = composition.gate_config(moe_path, envs, warm_seeds=int(warm_seeds),
                                           warm_steps=int(warm_steps), steps=int(steps),
-                                          group=int(group), max_tokens=int(max_tokens),
+                                          group=int(group), max_tokens=int(max_tokens) or None,
                                           max_turns=int(max_turns))
             started = jobs.submit_gates(DB, cfg)
             st.success(f"started job {started.id} → {started.run_dir}")

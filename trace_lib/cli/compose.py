@@ -225,7 +225,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-save", action="store_true", help="do not save or index the trace")
 
     p = _verb(sub, common, "gates", "train a composed model's gates (KL warm start, then GRPO)",
-              _gates, "moe", "envs", "max_tokens", "max_turns", "json")
+              _gates, "moe", "envs", "max_tokens", "max_turns", "json",
+              max_tokens={"default": None,
+                          "help": "per turn (default: the environments' longest reference "
+                                  "turn + 25%%)"})
     p.add_argument("--warm-seeds", type=int, default=4)
     p.add_argument("--warm-steps", type=int, default=100)
     p.add_argument("--steps", type=int, default=10)

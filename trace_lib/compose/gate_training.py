@@ -87,7 +87,7 @@ class GateTrainConfig:
     balance_coef: float = 0.01
     max_grad_norm: float = 1.0
     max_turns: int = 4
-    max_tokens: int = 96
+    max_tokens: int | None = None  # None: from the envs' longest reference turn (+25%)
     max_sequence: int = 4096
     temperature: float = 1.0
     train_seed_start: int = 100  # training seeds are disjoint from warm and eval seeds
@@ -353,6 +353,30 @@ def _save_gates(moe: GatedMoE, folder: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- the loop
+def _turn_budget(moe: GatedMoE, makers: dict[str, Callable[[], Any]], max_turns: int) -> int:
+    """Tokens per turn when the config gives none: the longest reference turn over the
+    environments in the composed model's tokens + 25% (`derived_max_tokens`), as adapter
+    training derives it (`trainer.turn_budget`)."""
+    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+
+    longest = 0
+    for name, make_env in makers.items():
+        env = make_env()
+        try:
+            longest = max(longest, longest_reference_turn(env, range(4), moe.tokenizer,
+                                                          max_turns))
+        except Exception as exc:  # noqa: BLE001 - an env without a reference: 64 for it
+            print(f"[gates] turn budget of {name} not measured ({type(exc).__name__})",
+                  flush=True)
+        finally:
+            if hasattr(env, "close"):
+                env.close()
+    budget = derived_max_tokens(longest)
+    print(f"[gates] --max-tokens {budget}: the environments' longest reference turn is "
+          f"{longest} tokens, +25%", flush=True)
+    return budget
+
+
 def env_makers_for(cfg: GateTrainConfig,
                    given: dict[str, Callable[[], Any]] | None = None) -> dict[str, Callable[[], Any]]:
     """Constructors for `cfg.envs`: `given` first (a notebook's own classes), then the
@@ -463,6 +487,8 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     print(f"[gates] model on {device} ({next(moe.model.parameters()).dtype})", flush=True)
     moe.config.estimator = cfg.estimator  # type: ignore[assignment]
     makers = env_makers_for(cfg, env_makers)
+    if cfg.max_tokens is None:
+        cfg = dataclasses.replace(cfg, max_tokens=_turn_budget(moe, makers, cfg.max_turns))
     initial = _snapshot(moe)
     initial_norm = gate_norm(moe)
 
