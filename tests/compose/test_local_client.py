@@ -39,21 +39,26 @@ def test_environment_errors_are_raised_not_swallowed(tmp_path) -> None:
     with pytest.raises(UserInputError, match="expected DOMAIN/CAPABILITY"):
         env_factory("nonsense")
     with pytest.raises(UserInputError, match="never reads the store"):
-        env_factory("airline/precondition_verification/gen7", store=False)
+        env_factory("airline/precondition_verification/gen7")
 
 
-def test_a_stored_generated_environment_resolves_through_the_store(db_path) -> None:
-    from trace_lib.compose.local_client import env_code, env_factory
+def test_a_stored_generated_environment_builds_from_the_spec_the_app_resolved(db_path) -> None:
+    """Composition never reads the store: the use case resolves a stored environment to
+    its serialised spec (`workbench.environments.env_specs`) and the stage builds it."""
+    from trace_lib.compose.local_client import env_factory
     from trace_lib.envs.catalog import save_environment
+    from trace_lib.workbench.environments import env_specs
 
     spec = generated_spec("toy/say_seed/gen1")
-    code = file_env_code("toy/say_seed/gen1")
     save_environment(spec, "approved", db=db_path)
-    assert env_code("toy/say_seed/gen1", db=db_path) == code
-    env = env_factory("toy/say_seed/gen1", db=db_path)()
+    specs = env_specs(["toy/say_seed/gen1", "airline/precondition_verification"], db=db_path)
+    assert specs["toy/say_seed/gen1"]["code"] == file_env_code("toy/say_seed/gen1")
+    assert specs["airline/precondition_verification"]["source"] == "builtin"
+    env = env_factory("toy/say_seed/gen1", env_spec=specs["toy/say_seed/gen1"])()
     try:
         env.reset(5)
         assert env.messages[-1]["content"] == "say 5"
     finally:
         env.close()
-    assert env_code("airline/precondition_verification") is None  # built-ins need no code
+    with pytest.raises(UserInputError, match="never reads the store"):
+        env_factory("toy/say_seed/gen1")  # a stored name without its spec

@@ -50,15 +50,17 @@ def policies(moe: GatedMoE, include_merge: bool = True) -> list[tuple[str, dict[
 def evaluate_composition(
     moe: GatedMoE, cfg: EvalConfig,
     on_row: Callable[[dict[str, Any]], None] | None = None,
-    db: Any = None,
+    env_specs: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """One greedy row per (environment, policy). Names resolve through `env_factory`
-    (built-ins, module:Attr, .py files, and generated environments stored in `db`)."""
+    (built-ins, module:Attr, .py files, and generated environments by their serialised
+    spec in `env_specs`)."""
     from trace_lib.runtime.rollout import RolloutConfig, evaluate
 
     greedy = RolloutConfig(cfg.max_turns, cfg.max_tokens, cfg.max_sequence, temperature=0.0)
     seeds = [cfg.seed_start + i for i in range(cfg.seeds)]
-    makers = {name: env_factory(name, db=db) for name in cfg.envs}  # fail before any rollout
+    makers = {name: env_factory(name, env_spec=(env_specs or {}).get(name))
+              for name in cfg.envs}  # fail before any rollout
     rows = []
     for env_name in cfg.envs:
         make_env = makers[env_name]

@@ -299,14 +299,16 @@ def vllm_command(base_model: str, routes: dict[str, Any]) -> str:
     return f"vllm serve {base_model} --enable-lora --lora-modules {mods}"
 
 
-def env_requests(env_map: dict[str, str], seeds: list[int], db: Any = None
+def env_requests(env_map: dict[str, str], seeds: list[int],
+                 env_specs: dict[str, dict[str, Any]] | None = None
                  ) -> dict[str, list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]]:
-    """Opening requests (messages, tools) of `seeds` of each capability's environment."""
+    """Opening requests (messages, tools) of `seeds` of each capability's environment
+    (`env_specs`: serialised specs of environments the store holds, by name)."""
     from trace_lib.compose.local_client import env_factory
 
     out: dict[str, list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]] = {}
     for cap, name in env_map.items():
-        make = env_factory(name, db=db)
+        make = env_factory(name, env_spec=(env_specs or {}).get(name))
         out[cap] = []
         for seed in seeds:
             env = make()

@@ -383,7 +383,7 @@ def env_makers_for(cfg: GateTrainConfig,
     config's serialised `env_specs` (generated environments sandboxed), then built-ins,
     .py files and module:Class names. Never the database: this runs inside jobs."""
     return {name: (given or {}).get(name)
-            or env_factory(name, env_spec=cfg.env_specs.get(name), store=False)
+            or env_factory(name, env_spec=cfg.env_specs.get(name))
             for name in cfg.envs}
 
 

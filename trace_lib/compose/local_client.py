@@ -27,21 +27,22 @@ from trace_lib.compose.traces import RoutingTrace, replay_trajectory
 from trace_lib.errors import UserInputError
 
 
-def env_factory(name: str, code: str | None = None, db: Any = None,
-                store: bool = True, env_spec: dict[str, Any] | None = None
-                ) -> Callable[[], Any]:
+def env_factory(name: str, code: str | None = None,
+                env_spec: dict[str, Any] | None = None) -> Callable[[], Any]:
     """A zero-argument constructor for environment `name`, through the environments
     registry (`trace_lib.envs.registry`: the one name -> environment path training and the
-    app use too):
+    app use too), never through the store:
 
-    - `env_spec` given (a job's serialised `EnvSpec`, code included for generated ones):
-      built from it, never through the store; `code` alone is a generated module;
-    - "package.module:Attr": your own Environment class or factory, imported;
-    - otherwise `catalog.resolve(name)` (app side): a built-in DOMAIN/CAPABILITY (in-process), a
-      path to a .py module or, with `store`, a generated environment stored in the
-      database (both sandboxed). A job passes `store=False`: it never opens the database.
+    - `env_spec` given (a serialised `EnvSpec`, code included for generated ones: what the
+      app side resolved with `workbench.environments.job_env_specs`): built from it;
+      `code` alone is a generated module;
+    - else a name that needs no store: a built-in DOMAIN/CAPABILITY (in-process),
+      "package.module:Attr" (your own Environment class or factory) or a .py file
+      (sandboxed).
 
-    Every failure is a UserInputError naming the environment; nothing falls back silently.
+    Composition code runs inside jobs as well as in the app, so it resolves nothing from the
+    database itself (the "never reach the store" contract). Every failure is a
+    UserInputError naming the environment; nothing falls back silently.
     """
     from trace_lib.envs import registry
 
@@ -52,15 +53,10 @@ def env_factory(name: str, code: str | None = None, db: Any = None,
         raise UserInputError(f"env {name!r}: expected DOMAIN/CAPABILITY (e.g. "
                              f"airline/precondition_verification), a generated DOMAIN/"
                              f"CAPABILITY/genN, a .py file or module:Class")
-    if env_spec is not None or not store:
-        # A serialised spec names itself (a .py file's spec is named after its stem, while
-        # the config lists the path): build from the spec, under its own name.
-        own = str(env_spec.get("name") or name) if env_spec is not None else name
-        spec = registry.spec_for_job(own, env_spec, where=f"env {name!r}")
-    else:
-        from trace_lib.envs import catalog
-
-        spec = catalog.resolve(name, db=db)
+    # A serialised spec names itself (a .py file's spec is named after its stem, while the
+    # config lists the path): build from the spec, under its own name.
+    own = str(env_spec.get("name") or name) if env_spec is not None else name
+    spec = registry.spec_for_job(own, env_spec, where=f"env {name!r}")
     return registry.env_factory(spec)
 
 
@@ -69,17 +65,6 @@ def spec_factory(spec: Any) -> Callable[[], Any]:
     from trace_lib.envs import registry
 
     return registry.env_factory(spec)
-
-
-def env_code(name: str, db: Any = None) -> str | None:
-    """The code a job needs for `name` (generated or file environments), resolved here on the
-    app/CLI side; None for built-ins and module:Attr names, which a job builds itself."""
-    from trace_lib.envs import catalog
-
-    if ":" in name and not name.endswith(".py"):
-        return None
-    spec = catalog.resolve(name, db=db)
-    return None if spec.source == "builtin" else spec.code
 
 
 def environment_names() -> list[str]:
@@ -157,11 +142,13 @@ class LocalMoEClient:
 
 
 def route_env(moe: GatedMoE, env_name: str, seed: int, force: int | None = None,
-              max_tokens: int = 64, max_turns: int = 4, db: Any = None) -> RoutingTrace:
-    """Roll the gated model out greedily on one environment seed and trace the transcript."""
+              max_tokens: int = 64, max_turns: int = 4,
+              env_spec: dict[str, Any] | None = None) -> RoutingTrace:
+    """Roll the gated model out greedily on one environment seed and trace the transcript
+    (`env_spec`: the environment's serialised spec, for one the store holds)."""
     from trace_lib.runtime.rollout import RolloutConfig, run_group
 
-    make_env = env_factory(env_name, db=db)
+    make_env = env_factory(env_name, env_spec=env_spec)
     client = LocalMoEClient(moe, force=force)
     cfg = RolloutConfig(max_turns=max_turns, max_tokens=max_tokens, temperature=0.0)
     rollout = run_group(make_env, seed, client, cfg, model="moe", group_size=1,

@@ -101,7 +101,8 @@ def merge_per_request(db: Db, moe_path: str | Path, out: str | Path,
     from trace_lib.compose.export import env_requests, export_per_request
 
     moe = load_moe(moe_path)
-    requests = env_requests(envs, list(range(seed_start, seed_start + seeds)), db=db) \
+    requests = env_requests(envs, list(range(seed_start, seed_start + seeds)),
+                            env_specs=environments.env_specs(envs.values(), db)) \
         if envs else None
     return export_per_request(moe, out, requests)
 
@@ -167,7 +168,8 @@ def trace_source(db: Db, moe: Any, source: RouteSource, force: int | None = None
         from trace_lib.compose.local_client import route_env
 
         return route_env(moe, source.env, source.seed, force=force,
-                         max_tokens=source.max_new_tokens, max_turns=source.max_turns, db=db)
+                         max_tokens=source.max_new_tokens, max_turns=source.max_turns,
+                         env_spec=environments.env_specs([source.env], db)[source.env])
     messages, tools, meta = trajectory_messages(db, source.trajectory)
     return traces.replay_trajectory(moe, messages, tools, force=force, meta=meta)
 
@@ -230,7 +232,9 @@ def train_gates(db: Db, cfg: Any, progress: bool = True) -> dict[str, Any]:
     from trace_lib.compose import gate_training
 
     for name in cfg.envs:
-        environments.require_trainable(name, db=db)
+        spec = environments.require_trainable(name, db=db)
+        # the same config a gate job gets: the stage builds environments from their specs
+        cfg.env_specs.setdefault(name, spec.to_json())
     job_id = jobs.new_job_id(jobs.TRAIN_GATES)
     result = gate_training.train_gates(cfg, jobs.runs_dir() / job_id, progress=progress)
     result["job_id"] = job_id
@@ -259,7 +263,8 @@ def moe_eval(db: Db, moe_path: str | Path, envs: list[str], *, seeds: int = 8,
     model = moe if moe is not None else load_moe(moe_path)
     cfg = EvalConfig(envs=list(envs), seeds=seeds, seed_start=seed_start,
                      max_tokens=max_tokens, max_turns=max_turns, include_merge=include_merge)
-    rows = evaluate_composition(model, cfg, on_row=on_row, db=db)
+    rows = evaluate_composition(model, cfg, on_row=on_row,
+                                env_specs=environments.env_specs(cfg.envs, db))
     path = write_eval(moe_path, rows, cfg)
     summary = summary_rows(rows)
     register_moe(db, moe_path, metrics={"eval": rows, "eval_summary": summary})

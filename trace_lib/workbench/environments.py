@@ -49,6 +49,13 @@ def resolve(name: str, db: Db = None):
     return _resolve(name, db=db)
 
 
+def env_specs(names: Any, db: Db = None) -> dict[str, dict[str, Any]]:
+    """{name: serialised EnvSpec} (generated code included) for stage code that builds
+    environments but never reads the store: composition's evaluation, routing and export
+    (`compose.local_client.env_factory`), and the gate job."""
+    return {name: resolve(name, db=db).to_json() for name in names}
+
+
 def open_environment(spec_or_name: Any, db: Db = None, options: dict[str, Any] | None = None):
     """A context manager yielding the environment; sandboxed unless built-in. `options`:
     how a built-in is built (tools=capability|all, policy=excerpt|full, difficulty=1|2|3)."""
