@@ -253,11 +253,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _task_slice(text: str | None) -> tuple[int, int | None]:
-    """`--tasks` N (the first N), START:END or None (all) as (offset, count)."""
-    if not text:
-        return 0, None
-    start, sep, end = str(text).partition(":")
-    return (int(start), int(end) - int(start)) if sep else (0, int(text))
+    """`--tasks` as (offset, count): the product's one parser."""
+    from trace_lib.evaluate.tasks import parse_task_slice
+
+    return parse_task_slice(text)
 
 
 def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str, Any],

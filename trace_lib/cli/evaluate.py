@@ -24,22 +24,15 @@ from typing import Any
 
 from trace_lib.cli.output import print_json
 
-TASKS_FORMS = ("a positive number N (the first N), START:END (that slice of the split) "
-               "or 'all'")
-
 
 def _tasks(text: str) -> tuple[int, int | None]:
-    """(offset, count) of `--tasks`: N, START:END or all."""
-    if text == "all":
-        return 0, None
-    start, sep, end = text.partition(":")
+    """(offset, count) of `--tasks`: N, START:END or all (argparse shows the message)."""
+    from trace_lib.workbench.evaluation import parse_task_slice
+
     try:
-        a, b = (int(start), int(end)) if sep else (0, int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {TASKS_FORMS}, got {text!r}") from None
-    if a < 0 or b <= a:
-        raise argparse.ArgumentTypeError(f"expected {TASKS_FORMS}, got {text!r}")
-    return a, b - a
+        return parse_task_slice(text)
+    except ValueError as exc:  # UserInputError: argparse words only this type's errors
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> dict[str, Any]:

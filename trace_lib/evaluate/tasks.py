@@ -96,6 +96,26 @@ SPLITS: dict[str, Split] = {s.name: s for s in (
 DEFAULT_SPLIT = "demo"
 
 
+TASKS_FORMS = ("a positive number N (the first N), START:END (that slice of the split) "
+               "or 'all'")
+
+
+def parse_task_slice(text: str | int | None) -> tuple[int, int | None]:
+    """(offset, count) of a task selection: N (the first N), START:END (that slice of the
+    split), or "all"/None (count None: the rest of the split). The one parser of `--tasks`
+    for `evaluate`, the bench scripts and configs; a bad form is a UserInputError."""
+    if text is None or str(text) == "all":
+        return 0, None
+    start, sep, end = str(text).partition(":")
+    try:
+        a, b = (int(start), int(end)) if sep else (0, int(start))
+    except ValueError:
+        raise UserInputError(f"expected {TASKS_FORMS}, got {text!r}") from None
+    if a < 0 or b <= a:
+        raise UserInputError(f"expected {TASKS_FORMS}, got {text!r}")
+    return a, b - a
+
+
 def get_split(name: str) -> Split:
     if name not in SPLITS:
         raise UserInputError(f"--split {name!r}: expected one of {', '.join(SPLITS)}")

@@ -114,6 +114,13 @@ def policies(db: Db) -> dict[str, list[dict[str, Any]]]:
     return {"adapters": list_adapters(db), "moe": list_moe_models(db)}
 
 
+def parse_task_slice(text: str | int | None) -> tuple[int, int | None]:
+    """(offset, count) of `--tasks` N, START:END or all (`evaluate.tasks.parse_task_slice`)."""
+    from trace_lib.evaluate.tasks import parse_task_slice as _parse
+
+    return _parse(text)
+
+
 def task_set_domains() -> list[str]:
     from trace_lib.evaluate.tasks import task_set_domains as _domains
 
