@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import duckdb
 
@@ -42,6 +43,15 @@ class StoreError(RuntimeError):
 
 class StoreLockedError(StoreError):
     """Another process holds the DuckDB file's write lock."""
+
+
+def equals_filter(**columns: Any) -> tuple[str, list[Any]]:
+    """(" WHERE a = ? AND b = ?", params) for the columns given a value (None and "" mean
+    "any"), or ("", []): the optional filters a listing takes."""
+    given = {k: v for k, v in columns.items() if v not in (None, "")}
+    if not given:
+        return "", []
+    return " WHERE " + " AND ".join(f"{k} = ?" for k in given), list(given.values())
 
 
 def default_db_path() -> Path:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trace_lib.store.connection import Connection
+from trace_lib.store.connection import Connection, equals_filter
 
 COLUMNS = ("id", "name", "capability", "domain", "version", "source", "code", "code_sha256",
            "status", "report")
@@ -72,17 +72,9 @@ def insert_attempt(con: Connection, *, generation_id: str, attempt: int, env_nam
 def attempts(con: Connection, env_name: str | None = None,
              generation_id: str | None = None) -> list[dict[str, Any]]:
     """Generation attempts, oldest first, of one environment and/or one generation."""
-    where, params = [], []
-    if env_name:
-        where.append("env_name = ?")
-        params.append(env_name)
-    if generation_id:
-        where.append("generation_id = ?")
-        params.append(generation_id)
-    sql = f"SELECT {_ATTEMPT_COLUMNS} FROM env_generation_attempts"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return _rows(con.execute(sql + " ORDER BY created_at, generation_id, attempt", params))
+    where, params = equals_filter(env_name=env_name, generation_id=generation_id)
+    return _rows(con.execute(f"SELECT {_ATTEMPT_COLUMNS} FROM env_generation_attempts{where} "
+                             "ORDER BY created_at, generation_id, attempt", params))
 
 
 def names_with_prefix(con: Connection, prefix: str) -> list[str]:

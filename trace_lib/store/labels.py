@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from trace_lib.scope import Scope
-from trace_lib.store.connection import Connection
+from trace_lib.store.connection import Connection, equals_filter
 
 # The columns of a label row, in the order a batch carries them.
 LABEL_COLUMNS = ("run_id", "trajectory_id", "capability", "value", "evidence", "confidence",
@@ -191,17 +191,10 @@ def previous_live_value(con: Connection, trajectory_id: str, capability: str,
 def edit_history(con: Connection, *, trajectory_id: str | None = None,
                  capability: str | None = None, limit: int = 200) -> pd.DataFrame:
     """Edits newest first, each with whether it was undone."""
-    where, params = [], []
-    if trajectory_id:
-        where.append("trajectory_id = ?")
-        params.append(trajectory_id)
-    if capability:
-        where.append("capability = ?")
-        params.append(capability)
+    where, params = equals_filter(trajectory_id=trajectory_id, capability=capability)
     sql = ("SELECT id, trajectory_id, capability, old, new, editor, note, edited_at, undoes, "
            "id IN (SELECT undoes FROM label_edits WHERE undoes IS NOT NULL) AS undone "
-           "FROM label_edits" + (" WHERE " + " AND ".join(where) if where else "")
-           + f" ORDER BY id DESC LIMIT {int(limit)}")
+           f"FROM label_edits{where} ORDER BY id DESC LIMIT {int(limit)}")
     return con.execute(sql, params).df()
 
 
