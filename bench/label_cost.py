@@ -27,7 +27,9 @@ from pathlib import Path
 
 from trace_lib import store
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
-from trace_lib.diagnose.labelers.llm import label_schema, system_prompt, user_prompt
+from trace_lib.diagnose.label_prompt import new_nonce, system_prompt, transcript_header, user_prompt
+from trace_lib.diagnose.labelers.llm import label_schema
+from trace_lib.diagnose.transcript_prompt import render_transcript
 from trace_lib.ingest import ingest_paths
 from trace_lib.llm.protocol import PRICES_PER_MTOK
 from trace_lib.trajectories import load_transcripts
@@ -75,7 +77,8 @@ def main() -> None:
                                  + n(json.dumps(label_schema([c]))) for c in caps)
     out_all = n(answer(caps))
     out_one = statistics.mean(n(answer([c])) for c in caps)
-    users = [n(user_prompt(t)) for t in ts]
+    bodies = [transcript_header(t) + render_transcript(t) for t in ts]
+    users = [n(user_prompt(b, nonce=new_nonce(b))) for b in bodies]  # whole, uncut
     u = statistics.mean(users)
     p_in, p_out, p_read, p_write = PRICES_PER_MTOK["claude-sonnet-4-5"]
     N = len(ts)

@@ -15,6 +15,10 @@ to the grid does not compute the review queue's sensitivity or the agreement rep
 across tab switches. The CSV export is built only when its download is clicked (a
 callable `data`). The scope picker (datasets,
 agent models, domains) narrows the grid, the queue, the labeler and the export alike.
+After the capability columns the grid shows, read-only, what the labels rest on
+(`wb.GRID_GROUNDS`): how much an LLM labeler's prompt cut of the trajectory to fit its
+model's context, and which capabilities carry an unsupported label (lacking/present with
+no evidence that quotes the transcript); the review queue lists those first.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from trace_lib.workbench.errors import ActionError, LLMError, UserInputError
 
 LABEL_VALUES = wb.LABEL_VALUES
 ID_COLUMNS = ("trajectory_id", "task_id", "domain", "success")  # the grid's read-only columns
+READ_ONLY = (*ID_COLUMNS, *wb.GRID_GROUNDS)
 # A colour emoji per label value: the grid's cells are drawn on a canvas, so a glyph that
 # carries its own colour is what colours an editable cell (see the grid below).
 GLYPHS = {"present": "🟢", "lacking": "🔴", "na": "⚪"}
@@ -94,12 +99,17 @@ with st.sidebar:
                                 "actions. anthropic: needs ANTHROPIC_API_KEY. openai: any "
                                 "OpenAI-compatible server (vLLM).")
     n_runs = st.number_input("Independent runs", 1, 20, 1, key="n_runs")
-    model = base_url = None
+    model = base_url = max_context = None
     if labeler != "heuristic":
         model = st.text_input("Model (blank: from the environment)", key="model") or None
     if labeler == "openai":
         base_url = st.text_input("Base URL (blank: TRACE_OPENAI_BASE_URL)",
                                  key="base_url") or None
+    if labeler != "heuristic":
+        max_context = int(st.number_input(
+            "Context in tokens (0: ask the server)", 0, 10_000_000, 0, step=1024,
+            key="max_context", help="transcripts longer than the model's context are cut "
+                                    "by a fixed rule; the grid shows how much")) or None
     background = st.checkbox("Run in background", key="label_background",
                              help="as a `label` job (see `job status`); its labels are "
                                   "recorded here once it ended")
@@ -114,17 +124,18 @@ with st.sidebar:
     clicked = st.button(f"Label {what}", key="run_labeler")
     if clicked and background:
         specs = _guard(jobs.submit_labeling, DB, labeler, runs=int(n_runs), model=model,
-                       base_url=base_url, scope=scope)
+                       base_url=base_url, scope=scope, max_context=max_context)
         if specs:
             st.info("started " + ", ".join(f"job {s.id} (run {s.config['run_id']})"
                                            for s in specs))
     elif clicked:
         bar = st.progress(0.0, text="labeling")
         out = _guard(wb.label, DB, labeler, runs=int(n_runs), model=model, base_url=base_url,
-                     scope=scope,
+                     scope=scope, max_context=max_context,
                      progress=lambda d, t: bar.progress(d / t, text=f"labeled {d}/{t}"))
         if out:
-            st.success("; ".join(f"{s.run_id}: {s.n_labels} labels, {s.n_failed} failed"
+            st.success("; ".join(f"{s.run_id}: {s.n_labels} labels, {s.n_failed} failed, "
+                                 f"{s.n_cut} cut, {s.n_unsupported} unsupported"
                                  for s in out))
             ss.grid_version += 1
 
@@ -163,10 +174,20 @@ with tab_grid:
                          "at once (History tab: who, when, undo).")
             cols = {c: st.column_config.SelectboxColumn(c, options=list(LABEL_VALUES),
                                                         format_func=_glyph)
-                    for c in grid.columns if c not in ID_COLUMNS}
+                    for c in grid.columns if c not in READ_ONLY}
+            cols |= {
+                "cut_messages": st.column_config.NumberColumn(
+                    "cut msgs", help="messages an LLM labeler's prompt left out to fit its "
+                                     "model's context (most over the runs; blank: none cut)"),
+                "cut_tokens": st.column_config.NumberColumn(
+                    "cut tokens", help="transcript tokens the prompt left out"),
+                "unsupported": st.column_config.TextColumn(
+                    "unsupported", help="capabilities with a lacking/present label whose "
+                                        "evidence did not quote the transcript"),
+            }
             edited = st.data_editor(
                 grid, column_config=cols, hide_index=True, width="stretch",
-                disabled=list(ID_COLUMNS), key=f"grid_{ss.grid_version}")
+                disabled=list(READ_ONLY), key=f"grid_{ss.grid_version}")
             changes = wb.grid_changes(grid, edited)
             if changes:
                 ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
@@ -202,6 +223,12 @@ with tab_grid:
                 for e in view["evidence"]:
                     if e["error"]:
                         _show_error(f"{e['run']}: labeler failed: {e['error']}")
+                    elif e.get("unsupported"):
+                        st.text(f"❔ {e['run']} ({e['value']}): unsupported, no evidence "
+                                "that quotes the transcript")
+                    if e.get("cut_messages") or e.get("cut_tokens"):
+                        st.text(f"✂ {e['run']}: the prompt left out {e['cut_messages']} "
+                                f"messages, {e['cut_tokens']} tokens, to fit the context")
                 with st.container(height=620):
                     for m in view["messages"]:
                         head = (f"[{m['idx']}] {m['role']}"

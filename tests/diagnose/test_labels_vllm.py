@@ -47,16 +47,31 @@ pytestmark = [
 
 class Relay:
     """A pass-through HTTP relay to the engine that answers 503 to the first chat request
-    (so the SDK's retry is exercised) and keeps every request body it saw."""
+    (so the SDK's retry is exercised) and keeps every request body it saw; GETs (the
+    labeler's `/v1/models` lookup) pass through untouched."""
 
     def __init__(self, upstream: str) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.statuses: list[int] = []
+        self.gets: list[str] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                try:
+                    with urllib.request.urlopen(upstream + self.path, timeout=60) as resp:
+                        status, payload = resp.status, resp.read()
+                except urllib.error.HTTPError as exc:
+                    status, payload = exc.code, exc.read()
+                outer.gets.append(self.path)
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
@@ -170,10 +185,16 @@ def test_openai_labeler_with_guided_decoding_on_vllm(smollm2_server, demo_db: Pa
         [summary] = run_labeling(
             demo_db, "openai", capabilities=CAPS, trajectory_ids=tids, run_prefix="smol",
             model="smollm2", base_url=relay.url + "/v1", concurrency=1, max_retries=2,
-            timeout=900, max_chars=3000, max_tokens=256, evidence_max_items=2,
-            evidence_max_chars=80)
+            timeout=900, max_tokens=256, evidence_max_items=2, evidence_max_chars=80)
     finally:
         relay.close()
+    # the context came from the engine's own card (--max-model-len 8192), counted with the
+    # served model's tokenizer (its folder is the card's `root`)
+    assert relay.gets == ["/v1/models"]
+    with store.connect(demo_db) as con:
+        notes = con.execute("SELECT notes FROM label_runs WHERE id = 'smol'").fetchone()[0]
+    assert "context 8192 tokens (/v1/models max_model_len)" in notes
+    assert "tokens counted with the tokenizer at" in notes
     # wire format: the label schema as strict JSON-schema response_format, the run's seed
     first = relay.bodies[0]
     fmt = first["response_format"]

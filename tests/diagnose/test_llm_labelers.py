@@ -26,7 +26,9 @@ def _store(db: Path) -> None:
 
 
 def _answer(schema_props: list[str], value: str = "lacking") -> dict:
-    return {c: {"value": value, "evidence": [{"message_idx": 1, "text": "cancelled blindly"}],
+    # One quote of message 1 and one that message never said (dropped by the check).
+    return {c: {"value": value, "evidence": [{"message_idx": 1, "text": "Cancelled"},
+                                             {"message_idx": 1, "text": "cancelled blindly"}],
                 "confidence": 0.8} for c in schema_props}
 
 
@@ -56,11 +58,17 @@ def test_anthropic_labeler_runs_cache_and_cost(db_path: Path) -> None:
         n, vals = con.execute("SELECT count(*), list(DISTINCT value) FROM labels").fetchone()
         cost = json.loads(con.execute("SELECT cost FROM label_runs WHERE id = 'claude-r0'"
                                       ).fetchone()[0])
-        ev = json.loads(con.execute("SELECT evidence FROM labels LIMIT 1").fetchone()[0])
+        ev, dropped, unsupported, cut = con.execute(
+            "SELECT evidence, evidence_dropped, unsupported, cut_tokens FROM labels LIMIT 1"
+        ).fetchone()
+        notes = con.execute("SELECT notes FROM label_runs WHERE id = 'claude-r0'").fetchone()[0]
     assert n == 2 * 2 * 2 and vals == ["lacking"]
     assert cost["input_tokens"] == 80 and cost["cache_read_tokens"] == 2000
     assert cost["cost_usd"] > 0 and cost["n_failed_pairs"] == 0
-    assert ev == [{"message_idx": 1, "text": "cancelled blindly"}]
+    assert json.loads(ev) == [{"message_idx": 1, "text": "Cancelled"}]  # the quote it said
+    assert dropped == 1 and unsupported is False and cut == 0
+    # Claude's documented window; no Claude tokenizer here, so the count is an estimate.
+    assert "context 200000 tokens" in notes and "characters / 4" in notes
 
 
 def test_openai_labeler_repairs_then_records_failures(db_path: Path) -> None:
@@ -68,10 +76,12 @@ def test_openai_labeler_repairs_then_records_failures(db_path: Path) -> None:
     seen_seeds = []
 
     def respond(path, body, n):
+        if path == "/v1/models":  # a server without a model list: sized without it
+            return Reply(status=404, body={"error": {"message": "no such route"}})
         seen_seeds.append(body.get("seed"))
         props = list(body["response_format"]["json_schema"]["schema"]["properties"])
         user = body["messages"][1]["content"]
-        if "Trajectory a" in user:
+        if "trajectory: a\n" in user:
             if len(body["messages"]) == 2:
                 return openai_reply("{truncated")  # repaired on the second try
             return openai_reply(json.dumps(_answer(props, "present")))

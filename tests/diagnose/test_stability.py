@@ -55,8 +55,8 @@ def test_auto_uses_runs_when_they_differ_and_bootstrap_when_identical(db_path: P
         con.execute("INSERT INTO label_runs (id, labeler) VALUES ('r3', 'test')")
         for i, v in enumerate(flipped):
             tid = f"f{i:02d}" if i < 4 else f"p{i - 4:02d}"
-            con.execute("INSERT INTO labels VALUES ('r3', ?, 'tool_calling_precision', ?, "
-                        "NULL, NULL, NULL)", [tid, v])
+            con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) "
+                        "VALUES ('r3', ?, 'tool_calling_precision', ?)", [tid, v])
         sr = ag.stable_ranking(con)
     assert sr.info.method == "runs" and sr.ranking.n_runs == 3
     with pytest.raises(UserInputError, match="expected one of"):

@@ -6,6 +6,7 @@ fixture of test_jobs_ray.py), and a real HTTP server on 127.0.0.1 for the killed
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -28,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "llm"))
 from wire_server import Reply, WireServer, openai_reply  # noqa: E402
 
-COLS = "trajectory_id, capability, value, evidence, confidence, error"
+COLS = ("trajectory_id, capability, value, evidence, confidence, error, cut_messages, "
+        "cut_tokens, evidence_dropped, unsupported")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +158,8 @@ def test_openai_labeler_job_records_the_in_process_labels_and_cost(demo_db: Path
     """The OpenAI-compatible labeler in the job (a real HTTP server on 127.0.0.1): the
     labeler config travels in the spec, and the labels and cost match an in-process run."""
     def respond(path: str, body: dict, n: int) -> Reply:
+        if path == "/v1/models":  # no model card: both runs size prompts the same way
+            return Reply(status=404, body={"error": {"message": "no model list"}})
         props = list(body["response_format"]["json_schema"]["schema"]["properties"])
         # a value that depends on the transcript only, so both runs must agree pair by pair
         value = ("lacking", "present")[len(body["messages"][1]["content"]) % 2]
@@ -176,13 +180,20 @@ def test_openai_labeler_job_records_the_in_process_labels_and_cost(demo_db: Path
     job_cost, own_cost = json.loads(costs["llm"]), json.loads(costs["inproc"])
     assert job_cost["requests"] == own_cost["requests"] == 30
     assert job_cost["input_tokens"] == own_cost["input_tokens"] == 300
+    with store.connect(demo_db) as con:  # the job's notes are recorded on its run too
+        notes = dict(con.execute("SELECT id, notes FROM label_runs").fetchall())
+    assert notes["llm"] == notes["inproc"] and "context 32768 tokens (assumed" in notes["llm"]
 
 
 def _blocking_server(answered: int, release: threading.Event) -> WireServer:
     """Answers `answered` calls (with a 500: the pairs fail, the shard still completes),
     then holds every further call until `release` is set."""
+    calls = itertools.count()
+
     def respond(path: str, body: dict, n: int) -> Reply:
-        if n >= answered:
+        if path == "/v1/models":  # the labeler's context lookup: not a label call
+            return Reply(status=404, body={"error": {"message": "no model list"}})
+        if next(calls) >= answered:
             release.wait(600)
         return Reply(status=500, body={"error": {"message": "scripted"}})
 

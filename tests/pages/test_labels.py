@@ -138,3 +138,34 @@ def test_bulk_edit_of_filtered_selection(labeled: Path) -> None:
         edits = con.execute("SELECT count(*), min(new), max(new) FROM label_edits "
                             "WHERE capability = 'upselling'").fetchone()
     assert edits == (n_passed, "present", "present")
+
+
+def test_grid_shows_cut_and_unsupported_labels(labeled: Path) -> None:
+    """An LLM run's rows say what its prompt cut and which labels are unsupported: the grid
+    shows both, read-only, after the capabilities; the evidence view says it per run."""
+    with store.connect(labeled) as con:
+        tid = con.execute("SELECT min(trajectory_id) FROM labels").fetchone()[0]
+        con.execute("INSERT INTO label_runs (id, labeler) VALUES ('llm', 'openai')")
+        con.execute("""INSERT INTO labels (run_id, trajectory_id, capability, value, evidence,
+                                           cut_messages, cut_tokens, evidence_dropped,
+                                           unsupported)
+                       VALUES ('llm', ?, 'tool_calling_precision', 'lacking', '[]', 12, 3456,
+                               2, true)""", [tid])
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    grid = at.dataframe[0].value
+    caps = [c for c in grid.columns if c not in {"trajectory_id", "task_id", "domain",
+                                                  "success"}]
+    assert caps[-3:] == ["cut_messages", "cut_tokens", "unsupported"]  # after the labels
+    row = grid.set_index("trajectory_id").loc[tid]
+    assert (row["cut_messages"], row["cut_tokens"]) == (12, 3456)
+    assert row["unsupported"] == "tool_calling_precision"
+    at.selectbox(key="t_pick").set_value(tid)
+    at.selectbox(key="t_cap").set_value("tool_calling_precision").run()
+    assert not at.exception
+    shown = [t.value for t in at.text]
+    assert any(s.startswith("❔ llm (lacking): unsupported") for s in shown)
+    assert any("llm: the prompt left out 12 messages, 3456 tokens" in s for s in shown)
+    # The openai labeler's sidebar takes a context size for servers that report none.
+    at.selectbox(key="labeler").set_value("openai").run()
+    assert at.number_input(key="max_context").value == 0

@@ -5,7 +5,7 @@
                                      | accept NAME | reject NAME | edit NAME ...
                                      | propose --provider anthropic|openai
     python -m trace_lib label --labeler heuristic|anthropic|openai [--runs N]
-                              [--capabilities a,b]
+                              [--capabilities a,b] [--max-context TOKENS] [--tokenizer PATH]
                               [--background [--backend local|ray] [--wait]] | --record JOB
     python -m trace_lib labels export FILE.csv | import FILE.csv --run NAME
                               | edit TRAJ CAP VALUE | undo ... | history | queue | runs
@@ -129,7 +129,8 @@ def _label(args: argparse.Namespace) -> int:
                              capabilities=_csv(args.capabilities), run_prefix=args.run,
                              progress=progress, model=args.model, base_url=args.base_url,
                              concurrency=args.concurrency, temperature=args.temperature,
-                             batch=args.batch, scope=_scope(args))
+                             batch=args.batch, scope=_scope(args),
+                             max_context=args.max_context, tokenizer=args.tokenizer)
     finally:
         bar.close()
     out = [s.__dict__ for s in summaries]
@@ -138,7 +139,13 @@ def _label(args: argparse.Namespace) -> int:
     else:
         for s in summaries:
             print(f"run {s.run_id}: {s.n_trajectories} trajectories, {s.n_labels} labels, "
-                  f"{s.n_failed} failed pairs")
+                  f"{s.n_failed} failed pairs, {s.n_cut} trajectories cut to fit, "
+                  f"{s.n_unsupported} unsupported labels")
+            for note in s.notes:
+                print(f"  note: {note}")
+            if s.unsupported_rate:
+                print("  unsupported (of lacking/present), per capability: " + ", ".join(
+                    f"{c} {r:.0%}" for c, r in s.unsupported_rate.items()))
     return 0
 
 
@@ -160,7 +167,8 @@ def _label_background(args: argparse.Namespace) -> int:
             capabilities=_csv(args.capabilities), run_prefix=args.run, model=args.model,
             base_url=args.base_url, concurrency=args.concurrency,
             temperature=args.temperature, scope=_scope(args), backend=args.backend,
-            backend_options=options, shard_size=args.shard_size)
+            backend_options=options, shard_size=args.shard_size,
+            max_context=args.max_context, tokenizer=args.tokenizer)
         out = [{"job_id": s.id, "run_id": s.config["run_id"], "run_dir": s.run_dir,
                 "backend": s.backend} for s in specs]
         if args.wait:
@@ -284,6 +292,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--temperature", type=float)
     p.add_argument("--batch", action="store_true", help="anthropic: use Message Batches")
+    p.add_argument("--max-context", type=int, metavar="TOKENS",
+                   help="LLM labelers: the model's context in tokens, when the server's "
+                        "/v1/models does not report it (transcripts are cut to fit)")
+    p.add_argument("--tokenizer", metavar="PATH_OR_ID",
+                   help="LLM labelers: a local tokenizer to count prompt tokens with "
+                        "(default: the served model's, where it is on this machine; "
+                        "else characters / 4)")
     p.add_argument("--background", action="store_true",
                    help="run as a `label` job (see `job status`); --wait records it")
     p.add_argument("--backend", default="local", choices=("local", "ray"),

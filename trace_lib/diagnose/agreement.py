@@ -23,10 +23,13 @@ Design decisions
   the report, 149 s at 100k x 10 for the queue).
 - Stability (runs or bootstrap resamples) and sensitivity live in `stability`; the names
   are re-exported here because the queue is where they meet.
-- The queue holds pairs where runs, labelers or people disagree, or whose flip moves
-  the ranking (`stability.sensitivity`), skipping pairs a person decided unless people
-  disagree about them. Order "disagreement": disagreement, then flips_keep, then
-  sensitivity; order "sensitivity": flips_keep, sensitivity, then disagreement.
+- The queue holds pairs where runs, labelers or people disagree, whose flip moves the
+  ranking (`stability.sensitivity`), or that a finished run labeled lacking/present
+  without verified evidence (`n_unsupported`, issue 31), skipping pairs a person decided
+  unless people disagree about them. Unsupported pairs come first in either order (a
+  judgment nobody can check is the first thing a person should look at); then order
+  "disagreement": disagreement, flips_keep, sensitivity; order "sensitivity": flips_keep,
+  sensitivity, then disagreement.
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ _VOTES_SQL = """
     SELECT l.trajectory_id, l.capability, r.labeler,
            count(*) FILTER (WHERE l.value = 'lacking') AS nl,
            count(*) FILTER (WHERE l.value = 'present') AS np,
-           count(*) FILTER (WHERE l.value = 'na') AS nn
+           count(*) FILTER (WHERE l.value = 'na') AS nn,
+           count(*) FILTER (WHERE l.unsupported) AS nu
     FROM counted_labels l JOIN label_runs r ON r.id = l.run_id
     JOIN trajectories t ON t.id = l.trajectory_id
     WHERE l.value IS NOT NULL AND l.run_id IN (SELECT unnest(?::VARCHAR[])) AND {scope}
@@ -286,7 +290,8 @@ WITH votes AS (""" + _VOTES_SQL + """
            string_agg(labeler || '=' || value, ', ' ORDER BY labeler) AS labelers,
            1 - greatest(count(*) FILTER (WHERE value = 'lacking'),
                         count(*) FILTER (WHERE value = 'present'),
-                        count(*) FILTER (WHERE value = 'na')) / count(*) AS labelers_d
+                        count(*) FILTER (WHERE value = 'na')) / count(*) AS labelers_d,
+           sum(nu) AS n_unsupported
     FROM per_labeler GROUP BY ALL
 ), editors AS (
     SELECT trajectory_id, capability,
@@ -305,12 +310,14 @@ SELECT coalesce(r.trajectory_id, p.trajectory_id) AS trajectory_id,
            AS disagreement,
        concat_ws(' + ', CASE WHEN r.runs_d > 0 THEN 'runs' END,
                  CASE WHEN r.labelers_d > 0 THEN 'labelers' END,
-                 CASE WHEN p.people_d > 0 THEN 'people' END) AS source
+                 CASE WHEN p.people_d > 0 THEN 'people' END,
+                 CASE WHEN r.n_unsupported > 0 THEN 'unsupported' END) AS source,
+       coalesce(r.n_unsupported, 0) AS n_unsupported
 FROM runs r
 FULL OUTER JOIN editors p
   ON p.trajectory_id = r.trajectory_id AND p.capability = r.capability
 WHERE coalesce(r.runs_d, 0) > 0 OR coalesce(r.labelers_d, 0) > 0
-   OR coalesce(p.people_d, 0) > 0
+   OR coalesce(p.people_d, 0) > 0 OR coalesce(r.n_unsupported, 0) > 0
 """
 
 
@@ -325,7 +332,8 @@ WITH joined AS (
            coalesce(s.sensitivity, 0.0) AS sensitivity,
            coalesce(d.disagreement, 0.0) AS disagreement, coalesce(d.source, '') AS source,
            coalesce(d.people_disagreement, 0.0) AS people_disagreement,
-           d.labelers, d.editors, coalesce(d.runs_disagreement, 0.0) AS runs_disagreement
+           d.labelers, d.editors, coalesce(d.runs_disagreement, 0.0) AS runs_disagreement,
+           coalesce(d.n_unsupported, 0) AS n_unsupported
     FROM queue_sensitivity s
     FULL OUTER JOIN ({disagreements}) d
       ON d.trajectory_id = s.trajectory_id AND d.capability = s.capability
@@ -334,12 +342,13 @@ SELECT j.* EXCLUDE (people_disagreement)
 FROM joined j
 LEFT JOIN latest_label_edits e
   ON e.trajectory_id = j.trajectory_id AND e.capability = j.capability
-WHERE (j.disagreement > 0 OR j.sensitivity > 0 OR j.flips_keep)
+WHERE (j.disagreement > 0 OR j.sensitivity > 0 OR j.flips_keep OR j.n_unsupported > 0)
   AND (e.trajectory_id IS NULL OR j.people_disagreement > 0)
-ORDER BY {order}, j.trajectory_id, j.capability
+ORDER BY j.n_unsupported > 0 DESC, {order}, j.trajectory_id, j.capability
 LIMIT ?
 """
-QUEUE_COLUMNS = ["trajectory_id", "capability", "value", "disagreement", "source",
+QUEUE_COLUMNS = ["trajectory_id", "capability", "value", "n_unsupported", "disagreement",
+                 "source",
                  "flips_keep", "flip_to", "sensitivity", "labelers", "editors",
                  "runs_disagreement", "success", "task_id"]
 

@@ -34,9 +34,10 @@ from typing import Any
 
 from trace_lib import jobs, store
 from trace_lib.diagnose import materialise
-from trace_lib.diagnose.label_job import read_labels, shard_name, write_shard
+from trace_lib.diagnose.label_grounds import Grounds
+from trace_lib.diagnose.label_job import read_labels, result_from_json, shard_name, write_shard
 from trace_lib.diagnose.label_runs import create_run
-from trace_lib.diagnose.labelers import PairLabel, TrajectoryLabels, get_labeler
+from trace_lib.diagnose.labelers import TrajectoryLabels, get_labeler
 from trace_lib.diagnose.labeling import _select, label_batch
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
@@ -104,21 +105,20 @@ def mark_failed(db: str | Path | None, run_id: str, reason: str) -> None:
 
 
 def _results(run_dir: Path, shards: list[str]) -> list[TrajectoryLabels]:
-    out = []
-    for name in shards:
-        for row in read_labels(run_dir, name):
-            out.append(TrajectoryLabels(row["trajectory_id"],
-                                        [PairLabel(**p) for p in row["labels"]]))
-    return out
+    return [result_from_json(row) for name in shards for row in read_labels(run_dir, name)]
 
 
 def store_label_results(db: str | Path | None, spec: jobs.JobSpec) -> dict[str, Any]:
     """Store a succeeded label job's labels, once: `outcome` is `recorded` (labels written
-    now, with `n_trajectories`, `n_labels`, `n_failed`) or `already` (finished before)."""
+    now, with `n_trajectories`, `n_labels`, `n_failed`, `n_cut`, `n_unsupported`) or
+    `already` (finished before)."""
     run_id = spec.config["run_id"]
     result = jobs.read_result(spec.path)
     results = _results(spec.path, list(spec.config["shards"]))
     batch = label_batch(run_id, results)
+    grounds = Grounds()
+    for r in results:
+        grounds.add(r)
     with store.connect(db) as con:
         with store.transaction(con):
             status = store_labels.run_status(con, run_id)
@@ -129,10 +129,12 @@ def store_label_results(db: str | Path | None, spec: jobs.JobSpec) -> dict[str, 
                 return {"outcome": "already"}
             store_labels.delete_run_labels(con, run_id)
             store_labels.insert_labels(con, batch)
-            store_labels.set_run_status(con, run_id, "finished", None, result.get("cost"))
+            store_labels.set_run_status(con, run_id, "finished", None, result.get("cost"),
+                                        result.get("notes") or None)
         materialise.sync(con)
     return {"outcome": "recorded", "n_trajectories": len(results),
-            "n_labels": batch.num_rows, "n_failed": result.get("n_failed", 0)}
+            "n_labels": batch.num_rows, "n_failed": result.get("n_failed", 0),
+            "n_cut": grounds.n_cut, "n_unsupported": grounds.n_unsupported}
 
 
 def waiting_label_jobs(db: str | Path | None) -> set[str]:

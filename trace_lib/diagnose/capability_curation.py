@@ -176,7 +176,8 @@ PROPOSAL_SCHEMA: dict[str, Any] = {
 def proposal_prompt(con: store.Connection, pairs: list[ContrastPair],
                     max_chars_per_transcript: int = 6000) -> tuple[str, str]:
     """(system, user) for the proposal call."""
-    from trace_lib.diagnose.transcript_prompt import render_transcript
+    from trace_lib.diagnose.token_count import CharEstimate
+    from trace_lib.diagnose.transcript_cut import fit_transcript
     from trace_lib.trajectories import load_transcript
 
     system = (PROMPTS / "propose_capabilities.md").read_text(encoding="utf-8")
@@ -188,7 +189,9 @@ def proposal_prompt(con: store.Connection, pairs: list[ContrastPair],
         for label, tid in (("FAILED", p.failed_id), ("PASSED", p.passed_id)):
             t = load_transcript(con, tid)
             parts.append(f"### {label} trajectory {tid} (task {t.task_id})\n"
-                         + render_transcript(t, max_chars=max_chars_per_transcript))
+                         # the labelers' cutting rule, at about max_chars characters
+                         + fit_transcript(t, max_chars_per_transcript // 4,
+                                          CharEstimate().count).text)
     return system, "\n\n".join(parts)
 
 

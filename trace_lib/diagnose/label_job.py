@@ -20,6 +20,10 @@ Design decisions
 - Fail loud: the labeler's `preflight()` runs before any shard; `LabelerUnavailable`
   ends the job failed; a run whose every pair failed ends failed too (the app marks the
   label run failed with the job's error).
+- A result line carries what its labels rest on (the prompt's cut, each pair's evidence
+  check) and the totals count them as an in-process run does (`label_grounds`); the
+  labeler's notes (its context, what counted tokens) go into result.json for the app to
+  record on the run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -34,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_lib.data_model import Capability
-from trace_lib.diagnose.labelers import Labeler, TrajectoryLabels, get_labeler
+from trace_lib.diagnose.label_grounds import Grounds
+from trace_lib.diagnose.labelers import Labeler, PairLabel, TrajectoryLabels, get_labeler
 from trace_lib.errors import UserInputError
 from trace_lib.llm import Usage
 from trace_lib.transcript_model import Call, Transcript
@@ -97,7 +103,15 @@ def labels_path(run_dir: Path, name: str) -> Path:
 
 def result_to_json(r: TrajectoryLabels) -> dict[str, Any]:
     return {"trajectory_id": r.trajectory_id, "labels": [asdict(p) for p in r.labels],
-            "usage": asdict(r.usage)}
+            "usage": asdict(r.usage), "cut_messages": r.cut_messages,
+            "cut_tokens": r.cut_tokens}
+
+
+def result_from_json(row: dict[str, Any]) -> TrajectoryLabels:
+    """A result line back as labels (lines from before issue 31 carry no cut: None)."""
+    return TrajectoryLabels(row["trajectory_id"], [PairLabel(**p) for p in row["labels"]],
+                            Usage(**row.get("usage", {})), row.get("cut_messages"),
+                            row.get("cut_tokens"))
 
 
 def read_labels(run_dir: Path, name: str) -> list[dict[str, Any]]:
@@ -117,8 +131,19 @@ def _config(spec_config: dict[str, Any], where: str) -> dict[str, Any]:
     return spec_config
 
 
+# One labeler per config and process: the shards a process labels share it, so an LLM
+# labeler asks its server for the context and loads its tokenizer once, not per shard.
+_LABELERS: dict[str, Labeler] = {}
+_LABELERS_LOCK = threading.Lock()
+
+
 def _labeler(cfg: dict[str, Any]) -> tuple[Labeler, list[Capability]]:
-    lab = get_labeler(cfg["labeler"], **(cfg.get("labeler_cfg") or {}))
+    key = json.dumps([cfg["labeler"], cfg.get("labeler_cfg") or {}], sort_keys=True,
+                     default=str)
+    with _LABELERS_LOCK:
+        if key not in _LABELERS:
+            _LABELERS[key] = get_labeler(cfg["labeler"], **(cfg.get("labeler_cfg") or {}))
+        lab = _LABELERS[key]
     caps = [Capability(**c) for c in cfg["capabilities"]]
     return lab, caps
 
@@ -150,11 +175,13 @@ def label_shard(run_dir: str, cfg: dict[str, Any], name: str,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     usage, n_labels, n_failed, first_error = Usage(), 0, 0, None
+    grounds = Grounds()
     with tmp.open("w") as f:
         for res in _results(lab, caps, transcripts, int(cfg.get("seed", 0)),
                             int(cfg.get("n_runs", 1))):
             f.write(json.dumps(result_to_json(res)) + "\n")
             usage.add(res.usage)
+            grounds.add(res)
             n_labels += len(res.labels)
             failed = [p for p in res.labels if p.value is None]
             n_failed += len(failed)
@@ -165,20 +192,22 @@ def label_shard(run_dir: str, cfg: dict[str, Any], name: str,
     os.replace(tmp, out)
     return {"shard": name, "n_trajectories": len(transcripts), "n_labels": n_labels,
             "n_failed": n_failed, "first_error": first_error, "usage": asdict(usage),
+            "grounds": grounds.to_json(),
             "pid": os.getpid()}  # which process labeled it (a Ray worker on ray)
 
 
 def _shard_totals(rd: Path, name: str) -> dict[str, Any]:
     """The totals of a shard labeled by an earlier attempt (a resumed job)."""
-    rows = read_labels(rd, name)
-    usage = Usage()
-    pairs = [p for r in rows for p in r["labels"]]
-    for r in rows:
-        usage.add(Usage(**r.get("usage", {})))
-    failed = [p for p in pairs if p["value"] is None]
-    return {"shard": name, "n_trajectories": len(rows), "n_labels": len(pairs),
-            "n_failed": len(failed), "first_error": failed[0]["error"] if failed else None,
-            "usage": asdict(usage), "pid": None}
+    results = [result_from_json(r) for r in read_labels(rd, name)]
+    usage, grounds = Usage(), Grounds()
+    for r in results:
+        usage.add(r.usage)
+        grounds.add(r)
+    pairs = [p for r in results for p in r.labels]
+    failed = [p for p in pairs if p.value is None]
+    return {"shard": name, "n_trajectories": len(results), "n_labels": len(pairs),
+            "n_failed": len(failed), "first_error": failed[0].error if failed else None,
+            "usage": asdict(usage), "grounds": grounds.to_json(), "pid": None}
 
 
 def _progress(rd: Path, done: list[dict[str, Any]], total: int) -> None:
@@ -222,9 +251,10 @@ def run_job(spec: JobSpec, run_dir: Path, should_stop: Callable[[], bool]) -> di
           f"({spec.backend})", flush=True)
     (_run_ray if spec.backend == "ray" else _run_local)(run_dir, cfg, todo, done, total,
                                                        should_stop)
-    usage = Usage()
+    usage, grounds = Usage(), Grounds()
     for d in done:
         usage.add(Usage(**d["usage"]))
+        grounds.merge(d.get("grounds") or {})
     n_labels = sum(d["n_labels"] for d in done)
     n_failed = sum(d["n_failed"] for d in done)
     if n_labels and n_failed == n_labels:
@@ -234,5 +264,7 @@ def run_job(spec: JobSpec, run_dir: Path, should_stop: Callable[[], bool]) -> di
     cost["n_failed_pairs"] = n_failed
     return {"run_id": cfg["run_id"], "labeler": lab.name, "shards": sorted(shards),
             "n_trajectories": sum(d["n_trajectories"] for d in done), "n_labels": n_labels,
-            "n_failed": n_failed, "cost": cost,
+            "n_failed": n_failed, "cost": cost, "n_cut": grounds.n_cut,
+            "n_unsupported": grounds.n_unsupported, "unsupported_rate": grounds.rates(),
+            "notes": list(getattr(lab, "notes", None) or []),
             "shard_pids": {d["shard"]: d["pid"] for d in done}}

@@ -28,6 +28,11 @@ Design decisions
 - `scope` (datasets, agent models, domains) picks the trajectories to label.
 - A failed pair is stored with `value NULL` and the reason in `error`, never as `na`;
   the run's tokens and cost go into `label_runs.cost`.
+- What the labels rest on is part of the run's report: every label row carries how much
+  its prompt cut (`cut_messages`, `cut_tokens`) and whether it is unsupported (evidence
+  checked, issue 31); the summary counts the cut trajectories (`n_cut`), the unsupported
+  labels and their rate per capability; the labeler's `notes` (its context and what
+  counted tokens) go into `label_runs.notes`.
 - Progress is a callback (done, total): the CLI wraps it in tqdm, the app in st.progress.
 """
 
@@ -40,7 +45,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from trace_lib import store
 from trace_lib.data_model import Capability
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
+from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import (
     Labeler,
@@ -79,6 +85,11 @@ class RunSummary:
     n_labels: int
     n_failed: int
     cost: dict[str, Any]
+    n_cut: int = 0  # trajectories whose prompt left something out
+    n_unsupported: int = 0  # lacking/present labels without verified evidence
+    # per capability: unsupported share of its lacking/present labels (labelers that check)
+    unsupported_rate: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def _select(db: str | Path | None, capabilities: list[str] | None,
@@ -110,6 +121,9 @@ def label_batch(run_id: str, results: list[TrajectoryLabels]) -> Any:
     """One Arrow table of label rows (column arrays built directly, no DataFrame)."""
     import pyarrow as pa
 
+    arrow_types = {"confidence": pa.float64(), "cut_messages": pa.int32(),
+                    "cut_tokens": pa.int32(), "evidence_dropped": pa.int32(),
+                    "unsupported": pa.bool_()}
     cols: dict[str, list[Any]] = {c: [] for c in LABEL_COLUMNS}
     for r in results:
         for p in r.labels:
@@ -121,7 +135,11 @@ def label_batch(run_id: str, results: list[TrajectoryLabels]) -> Any:
             cols["evidence"].append("[]" if p.evidence == [] else json.dumps(p.evidence))
             cols["confidence"].append(p.confidence)
             cols["error"].append(p.error)
-    return pa.table({c: pa.array(v, pa.float64() if c == "confidence" else pa.string())
+            cols["cut_messages"].append(r.cut_messages)
+            cols["cut_tokens"].append(r.cut_tokens)
+            cols["evidence_dropped"].append(p.evidence_dropped)
+            cols["unsupported"].append(p.unsupported)
+    return pa.table({c: pa.array(v, arrow_types.get(c, pa.string()))
                      for c, v in cols.items()})
 
 
@@ -161,9 +179,9 @@ class _Sink:
                 insert_batch(con, batch)
 
     def status(self, run_id: str, status: str, reason: str | None = None,
-               cost: dict[str, Any] | None = None) -> None:
+               cost: dict[str, Any] | None = None, notes: list[str] | None = None) -> None:
         with self._con() as con:
-            store_labels.set_run_status(con, run_id, status, reason, cost)
+            store_labels.set_run_status(con, run_id, status, reason, cost, notes)
             if status == "finished":
                 materialise.sync(con)
 
@@ -315,6 +333,7 @@ def _label_loop(lab: Labeler, run_id: str, caps: list[Capability], transcripts: 
                 sink: _Sink, *, seed: int, n_runs: int, progress: Progress | None,
                 offset: int, total: int, already: int, chunk: int) -> RunSummary:
     usage, n_failed, n_labels, streak, done = Usage(), 0, 0, 0, offset
+    grounds = Grounds()
     first_error: str | None = None
     pending: list[TrajectoryLabels] = []
     pool: ThreadPoolExecutor | None = None
@@ -337,6 +356,7 @@ def _label_loop(lab: Labeler, run_id: str, caps: list[Capability], transcripts: 
         for res in results_iter:
             pending.append(res)
             usage.add(res.usage)
+            grounds.add(res)
             failed_here = [p for p in res.labels if p.value is None]
             n_failed += len(failed_here)
             n_labels += len(res.labels)
@@ -353,16 +373,17 @@ def _label_loop(lab: Labeler, run_id: str, caps: list[Capability], transcripts: 
                 raise LabelRunFailed(run_id, f"the first {streak} trajectories failed on every "
                                      f"pair; first error: {first_error}")
     except LabelerUnavailable as exc:
-        _close_failed(sink, run_id, pending, pool, str(exc))
+        _close_failed(sink, run_id, pending, pool, str(exc), _notes(lab))
         raise LabelRunFailed(run_id, str(exc)) from None
     except LabelRunFailed as exc:
-        _close_failed(sink, run_id, pending, pool, exc.reason)
+        _close_failed(sink, run_id, pending, pool, exc.reason, _notes(lab))
         raise
     except KeyboardInterrupt:
-        _close_failed(sink, run_id, pending, pool, "interrupted (Ctrl-C)")
+        _close_failed(sink, run_id, pending, pool, "interrupted (Ctrl-C)", _notes(lab))
         raise
     except Exception as exc:
-        _close_failed(sink, run_id, pending, pool, f"{type(exc).__name__}: {exc}")
+        _close_failed(sink, run_id, pending, pool, f"{type(exc).__name__}: {exc}",
+                      _notes(lab))
         raise
     if pool is not None:
         pool.shutdown(wait=True)
@@ -372,12 +393,19 @@ def _label_loop(lab: Labeler, run_id: str, caps: list[Capability], transcripts: 
     cost["n_failed_pairs"] = n_failed
     if already:
         cost["resumed_after"] = already
+    notes = _notes(lab)
     if n_labels and n_failed == n_labels:
         reason = f"all {n_failed} pairs failed; first error: {first_error}"
-        sink.status(run_id, "failed", reason, cost)
+        sink.status(run_id, "failed", reason, cost, notes)
         raise LabelRunFailed(run_id, reason)
-    sink.status(run_id, "finished", None, cost)
-    return RunSummary(run_id, lab.name, len(transcripts), n_labels, n_failed, cost)
+    sink.status(run_id, "finished", None, cost, notes)
+    return RunSummary(run_id, lab.name, len(transcripts), n_labels, n_failed, cost,
+                      grounds.n_cut, grounds.n_unsupported, grounds.rates(), notes)
+
+
+def _notes(lab: Labeler) -> list[str]:
+    """The labeler's notes on how it sized its prompts (LLM labelers), else none."""
+    return list(getattr(lab, "notes", None) or [])
 
 
 def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], TrajectoryLabels],
@@ -399,10 +427,11 @@ def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], TrajectoryLabels]
 
 
 def _close_failed(sink: _Sink, run_id: str, pending: list[TrajectoryLabels],
-                  pool: ThreadPoolExecutor | None, reason: str) -> None:
+                  pool: ThreadPoolExecutor | None, reason: str,
+                  notes: list[str] | None = None) -> None:
     """Keep what was labeled (a resume starts from it) and mark the run failed."""
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
     if pending:
         sink.write(run_id, pending)
-    sink.status(run_id, "failed", reason)
+    sink.status(run_id, "failed", reason, None, notes or None)

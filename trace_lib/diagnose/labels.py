@@ -14,8 +14,13 @@ Design decisions
 - The grid is wide (one column per capability) because that is what `st.data_editor`
   edits; `grid_changes` turns an edited grid back into (trajectory, capability, value)
   edits so the page stays free of logic.
-- The review queue orders pairs by disagreement between runs (1 - agreeing/total),
-  then by how many runs voted, skipping pairs a person already decided.
+- The review queue puts pairs with an unsupported label first (an LLM's lacking/present
+  with no evidence that quotes the transcript), then orders by disagreement between runs
+  (1 - agreeing/total) and how many runs voted, skipping pairs a person already decided.
+- The grid shows what its labels rest on in read-only columns after the capabilities
+  (`GRID_GROUNDS`): the most any finished run's prompt cut of the trajectory
+  (`cut_messages`, `cut_tokens`) and the shown capabilities with an unsupported label.
+  They come last so the capability columns keep their places.
 """
 
 from __future__ import annotations
@@ -112,7 +117,7 @@ def bulk_edit(db: str | Path | None, flt: LabelFilter, new: str, *, editor: str,
               note: str | None = None) -> list[int]:
     """Set every (trajectory, capability) cell the filter selects to `new`."""
     grid = label_grid(db, flt)
-    caps = [c for c in grid.columns if c not in _GRID_META]
+    caps = [c for c in grid.columns if c not in _GRID_META and c not in GRID_GROUNDS]
     edits = [(tid, cap, new) for tid in grid["trajectory_id"] for cap in caps
              if flt.value is None or grid.loc[grid["trajectory_id"] == tid, cap].iloc[0] == flt.value]
     if not edits:
@@ -159,10 +164,13 @@ def edit_history(db: str | Path | None, *, trajectory_id: str | None = None,
 # ----------------------------------------------------------------------------- grid
 
 _GRID_META = ("trajectory_id", "task_id", "domain", "success")
+# Read-only columns after the capabilities: what the labels rest on (see the docstring).
+GRID_GROUNDS = ("cut_messages", "cut_tokens", "unsupported")
 
 
 def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.DataFrame:
-    """Trajectories x capabilities of effective labels (None where never labeled)."""
+    """Trajectories x capabilities of effective labels (None where never labeled), then
+    the `GRID_GROUNDS` columns."""
     flt = flt or LabelFilter()
     with store.connect(db) as con:
         materialise.sync(con)
@@ -170,8 +178,10 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
         long = store_labels.grid_rows(con, caps, scope=flt.scope, success=flt.success,
                                       domain=flt.domain, search=flt.search, value=flt.value,
                                       limit=flt.limit)
-    if long.empty:
-        return pd.DataFrame(columns=[*_GRID_META, *caps])
+        grounds = (store_labels.grid_grounds(con, list(long["trajectory_id"].unique()), caps)
+                   if not long.empty else None)
+    if long.empty or grounds is None:
+        return pd.DataFrame(columns=[*_GRID_META, *caps, *GRID_GROUNDS])
     wide = long.pivot_table(index=list(_GRID_META), columns="capability", values="value",
                             aggfunc="first", dropna=False).reset_index()
     wide.columns.name = None
@@ -180,12 +190,17 @@ def label_grid(db: str | Path | None, flt: LabelFilter | None = None) -> pd.Data
             wide[c] = None
     wide = wide[[*_GRID_META, *caps]]
     wide = wide[wide[caps].notna().any(axis=1)]
+    wide = wide.merge(grounds, on="trajectory_id", how="left")
+    for c in ("cut_messages", "cut_tokens"):
+        wide[c] = wide[c].astype("Int64")
+    wide["unsupported"] = wide["unsupported"].astype(object).where(
+        wide["unsupported"].notna(), None)
     return wide.sort_values("trajectory_id").reset_index(drop=True)
 
 
 def grid_changes(before: pd.DataFrame, after: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(trajectory_id, capability, new) for every cell an edited grid changed."""
-    caps = [c for c in before.columns if c not in _GRID_META]
+    caps = [c for c in before.columns if c not in _GRID_META and c not in GRID_GROUNDS]
     b = before.set_index("trajectory_id")
     a = after.set_index("trajectory_id")
     out = []
@@ -210,11 +225,13 @@ def review_queue(db: str | Path | None, limit: int = 50, *,
 
 
 def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list[dict[str, Any]]:
-    """Every run's label and evidence for one pair: [{run, value, evidence, error}]."""
+    """Every run's label and evidence for one pair: [{run, value, evidence, error,
+    unsupported, cut_messages, cut_tokens}]."""
     with store.connect(db) as con:
         rows = store_labels.pair_evidence(con, trajectory_id, capability)
     return [{"run": r[0], "value": r[1], "evidence": json.loads(r[2]) if r[2] else [],
-             "confidence": r[3], "error": r[4]} for r in rows]
+             "confidence": r[3], "error": r[4], "unsupported": r[5], "cut_messages": r[6],
+             "cut_tokens": r[7]} for r in rows]
 
 
 def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str

@@ -13,6 +13,10 @@ Design decisions
   the next user turn.
 - Cached prompt tokens (`prompt_tokens_details.cached_tokens`) are counted as cache
   reads; servers cache prefixes on their own, so there is nothing to mark.
+- `served_model()` reads the model's card from `/v1/models` once, with no retries and a
+  short timeout: vLLM and the project's policy server put the context (`max_model_len`)
+  and the model's folder (`root`) there, which the labeler sizes its prompts by. A
+  server without the list (or not listing the model) is not an error: None.
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ class OpenAIProvider:
             timeout=timeout,
         )
         self._sdk = openai
+
+    def served_model(self, timeout: float = 10.0) -> dict[str, Any] | None:
+        """This model's card in the server's `/v1/models` (every field the server sent),
+        None when the server has no such list or does not list the model."""
+        try:
+            page = self._client.with_options(max_retries=0, timeout=timeout).models.list()
+            cards = [m.model_dump() for m in page.data]
+        except (self._sdk.APIError, ValueError, TypeError, AttributeError):
+            return None  # no list (404), an odd one, or nothing listening: sized without it
+        return next((c for c in cards if c.get("id") == self.model), None)
 
     def complete_json(
         self,

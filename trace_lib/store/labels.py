@@ -14,6 +14,10 @@ Design decisions
   pulled into Python.
 - Batches of labels arrive as Arrow tables or DataFrames and are inserted through a
   registered name that is unregistered at once.
+- What a label rests on is read from its own row (`cut_messages`, `cut_tokens`,
+  `unsupported`, migration `LABEL_GROUNDS`) over finished runs (`counted_labels`): the
+  grid's cut and unsupported columns, the queue's unsupported pairs first, and the runs'
+  counts. A NULL means the labeler neither cuts nor checks evidence, and counts as neither.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from trace_lib.store.connection import Connection, equals_filter
 
 # The columns of a label row, in the order a batch carries them.
 LABEL_COLUMNS = ("run_id", "trajectory_id", "capability", "value", "evidence", "confidence",
-                 "error")
+                 "error", "cut_messages", "cut_tokens", "evidence_dropped", "unsupported")
 
 
 # --------------------------------------------------------------------------- label runs
@@ -74,24 +78,49 @@ def running_run_params(con: Connection) -> list[tuple[str, Any]]:
 
 
 def set_run_status(con: Connection, run_id: str, status: str, reason: str | None,
-                   cost: dict[str, Any] | None) -> None:
-    """Record how a run ended (a finished run gets its finish time; a cost of None keeps
-    the one recorded)."""
+                   cost: dict[str, Any] | None, notes: list[str] | None = None) -> None:
+    """Record how a run ended (a finished run gets its finish time; a cost or notes of None
+    keep the ones recorded)."""
     finished = "current_timestamp" if status == "finished" else "NULL"
     con.execute(f"UPDATE label_runs SET status = ?, status_reason = ?, "
-                f"finished_at = {finished}, cost = coalesce(?, cost) WHERE id = ?",
-                [status, reason, json.dumps(cost) if cost is not None else None, run_id])
+                f"finished_at = {finished}, cost = coalesce(?, cost), "
+                f"notes = coalesce(?, notes) WHERE id = ?",
+                [status, reason, json.dumps(cost) if cost is not None else None,
+                 "; ".join(notes) if notes else None, run_id])
 
 
 def label_runs(con: Connection) -> pd.DataFrame:
-    """Every run with its label and failed-pair counts, oldest first."""
-    return con.execute("""
+    """Every run with its label and failed-pair counts, the trajectories its prompts cut
+    (`n_cut`), its unsupported labels (`n_unsupported`) and, per capability, the share of
+    its lacking/present labels that were unsupported (`unsupported_rate`; empty for a
+    labeler that does not check evidence), oldest first."""
+    df = con.execute("""
         SELECT r.id, r.labeler, r.model, r.status, r.status_reason, r.started_at,
-               r.finished_at, r.params, r.cost,
+               r.finished_at, r.params, r.cost, r.notes,
                count(l.trajectory_id) AS n_labels,
-               count(*) FILTER (WHERE l.error IS NOT NULL) AS n_failed
+               count(*) FILTER (WHERE l.error IS NOT NULL) AS n_failed,
+               count(DISTINCT l.trajectory_id) FILTER (WHERE l.cut_messages > 0
+                                                       OR l.cut_tokens > 0) AS n_cut,
+               count(*) FILTER (WHERE l.unsupported) AS n_unsupported
         FROM label_runs r LEFT JOIN labels l ON l.run_id = r.id
         GROUP BY ALL ORDER BY r.started_at, r.id""").df()
+    rates: dict[str, dict[str, float]] = {}
+    for run, cap, judged, unsupported in unsupported_counts(con):
+        rates.setdefault(run, {})[cap] = round(unsupported / judged, 4) if judged else 0.0
+    df["unsupported_rate"] = [rates.get(r, {}) for r in df["id"]]
+    return df
+
+
+def unsupported_counts(con: Connection, run_id: str | None = None
+                       ) -> list[tuple[str, str, int, int]]:
+    """(run, capability, lacking/present labels, unsupported ones) of the runs whose
+    labeler checks evidence (every run, or `run_id`)."""
+    return con.execute("""
+        SELECT run_id, capability,
+               count(*) FILTER (WHERE value IN ('lacking', 'present')),
+               count(*) FILTER (WHERE unsupported)
+        FROM labels WHERE unsupported IS NOT NULL AND (? IS NULL OR run_id = ?)
+        GROUP BY ALL ORDER BY 1, 2""", [run_id, run_id]).fetchall()
 
 
 def left_out_runs(con: Connection) -> list[dict[str, Any]]:
@@ -139,9 +168,11 @@ def delete_failed_trajectories(con: Connection, run_id: str) -> None:
 
 
 def pair_evidence(con: Connection, trajectory_id: str, capability: str
-                  ) -> list[tuple[str, str | None, str | None, float | None, str | None]]:
-    """(run, value, evidence JSON text, confidence, error) of every run for one pair."""
-    return con.execute("""SELECT run_id, value, evidence, confidence, error FROM labels
+                  ) -> list[tuple[Any, ...]]:
+    """(run, value, evidence JSON text, confidence, error, unsupported, cut_messages,
+    cut_tokens) of every run for one pair."""
+    return con.execute("""SELECT run_id, value, evidence, confidence, error, unsupported,
+                                 cut_messages, cut_tokens FROM labels
                           WHERE trajectory_id = ? AND capability = ? ORDER BY run_id""",
                        [trajectory_id, capability]).fetchall()
 
@@ -265,19 +296,47 @@ def grid_rows(con: Connection, capabilities: list[str], *, scope: Scope | None,
     """, params + [capabilities]).df()
 
 
+def grid_grounds(con: Connection, trajectory_ids: list[str], capabilities: list[str]
+                 ) -> pd.DataFrame:
+    """Per trajectory, over finished runs: the most any run's prompt cut (`cut_messages`,
+    `cut_tokens`; NULL when no labeler cut it or none cuts) and the capabilities with an
+    unsupported label (`unsupported`, comma-separated, NULL when none)."""
+    return con.execute("""
+        SELECT trajectory_id,
+               max(cut_messages) AS cut_messages, max(cut_tokens) AS cut_tokens,
+               string_agg(DISTINCT capability, ', ' ORDER BY capability)
+                   FILTER (WHERE unsupported AND list_contains(?::VARCHAR[], capability))
+                   AS unsupported
+        FROM counted_labels
+        WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[]))
+        GROUP BY trajectory_id""", [capabilities, trajectory_ids]).df()
+
+
+# Pairs with a finished run's unsupported label (how many runs), for the review queues.
+UNSUPPORTED_PAIRS = """
+    SELECT trajectory_id, capability, count(*) AS n_unsupported
+    FROM counted_labels WHERE unsupported GROUP BY ALL"""
+
+
 def review_queue(con: Connection, limit: int, scope: Scope | None = None) -> pd.DataFrame:
-    """Undecided pairs where the finished runs disagree, most disagreement first."""
+    """Undecided pairs where the finished runs disagree or a run's label is unsupported:
+    unsupported ones first, then the most disagreement."""
     sc, sp = (scope or Scope()).where(con, "t")
     return con.execute(f"""
         SELECT v.trajectory_id, v.capability, v.majority, v.nl + v.np + v.nn AS n_runs,
                v.nl AS n_lacking, v.np AS n_present, v.nn AS n_na,
                1 - greatest(v.nl, v.np, v.nn) / (v.nl + v.np + v.nn) AS disagreement,
+               coalesce(u.n_unsupported, 0) AS n_unsupported,
                t.success, t.task_id
         FROM label_pairs v
         JOIN trajectories t ON t.id = v.trajectory_id
+        LEFT JOIN ({UNSUPPORTED_PAIRS}) u
+          ON u.trajectory_id = v.trajectory_id AND u.capability = v.capability
         WHERE v.edit_value IS NULL AND v.majority IS NOT NULL
-          AND greatest(v.nl, v.np, v.nn) < v.nl + v.np + v.nn AND {sc}
-        ORDER BY disagreement DESC, n_runs DESC, v.trajectory_id, v.capability
+          AND (greatest(v.nl, v.np, v.nn) < v.nl + v.np + v.nn OR u.n_unsupported > 0)
+          AND {sc}
+        ORDER BY n_unsupported > 0 DESC, disagreement DESC, n_runs DESC, v.trajectory_id,
+                 v.capability
         LIMIT {int(limit)}
     """, sp).df()
 

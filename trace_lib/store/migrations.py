@@ -377,9 +377,23 @@ CREATE TABLE IF NOT EXISTS trajectory_derived (
 );
 """
 
+# Diagnose (issue 31): what an LLM label rests on. `cut_messages` / `cut_tokens`: how much of
+# the transcript the labeler's prompt left out to fit its model's context (0: nothing; NULL:
+# a labeler that never cuts, e.g. the heuristic). `evidence_dropped`: evidence items that did
+# not quote the message they named; `unsupported`: a lacking/present label left without
+# verified evidence (NULL: a labeler that does not check evidence). `label_runs.notes`: how
+# the run sized its prompts (the context and where it came from, what counted tokens).
+LABEL_GROUNDS = """
+ALTER TABLE labels ADD COLUMN cut_messages INTEGER;
+ALTER TABLE labels ADD COLUMN cut_tokens INTEGER;
+ALTER TABLE labels ADD COLUMN evidence_dropped INTEGER;
+ALTER TABLE labels ADD COLUMN unsupported BOOLEAN;
+ALTER TABLE label_runs ADD COLUMN notes VARCHAR;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
-                         LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED]
+                         LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

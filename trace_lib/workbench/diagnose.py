@@ -16,7 +16,10 @@ Design decisions
   label run, edit, undo and capability change (and only then), so a cached result is
   never stale and a slider move on an unchanged store recomputes nothing it need not.
 - `label` takes the labeler's settings as keywords; LLM-only settings are dropped for the
-  offline heuristic labeler (what both front ends did by hand before).
+  offline heuristic labeler (what both front ends did by hand before). `max_context` and
+  `tokenizer` size an LLM labeler's prompts when the server does not say (issue 31).
+- The grid carries what its labels rest on (`cut_messages`, `cut_tokens`, `unsupported`
+  after the capability columns: read-only, `GRID_GROUNDS`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from trace_lib.diagnose.label_runs import (  # noqa: F401  (use cases as they ar
     left_out_runs,
 )
 from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
+    GRID_GROUNDS,
     LabelFilter,
     bulk_edit,
     edit_history,
@@ -71,6 +75,7 @@ from trace_lib.diagnose.ranking import (  # noqa: F401
     format_p,
     ranking_json,
 )
+from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store import labels as store_labels
 
@@ -87,14 +92,17 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
           progress: Callable[[int, int], None] | None = None, model: str | None = None,
           base_url: str | None = None, concurrency: int | None = None,
           temperature: float | None = None, batch: bool = False,
-          resume: str | None = None, scope: Scope | None = None) -> list[Any]:
+          resume: str | None = None, scope: Scope | None = None,
+          max_context: int | None = None, tokenizer: str | None = None) -> list[Any]:
     """Run `runs` independent labeling runs (`label`, the Labels page's Run button) over
     the trajectories in `scope`, or complete the partial run `resume` (its own labeler
-    unless `labeler` names it)."""
+    unless `labeler` names it). An LLM labeler cuts each transcript to its model's context
+    (`max_context` when the server does not report one) and checks its evidence."""
     from trace_lib.diagnose.labeling import run_labeling
 
     cfg = labeler_settings(labeler, model, base_url, concurrency, temperature, batch,
-                           llm=labeler in LLM_LABELERS or (resume is not None and labeler is None))
+                           llm=labeler in LLM_LABELERS or (resume is not None and labeler is None),
+                           max_context=max_context, tokenizer=tokenizer)
     return run_labeling(db, labeler, runs=runs, capabilities=capabilities,
                         run_prefix=run_prefix, progress=progress, resume=resume,
                         scope=scope, **cfg)
@@ -102,11 +110,16 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
 
 def labeler_settings(labeler: str | None, model: str | None, base_url: str | None,
                      concurrency: int | None, temperature: float | None, batch: bool, *,
-                     llm: bool) -> dict[str, Any]:
+                     llm: bool, max_context: int | None = None,
+                     tokenizer: str | None = None) -> dict[str, Any]:
     """The labeler's settings; LLM-only ones are dropped for the heuristic labeler."""
     cfg: dict[str, Any] = {}
     if llm:
-        cfg = {"model": model, "base_url": base_url}
+        if max_context is not None and max_context < 1:
+            raise UserInputError(f"--max-context {max_context}: expected a positive number "
+                                 "of tokens")
+        cfg = {"model": model, "base_url": base_url, "max_context": max_context,
+               "tokenizer": tokenizer}
         if concurrency is not None:
             cfg["concurrency"] = concurrency
         if temperature is not None:

@@ -7,7 +7,13 @@ Design decisions
 - A pair the labeler could not decide is a `PairLabel` with `value=None` and an
   `error` string; the runner stores it as a failed pair, never as a silent `na`.
 - Evidence is a list of `{"message_idx": int, "text": str}` so that the Labels page
-  can highlight the message it points at.
+  can highlight the message it points at. A labeler that checks its evidence against the
+  transcript (the LLM labelers, `evidence_check`) says how many items it dropped and
+  whether a judgment was left unsupported; one that does not leaves both None.
+- A labeler that cut the transcript to fit its model's context says how much
+  (`cut_messages`, `cut_tokens`, 0 when nothing was cut); None means it does not cut.
+  Such a labeler may also have `notes` (a list of sentences: its context and what counted
+  tokens), which the runner records on the label run.
 - `seed` is the run's index; stochastic labelers vary their sampling by it so that N
   runs are N independent samples, and deterministic ones ignore it.
 - A labeler that cannot reach its server raises `LabelerUnavailable` (from an optional
@@ -41,6 +47,8 @@ class PairLabel:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     confidence: float | None = None
     error: str | None = None
+    unsupported: bool | None = None  # a lacking/present judgment with no verified evidence
+    evidence_dropped: int | None = None  # evidence items that did not quote their message
 
 
 @dataclass
@@ -48,6 +56,12 @@ class TrajectoryLabels:
     trajectory_id: str
     labels: list[PairLabel]
     usage: Usage = field(default_factory=Usage)
+    cut_messages: int | None = None  # messages the prompt left out (None: never cuts)
+    cut_tokens: int | None = None  # transcript tokens the prompt left out
+
+    @property
+    def cut(self) -> bool:
+        return bool(self.cut_messages or self.cut_tokens)
 
 
 @runtime_checkable
