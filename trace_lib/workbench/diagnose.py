@@ -66,6 +66,8 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     transcript_with_evidence,
 )
 from trace_lib.diagnose.ranking import (  # noqa: F401
+    NONE_LACKING,
+    UNLABELLED,
     RankConfig,
     Ranking,
     format_p,
