@@ -133,6 +133,11 @@ flt = TrajectoryFilter(
              "phrase), answered by the full-text index. On: a case-insensitive substring "
              "of a message, for identifiers and fragments (scans every message: slower).",
     ) else "words",
+    text_system=st.sidebar.checkbox(
+        "Search the system prompt too", key="f_text_system",
+        help="Off: the search reads the conversation (user, assistant and tool messages). "
+             "On: also the system prompt, which is mostly the same policy text in every "
+             "trajectory of a benchmark (a word from it matches nearly all of them)."),
 )
 
 
@@ -403,7 +408,7 @@ if st.session_state.get("_scroll_to_transcript") == tid:
     st.html(render.scroll_into_view_script("#transcript", tid, "map"),
             unsafe_allow_javascript=True)
 query = flt.text or None  # the search: its hits are marked in the transcript
-mode = flt.text_mode
+mode, in_system = flt.text_mode, flt.text_system
 st.caption(markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
     f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
@@ -411,9 +416,10 @@ st.caption(markdown_literal(
 ))
 left, right = st.columns([3, 2])
 with left:
-    st.html(render.render_transcript_html(tr, query=query, query_mode=mode))
-    if query and count_hits(tr, query, mode):
-        st.html(render.jump_to_first_hit_script(tid, query, mode),
+    st.html(render.render_transcript_html(tr, query=query, query_mode=mode,
+                                          query_system=in_system))
+    if query and count_hits(tr, query, mode, system=in_system):
+        st.html(render.jump_to_first_hit_script(tid, query, mode, str(in_system)),
                 unsafe_allow_javascript=True)
 with right:
     st.markdown("**Expected vs actual actions**")
@@ -474,4 +480,5 @@ with st.expander(title, expanded=st.session_state.get("cmp_wanted", False), key=
                 heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
                 st.html(render.render_alignment_html(cmp.alignment, *heads, names=names))
                 st.html(render.render_side_by_side_html(cmp.left, cmp.right, *heads,
-                                                        query=query, query_mode=mode))
+                                                        query=query, query_mode=mode,
+                                                        query_system=in_system))

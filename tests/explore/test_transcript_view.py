@@ -107,7 +107,9 @@ def test_tool_outputs_are_pretty_json_and_fold_when_long():
 
 def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     t = transcript()
-    out = transcript_render.render_transcript_html(t, query="REBOOK reservations")
+    # a search that read the system prompt too (the page's "Search the system prompt too")
+    out = transcript_render.render_transcript_html(t, query="REBOOK reservations",
+                                                   query_system=True)
     hits = re.findall(r'<mark class="trace-hit" id="trace-hit-(\d+)"[^>]*>([^<]*)</mark>', out)
     assert [int(i) for i, _ in hits] == list(range(len(hits)))
     assert {w.lower() for _, w in hits} == {"rebook", "reservations"}
@@ -115,7 +117,14 @@ def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     # the folded parts holding a hit open: the system prompt and the long output
     assert re.search(r'<details class="msg role-system system-prompt" open', out)
     assert re.search(r'<details class="tool-output" open data-idx="4"', out)
-    assert search_highlight.count_hits(t, "rebook") == 60
+    assert search_highlight.count_hits(t, "rebook", system=True) == 60
+    # by default the search reads the conversation: the prompt's hits are neither marked
+    # nor counted, and it stays folded (the first hit is in the conversation)
+    talk = transcript_render.render_transcript_html(t, query="REBOOK reservations")
+    hits = re.findall(r'<mark class="trace-hit" id="trace-hit-(\d+)"[^>]*>([^<]*)</mark>', talk)
+    assert {w.lower() for _, w in hits} == {"reservations"}
+    assert re.search(r'<details class="msg role-system system-prompt" style', talk)
+    assert search_highlight.count_hits(t, "rebook") == 0
     none = transcript_render.render_transcript_html(t, query="zzz")
     assert "no match for the search" in none and "<mark" not in none
 

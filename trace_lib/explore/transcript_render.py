@@ -126,12 +126,13 @@ def _output_html(m: dict[str, Any], hl: Highlighter, max_chars: int, label: str)
 
 
 def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str | None = None,
-                           query_mode: str = "words", system: str = "collapsed",
-                           hit_prefix: str = "trace-hit") -> str:
+                           query_mode: str = "words", query_system: bool = False,
+                           system: str = "collapsed", hit_prefix: str = "trace-hit") -> str:
     """The transcript as self-contained, escaped HTML.
 
     - the system prompt is folded (`system="collapsed"`) or left out (`"omit"`, when the
-      caller shows it once for two transcripts); a search hit inside it unfolds it;
+      caller shows it once for two transcripts); its search hits are marked, and unfold
+      it, only when the search read it (`query_system`, as `store.search`'s `system`);
     - each tool call is drawn in one box with the tool message that answers it
       (`Call.result_idx`), whose output is pretty JSON, folded past `OPEN_LINES` lines;
       a tool message no call claims shows on its own, in its place;
@@ -140,6 +141,7 @@ def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str |
       long messages are cut at `max_chars`, past the last hit.
     """
     hl = Highlighter(query, hit_prefix, query_mode)
+    system_hl = hl if query_system else Highlighter(None)
     by_idx = {m["idx"]: m for m in t.messages}
     paired: dict[int, dict[str, Any]] = {}
     for m in t.messages:
@@ -152,7 +154,8 @@ def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str |
             continue  # drawn with the call it answers
         if m["role"] == "system":
             if system != "omit":
-                parts.append(_system_html(m["content"] or "", f"#{m['idx']}", hl, max_chars))
+                parts.append(_system_html(m["content"] or "", f"#{m['idx']}", system_hl,
+                                          max_chars))
             continue
         if m["role"] == "tool":
             parts.append(
@@ -241,15 +244,15 @@ def scroll_into_view_script(selector: str, *key: str) -> str:
 
 def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b: str, *,
                              query: str | None = None, query_mode: str = "words",
-                             max_chars: int = 4000) -> str:
+                             query_system: bool = False, max_chars: int = 4000) -> str:
     """Two transcripts in two columns. A system prompt both share is shown once, folded,
     above them; when they differ, each column keeps its own (folded) and says so."""
     sys_a, sys_b = system_prompt(a), system_prompt(b)
     parts = ['<div class="trace-side-by-side">']
     if sys_a == sys_b:
         if sys_a:
-            parts.append(_system_html(sys_a, "", Highlighter(query, "trace-hit-sys", query_mode),
-                                      max_chars, " · the same in both"))
+            sys_hl = Highlighter(query if query_system else None, "trace-hit-sys", query_mode)
+            parts.append(_system_html(sys_a, "", sys_hl, max_chars, " · the same in both"))
         mode = "omit"
     else:
         parts.append('<div class="system-differs" style="font-size:0.85em;color:#92400e">'
@@ -259,7 +262,8 @@ def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b
     for t, label, prefix in ((a, label_a, "trace-hit-a"), (b, label_b, "trace-hit-b")):
         parts.append(f'<div class="trace-column"><div style="font-weight:600">{_e(label)}</div>'
                      + render_transcript_html(t, max_chars=max_chars, query=query,
-                                              query_mode=query_mode, system=mode,
+                                              query_mode=query_mode,
+                                              query_system=query_system, system=mode,
                                               hit_prefix=prefix) + "</div>")
     parts.append("</div></div>")
     return "".join(parts)
