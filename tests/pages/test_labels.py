@@ -3,6 +3,7 @@ queue decision, undo, capabilities, and the ranking moving after an edit."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -58,8 +59,19 @@ def test_grid_and_transcript_with_evidence(labeled: Path) -> None:
     at.selectbox(key="t_pick").set_value(tid)
     at.selectbox(key="t_cap").set_value("tool_calling_precision").run()
     assert not at.exception
-    assert any(w.value.startswith("Evidence at message") for w in at.warning)
-    assert any("h (lacking):" in c.value for c in at.code)
+    # The viewer's transcript (issue 34): the evidence above its message, the system
+    # prompt folded, and the box opened at the evidence by a script.
+    body = next(h.proto.body for h in at.get("html") if "trace-transcript" in h.proto.body)
+    view = lb.evidence(labeled, tid, "tool_calling_precision")
+    first = min(i["message_idx"] for e in view for i in e["evidence"]
+                if isinstance(i.get("message_idx"), int))
+    assert 'class="trace-scroll"' in body and "h (lacking):" in body
+    assert "trace-evidence" in body
+    assert body.index("👉 Evidence") > body.index("system-prompt")
+    assert re.search(r'<details class="msg role-system system-prompt" style', body)
+    assert any("trace-evidence" in h.proto.body and "<script>" in h.proto.body
+               for h in at.get("html"))
+    assert any(f"evidence at message {first}" in t.value for t in at.text)
 
 
 def _open_tab(at: AppTest, label: str) -> AppTest:

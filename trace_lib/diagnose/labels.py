@@ -217,21 +217,29 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
              "confidence": r[3], "error": r[4]} for r in rows]
 
 
-def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str
-                             ) -> dict[str, Any]:
-    """What the Labels page shows beside the grid: messages (tool calls inlined), every
-    run's evidence for the pair, and the message indices that evidence points at."""
-    from trace_lib.trajectories import load_transcript
-
-    with store.connect(db) as con:
-        t = load_transcript(con, trajectory_id)
-    ev = evidence(db, trajectory_id, capability)
+def evidence_by_message(ev: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """The notes of `evidence(...)` grouped by the message each points at: message idx ->
+    ["RUN (VALUE): TEXT", ...]; evidence that names no message is left out."""
     points: dict[int, list[str]] = {}
     for e in ev:
         for item in e["evidence"]:
             idx = item.get("message_idx")
             if isinstance(idx, int):
                 points.setdefault(idx, []).append(f"{e['run']} ({e['value']}): {item.get('text')}")
+    return points
+
+
+def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str
+                             ) -> dict[str, Any]:
+    """Messages (tool calls inlined as text), every run's evidence for the pair, and the
+    message indices that evidence points at: the plain view (notebooks); the Labels page
+    draws the viewer's transcript (`workbench.diagnose.evidence_transcript`)."""
+    from trace_lib.trajectories import load_transcript
+
+    with store.connect(db) as con:
+        t = load_transcript(con, trajectory_id)
+    ev = evidence(db, trajectory_id, capability)
+    points = evidence_by_message(ev)
     calls: dict[int, list[str]] = {}
     for c in t.calls:
         calls.setdefault(c.message_idx, []).append(

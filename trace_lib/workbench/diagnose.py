@@ -17,6 +17,9 @@ Design decisions
   never stale and a slider move on an unchanged store recomputes nothing it need not.
 - `label` takes the labeler's settings as keywords; LLM-only settings are dropped for the
   offline heuristic labeler (what both front ends did by hand before).
+- `evidence_transcript` is the Labels page's transcript: the viewer's (the Trajectories
+  page's renderer, system prompt folded, per-turn tokens and cost) with every run's
+  evidence for the pair by message, so the page opens it at the evidence.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     bulk_edit,
     edit_history,
     edit_labels,
+    evidence_by_message,
     grid_changes,
     label_grid,
     review_queue,
@@ -197,6 +201,30 @@ def write_selected(path: str | Path, document: list[dict[str, Any]]) -> Path:
     path = Path(path)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+@dataclass
+class EvidenceTranscript:
+    transcript: Any  # transcript_model.Transcript, with the viewer's extras
+    evidence: list[dict[str, Any]]  # every run's label and evidence for the pair
+    at: dict[int, list[str]]  # message idx -> the evidence notes pointing at it
+
+    @property
+    def first(self) -> int | None:
+        """The first message the evidence points at (where the page opens)."""
+        return min(self.at, default=None)
+
+
+def evidence_transcript(db: Db, trajectory_id: str, capability: str) -> EvidenceTranscript:
+    """One trajectory as the transcript viewer draws it, with every run's evidence for
+    (trajectory, capability) and the messages that evidence points at (the Labels page)."""
+    from trace_lib.diagnose.labels import evidence
+    from trace_lib.explore.transcript_loading import load_transcript
+
+    with store.connect(db, read_only=True) as con:
+        t = load_transcript(con, trajectory_id)
+    ev = evidence(db, t.id, capability)
+    return EvidenceTranscript(t, ev, evidence_by_message(ev))
 
 
 @dataclass
