@@ -259,14 +259,16 @@ with tab_sig:
                 clicked = charts.treemap_box_paths(sigs).get(box) if box else None
                 if clicked is not None:
                     st.session_state["sig_pick"] = clicked
-            labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
+            # Options are the cluster keys; labels read as the treemap's boxes do.
+            shown = explore.path_label
+            labels = {p: f"{shown(p)}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
             chosen = st.session_state.get("sig_pick")
             if chosen is not None and chosen not in labels:  # a box above the leaves
                 parts = chosen.split(explore.PATH_SEP) if chosen else []
                 n = int(sigs.n[(sigs[list(explore.SIGNATURE_LEVELS[:len(parts)])]
                                 == parts).all(axis=1)].sum()) if parts else int(sigs.n.sum())
-                labels = {chosen: f"{chosen or 'all failures'}  ({n}, every signature below)",
-                          **labels}
+                labels = {chosen: f"{shown(chosen) or 'all failures'}  ({n}, every "
+                                  "signature below)", **labels}
             st.caption("Click a box of the treemap to select its cluster (and zoom into it).")
             pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
             members = _members(str(DB), VERSION, flt,

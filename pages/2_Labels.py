@@ -276,7 +276,11 @@ with tab_history:
             st.dataframe(hist, hide_index=True, key="history_table")
             live = hist[hist["undoes"].isna() & ~hist["undone"].astype(bool)]
             if not live.empty:
-                eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
+                # An id alone said nothing: the picker names the pair, the change and who.
+                described = {int(r["id"]): wb.describe_edit(r)
+                             for r in live.to_dict(orient="records")}
+                eid = st.selectbox("Undo edit", list(described), key="undo_pick",
+                                   format_func=described.get)
                 if st.button("Undo", key="undo_go"):
                     if _guard(wb.undo_edit, DB, editor=editor, edit_id=int(eid)):
                         ss.grid_version += 1

@@ -109,7 +109,12 @@ def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
     assert after.pooled != current.pooled  # the ranking moved at once
     # Undo from the History tab restores the figures.
     _open_tab(at, "History")
-    at.selectbox(key="undo_pick").set_value(int(hist["id"].iloc[0]))
+    # the picker names each edit (issue 34: it showed a bare id)
+    undo = at.selectbox(key="undo_pick")
+    assert undo.options[0] == (f"#{hist['id'].iloc[0]} · {tid} · {cap}: "
+                               f"{hist['old'].iloc[0] or '(labeler)'} → na · tester, "
+                               f"{hist['edited_at'].iloc[0]:%Y-%m-%d %H:%M}")
+    undo.set_value(int(hist["id"].iloc[0]))
     at.button(key="undo_go").click().run()
     assert not at.exception
     restored = {r.capability: r for r in rank(labeled).rows}[cap]

@@ -119,7 +119,10 @@ def test_failure_cluster_lists_its_members(page_db, monkeypatch):
     with store.connect(page_db, read_only=True) as con:
         second = clusters.signature_counts(con).iloc[1]
     pick = at.selectbox(key="sig_pick")
-    assert len(pick.options) > 1 and pick.options[1] == f"{second.path}  ({second.n})"
+    assert len(pick.options) > 1
+    assert pick.options[1] == f"{clusters.path_label(second.path)}  ({second.n})"
+    # issue 34: the picker never reads "(no tool error) / (no tool error)"
+    assert not any("(no tool error) / (no tool error)" in o for o in pick.options)
     pick.set_value(second.path).run()
     assert not at.exception
     members = [d.value for d in at.dataframe if "deviation" in d.value.columns][0]

@@ -156,6 +156,17 @@ def edit_history(db: str | Path | None, *, trajectory_id: str | None = None,
                                          capability=capability, limit=limit)
 
 
+def describe_edit(edit: dict[str, Any]) -> str:
+    """One row of `edit_history` in words, for a picker: "#12 · t_0a1b · tool_calling_
+    precision: lacking → present · ann, 2025-08-01 16:20" (a bare id said nothing)."""
+    old = edit.get("old")
+    when = edit.get("edited_at")
+    when = when.strftime("%Y-%m-%d %H:%M") if hasattr(when, "strftime") else (when or "")
+    return (f"#{edit['id']} · {edit['trajectory_id']} · {edit['capability']}: "
+            f"{old if isinstance(old, str) else '(labeler)'} → {edit['new']} · "
+            f"{edit.get('editor') or '?'}" + (f", {when}" if when else ""))
+
+
 # ----------------------------------------------------------------------------- grid
 
 _GRID_META = ("trajectory_id", "task_id", "domain", "success")

@@ -12,7 +12,9 @@ Design decisions
   pretty-printed when they are JSON and folded when long, search hits marked, counted
   and linked. Two transcripts side by side show a shared system prompt once.
 - Aligned tool calls (`call_alignment`) are drawn as two columns, each row coloured by
-  its status and saying it in plain words (`call_alignment.status_words`).
+  its status and saying it in plain words (`call_alignment.status_words`). A tool name
+  wraps only between its parts (after "_" or "."; `breakable_name`), never inside one:
+  "get_reservation_de / tails" read as two words (issue 34). Arguments wrap anywhere.
 - What the source measured of a message (`Message.meta`: tokens in and out, cost,
   latency; tau2 and Inspect logs have them) is shown in its header (`usage_text`), as
   Inspect's viewer and Docent do, and summed once above the transcript. Nothing is shown
@@ -369,6 +371,19 @@ def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b
     return "".join(parts)
 
 
+_NAME_JOINTS = ("_", ".")
+_NAME_STYLE = "overflow-wrap:break-word;word-break:normal"
+
+
+def breakable_name(name: Any) -> str:
+    """A tool name as escaped HTML that may wrap after each "_" or "." (`<wbr>`), and
+    inside a part only when that part alone is wider than the column."""
+    out = _e(name)
+    for joint in _NAME_JOINTS:
+        out = out.replace(joint, joint + "<wbr>")
+    return out
+
+
 def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,
                           against_expected: bool = False,
                           names: tuple[str, str] | None = None) -> str:
@@ -382,13 +397,16 @@ def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,
         err = f'<div style="color:#b91c1c">error: {_e(c.error)}</div>' if c.error else ""
         args = canonical_json(c.arguments)
         return (
-            f'<td style="vertical-align:top;overflow-wrap:anywhere"><code>{_e(c.name)}</code>'
+            f'<td style="vertical-align:top;overflow-wrap:anywhere">'
+            f'<code class="tool-name" style="{_NAME_STYLE}">{breakable_name(c.name)}</code>'
             f'<pre style="{_PRE}">{_e(args)}</pre>{err}</td>'
         )
 
+    # Automatic column widths: a column is never narrower than its longest name part, so
+    # names wrap only at their joints; arguments (wrapped anywhere) take what is left.
     head = (
         '<table class="trace-alignment" style="width:100%;border-collapse:collapse;'
-        'table-layout:fixed;font-size:13px"><tr><th style="width:9em">what</th>'
+        'table-layout:auto;font-size:13px"><tr><th style="width:7em">what</th>'
         f"<th>{_e(left)}</th><th>{_e(right)}</th></tr>"
     )
     body = "".join(

@@ -61,6 +61,7 @@ from trace_lib.diagnose.label_runs import (  # noqa: F401  (use cases as they ar
 from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     LabelFilter,
     bulk_edit,
+    describe_edit,
     edit_history,
     edit_labels,
     evidence_by_message,
