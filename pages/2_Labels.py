@@ -259,12 +259,16 @@ with tab_queue:
                                + (f"; {c.why}" if c.why else ""))
             st.caption(f"Fleiss' κ across the {len(agree.runs)} finished label run(s), per "
                        "capability (raw labels; edits apply to every run alike).")
+            # Undefined reads "n/a", as the caption says (the grid draws a missing number
+            # as "None"): the figures are text, right-aligned.
             st.dataframe(pd.DataFrame([{
                 "capability": r.capability,
-                "Fleiss κ": None if r.kappa is None else round(r.kappa, 3),
-                "observed agreement": None if r.observed is None else round(r.observed, 3),
-                "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why,
-            } for r in agree.fleiss]), hide_index=True, key="fleiss_table")
+                "Fleiss κ": "n/a" if r.kappa is None else f"{r.kappa:.3f}",
+                "observed agreement": "n/a" if r.observed is None else f"{r.observed:.3f}",
+                "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why or "",
+            } for r in agree.fleiss]), hide_index=True, key="fleiss_table",
+                column_config={c: st.column_config.TextColumn(c, alignment="right")
+                               for c in ("Fleiss κ", "observed agreement")})
 
 # ----------------------------------------------------------------------- history
 with tab_history:

@@ -155,3 +155,13 @@ def test_bulk_edit_of_filtered_selection(labeled: Path) -> None:
         edits = con.execute("SELECT count(*), min(new), max(new) FROM label_edits "
                             "WHERE capability = 'upselling'").fetchone()
     assert edits == (n_passed, "present", "present")
+
+
+def test_agreement_table_reads_n_a_not_none(labeled: Path) -> None:
+    """An undefined kappa reads "n/a", as the caption above the table says (issue 34: the
+    grid drew a missing number as "None")."""
+    at = _open_tab(AppTest.from_file(PAGE, default_timeout=60), "Review queue")
+    assert not at.exception
+    fleiss = next(d.value for d in at.dataframe if "Fleiss κ" in d.value.columns)
+    assert len(fleiss) and not fleiss.isna().any().any()
+    assert all(v == "n/a" or re.fullmatch(r"-?\d\.\d{3}", v) for v in fleiss["Fleiss κ"])
