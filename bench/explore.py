@@ -61,8 +61,9 @@ def build(db: Path, scale: int, messages: bool = False) -> int:
                 "call_id, name, arguments, requestor, error FROM tool_calls, r")
             if messages:
                 con.execute(
-                    "INSERT INTO messages SELECT trajectory_id || '_' || k, idx, role, content, "
-                    "tool_call_id, name, turn_idx FROM messages, r")
+                    "INSERT INTO messages (trajectory_id, idx, role, content, tool_call_id, "
+                    "name, turn_idx, meta) SELECT trajectory_id || '_' || k, idx, role, "
+                    "content, tool_call_id, name, turn_idx, meta FROM messages, r")
             con.execute("CHECKPOINT")
         return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
 

@@ -160,7 +160,8 @@ def executemany_baseline(db: Path, trajectories: list[Trajectory]) -> float:
             "meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             traj_rows,
         )
-        con.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)", msg_rows)
+        con.executemany("INSERT INTO messages (trajectory_id, idx, role, content, tool_call_id, "
+                        "name, turn_idx) VALUES (?, ?, ?, ?, ?, ?, ?)", msg_rows)
         con.executemany("INSERT INTO tool_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)", call_rows)
     return time.perf_counter() - t0
 

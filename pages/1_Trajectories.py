@@ -133,6 +133,11 @@ flt = TrajectoryFilter(
              "phrase), answered by the full-text index. On: a case-insensitive substring "
              "of a message, for identifiers and fragments (scans every message: slower).",
     ) else "words",
+    text_system=st.sidebar.checkbox(
+        "Search the system prompt too", key="f_text_system",
+        help="Off: the search reads the conversation (user, assistant and tool messages). "
+             "On: also the system prompt, which is mostly the same policy text in every "
+             "trajectory of a benchmark (a word from it matches nearly all of them)."),
 )
 
 
@@ -254,14 +259,16 @@ with tab_sig:
                 clicked = charts.treemap_box_paths(sigs).get(box) if box else None
                 if clicked is not None:
                     st.session_state["sig_pick"] = clicked
-            labels = {p: f"{p}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
+            # Options are the cluster keys; labels read as the treemap's boxes do.
+            shown = explore.path_label
+            labels = {p: f"{shown(p)}  ({n})" for p, n in zip(sigs.path, sigs.n, strict=True)}
             chosen = st.session_state.get("sig_pick")
             if chosen is not None and chosen not in labels:  # a box above the leaves
                 parts = chosen.split(explore.PATH_SEP) if chosen else []
                 n = int(sigs.n[(sigs[list(explore.SIGNATURE_LEVELS[:len(parts)])]
                                 == parts).all(axis=1)].sum()) if parts else int(sigs.n.sum())
-                labels = {chosen: f"{chosen or 'all failures'}  ({n}, every signature below)",
-                          **labels}
+                labels = {chosen: f"{shown(chosen) or 'all failures'}  ({n}, every "
+                                  "signature below)", **labels}
             st.caption("Click a box of the treemap to select its cluster (and zoom into it).")
             pick = st.selectbox("Cluster", list(labels), format_func=labels.get, key="sig_pick")
             members = _members(str(DB), VERSION, flt,
@@ -403,7 +410,7 @@ if st.session_state.get("_scroll_to_transcript") == tid:
     st.html(render.scroll_into_view_script("#transcript", tid, "map"),
             unsafe_allow_javascript=True)
 query = flt.text or None  # the search: its hits are marked in the transcript
-mode = flt.text_mode
+mode, in_system = flt.text_mode, flt.text_system
 st.caption(markdown_literal(
     f"task {meta.get('task_id')} · trial {meta.get('trial')} · {meta.get('domain')} · "
     f"{meta.get('agent_model')} · reward {meta.get('reward')} · "
@@ -411,9 +418,10 @@ st.caption(markdown_literal(
 ))
 left, right = st.columns([3, 2])
 with left:
-    st.html(render.render_transcript_html(tr, query=query, query_mode=mode))
-    if query and count_hits(tr, query, mode):
-        st.html(render.jump_to_first_hit_script(tid, query, mode),
+    st.html(render.render_transcript_html(tr, query=query, query_mode=mode,
+                                          query_system=in_system))
+    if query and count_hits(tr, query, mode, system=in_system):
+        st.html(render.jump_to_first_hit_script(tid, query, mode, str(in_system)),
                 unsafe_allow_javascript=True)
 with right:
     st.markdown("**Expected vs actual actions**")
@@ -474,4 +482,5 @@ with st.expander(title, expanded=st.session_state.get("cmp_wanted", False), key=
                 heads = tuple(f"{short[i]} ({i})" if i in short else i for i in (first, second))
                 st.html(render.render_alignment_html(cmp.alignment, *heads, names=names))
                 st.html(render.render_side_by_side_html(cmp.left, cmp.right, *heads,
-                                                        query=query, query_mode=mode))
+                                                        query=query, query_mode=mode,
+                                                        query_system=in_system))

@@ -4,7 +4,11 @@ Thin page: every read and action is a use case of `trace_lib.workbench.diagnose`
 `label`, `labels` and `capabilities` verbs call the same functions); a background run is a
 `label` job of `trace_lib.workbench.jobs`, recorded by its one job sync. An edit in the grid is
 saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
-on its next run. Trajectory text is untrusted: it is shown with st.text/st.code only.
+on its next run. Trajectory text is untrusted: it is shown with st.text/st.code, or as
+the transcript viewer's escaped HTML (`transcript_render`, the Trajectories page's
+renderer), which opens in its own scroll box at the message the evidence points at, the
+system prompt folded, each turn with its tokens, cost and latency where the source has
+them.
 
 Every read goes through `_read`: one cached query result per (use case, store version,
 arguments), where the version (`wb.version`) changes with every label run, edit, undo or
@@ -28,7 +32,7 @@ import os
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import data, jobs
+from trace_lib.workbench import data, explore, jobs
 from trace_lib.workbench import diagnose as wb
 from trace_lib.workbench.errors import ActionError, LLMError, UserInputError
 
@@ -214,13 +218,14 @@ with tab_grid:
             p1, p2 = st.columns(2)
             tid = p1.selectbox("Transcript", list(grid["trajectory_id"]), key="t_pick")
             cap = p2.selectbox("Evidence for", shown or all_caps, key="t_cap")
-            view = _guard(wb.transcript_with_evidence, DB, tid, cap) if tid and cap else None
+            view = _guard(wb.evidence_transcript, DB, tid, cap) if tid and cap else None
             if view:
-                # Everything from the trajectory or a labeler goes through st.text/st.code.
-                st.text(f"task {view['task_id']} · "
-                        f"{'passed' if view['success'] else 'failed'} · evidence at "
-                        f"{view['highlight'] or 'no message'}")
-                for e in view["evidence"]:
+                t = view.transcript
+                # Text from the trajectory or a labeler: st.text/st.code, or escaped HTML.
+                st.text(f"task {t.task_id} · {'passed' if t.success else 'failed'} · "
+                        "evidence at " + (", ".join(f"message {i}" for i in sorted(view.at))
+                                          or "no message"))
+                for e in view.evidence:
                     if e["error"]:
                         _show_error(f"{e['run']}: labeler failed: {e['error']}")
                     elif e.get("unsupported"):
@@ -229,18 +234,12 @@ with tab_grid:
                     if e.get("cut_messages") or e.get("cut_tokens"):
                         st.text(f"✂ {e['run']}: the prompt left out {e['cut_messages']} "
                                 f"messages, {e['cut_tokens']} tokens, to fit the context")
-                with st.container(height=620):
-                    for m in view["messages"]:
-                        head = (f"[{m['idx']}] {m['role']}"
-                                + (f" · {m['name']}" if m["name"] else ""))
-                        if m["evidence"]:
-                            st.warning(f"Evidence at message {int(m['idx'])}", icon="👉")
-                            st.code("\n".join(m["evidence"]), language=None)
-                        st.text(head)
-                        if m["content"]:
-                            st.text(m["content"][:4000])
-                        for c in m["calls"]:
-                            st.code(c, language=None)
+                render = explore.transcript_render
+                st.html(render.scroll_box_html(
+                    render.render_transcript_html(t, evidence=view.at), 620))
+                if view.first is not None:  # open the box at the evidence, not at the top
+                    st.html(render.scroll_box_to_evidence_script(t.id, cap),
+                            unsafe_allow_javascript=True)
 
 # ------------------------------------------------------------------------- queue
 with tab_queue:
@@ -287,12 +286,16 @@ with tab_queue:
                                + (f"; {c.why}" if c.why else ""))
             st.caption(f"Fleiss' κ across the {len(agree.runs)} finished label run(s), per "
                        "capability (raw labels; edits apply to every run alike).")
+            # Undefined reads "n/a", as the caption says (the grid draws a missing number
+            # as "None"): the figures are text, right-aligned.
             st.dataframe(pd.DataFrame([{
                 "capability": r.capability,
-                "Fleiss κ": None if r.kappa is None else round(r.kappa, 3),
-                "observed agreement": None if r.observed is None else round(r.observed, 3),
-                "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why,
-            } for r in agree.fleiss]), hide_index=True, key="fleiss_table")
+                "Fleiss κ": "n/a" if r.kappa is None else f"{r.kappa:.3f}",
+                "observed agreement": "n/a" if r.observed is None else f"{r.observed:.3f}",
+                "trajectories": r.n_trajectories, "runs": r.n_runs, "why n/a": r.why or "",
+            } for r in agree.fleiss]), hide_index=True, key="fleiss_table",
+                column_config={c: st.column_config.TextColumn(c, alignment="right")
+                               for c in ("Fleiss κ", "observed agreement")})
 
 # ----------------------------------------------------------------------- history
 with tab_history:
@@ -304,7 +307,11 @@ with tab_history:
             st.dataframe(hist, hide_index=True, key="history_table")
             live = hist[hist["undoes"].isna() & ~hist["undone"].astype(bool)]
             if not live.empty:
-                eid = st.selectbox("Undo edit", list(live["id"]), key="undo_pick")
+                # An id alone said nothing: the picker names the pair, the change and who.
+                described = {int(r["id"]): wb.describe_edit(r)
+                             for r in live.to_dict(orient="records")}
+                eid = st.selectbox("Undo edit", list(described), key="undo_pick",
+                                   format_func=described.get)
                 if st.button("Undo", key="undo_go"):
                     if _guard(wb.undo_edit, DB, editor=editor, edit_id=int(eid)):
                         ss.grid_version += 1

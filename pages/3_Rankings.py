@@ -10,6 +10,11 @@ Everything shown comes from ONE cached result (`_result`), keyed by the store ve
 (`wb.version`: it changes with every label run, edit, undo or capability change) and the
 page's inputs: the table, the figures (built once per result) and the export text. A
 rerun on an unchanged store with the same inputs recomputes nothing.
+
+Undefined is not zero, and the table says so with one marker, `EMPTY` ("—"): a ratio
+over an empty denominator, a missing interval or p-value. The figures are text for that
+(the data grid draws a missing number as "None"), fixed to three decimals and
+right-aligned. The cover counts labelled failures and says how many are not labelled.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ charts = wb.ranking_charts
 
 st.set_page_config(page_title="Rankings · TRACE", page_icon="🧭", layout="wide")
 st.title("Rankings")
+EMPTY = "—"  # an undefined figure: never 0, never "None"
 st.caption("Kept iff Cov ≥ rho and Delta ≥ delta in at least K of N labeling runs "
-           "(Cov = LF / failed, Delta = ER- − ER+). Undefined ratios are shown as empty.")
+           f"(Cov = LF / failed, Delta = ER- − ER+). Undefined ratios are shown as {EMPTY}.")
 
 DB = data.db_path()
 if not DB.exists():
@@ -60,8 +66,18 @@ with st.sidebar:
     stab_b = st.number_input("Bootstrap resamples (B)", 10, 2000, 200, 10, key="stability_b")
 
 
-def _fmt(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
+def _fmt(x: float | None) -> str:
+    return EMPTY if x is None else f"{x:.3f}"
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return EMPTY if ci is None else f"{ci[0]:.2f}–{ci[1]:.2f}"
+
+
+# The figures are text (see the module docstring): right-aligned like numbers.
+FIGURE_COLUMNS = ("mean Cov", "std Cov", "mean Delta", "std Delta", "ER- 95% CI",
+                  "ER+ 95% CI", "Fisher p")
+TABLE_CONFIG = {c: st.column_config.TextColumn(c, alignment="right") for c in FIGURE_COLUMNS}
 
 
 @st.cache_data(max_entries=64, show_spinner="Ranking…")
@@ -79,12 +95,9 @@ def _result(db: str, version: tuple, cfg: tuple, stability: tuple, scope: tuple)
         "mean Delta": _fmt(c.mean_delta), "std Delta": _fmt(c.std_delta),
         "runs passed": f"{c.n_runs_passed}/{c.n_runs_total}",
         "runs defined": c.n_runs_defined,
-        "ER- 95% CI": None if c.er_minus_ci is None else
-        f"{c.er_minus_ci[0]:.2f}–{c.er_minus_ci[1]:.2f}",
-        "ER+ 95% CI": None if c.er_plus_ci is None else
-        f"{c.er_plus_ci[0]:.2f}–{c.er_plus_ci[1]:.2f}",
+        "ER- 95% CI": _ci(c.er_minus_ci), "ER+ 95% CI": _ci(c.er_plus_ci),
         # Text, not a float: 3.2e-07 stays readable, an underflow says "< 1e-300".
-        "Fisher p": wb.format_p(c.fisher_p) or None,
+        "Fisher p": wb.format_p(c.fisher_p) or EMPTY,
         "LF/PF/NF": f"{c.pooled['lf']}/{c.pooled['pf']}/{c.pooled['nf']}",
         "LP/PP/NP": f"{c.pooled['lp']}/{c.pooled['pp']}/{c.pooled['np']}",
     } for c in r.rows])
@@ -117,7 +130,8 @@ if view.stability is not None and view.stability.method == "runs":
 st.metric("Kept capabilities", f"{len(kept)} of {len(ranking.rows)}",
           help=", ".join(kept) or "none")
 with st.container(key="rank_table_box"):  # a stable handle for browser tests
-    st.dataframe(res["table"], hide_index=True, width="stretch", key="rank_table")
+    st.dataframe(res["table"], hide_index=True, width="stretch", key="rank_table",
+                 column_config=TABLE_CONFIG)
 
 st.download_button("Export selected_capabilities.json", res["export"],
                    file_name="selected_capabilities.json", mime="application/json",
@@ -136,12 +150,18 @@ with right:
     if curve:
         st.plotly_chart(figs["cover"], key="cover")
         last = curve[-1]
-        st.caption(f"The kept set explains {last['covered']} of {last['n_failed']} failed "
-                   "trajectories (lacking in at least one kept capability).")
+        unlabelled = last.get("n_unlabelled", 0)
+        st.caption(f"The kept set explains {last['covered']} of {last['n_failed']} labelled "
+                   "failed trajectories (lacking in at least one kept capability)."
+                   + (f" {unlabelled} more failed trajectories have no label for a kept "
+                      "capability: not counted (label them on the Labels page)."
+                      if unlabelled else ""))
     else:
         st.caption("Nothing kept at these thresholds.")
 
 st.subheader("Failure clusters by lacking signature")
 if clusters:
+    st.caption(f"A failed trajectory no label run covered is {wb.UNLABELLED}, not "
+               f"{wb.NONE_LACKING}.")
     st.plotly_chart(figs["clusters"], key="clusters")
     st.dataframe(pd.DataFrame(clusters), hide_index=True, key="cluster_table")

@@ -3,7 +3,9 @@
 Thin page: every action is a use case of `trace_lib.workbench.environments` that a CLI
 verb also calls (`env list|sample|play|validate|calibrate|approve|reject|generate`).
 Generated code runs only in the sandbox (the use cases decide); environment text is shown
-with st.code/st.text/st.json, which escape, never as markdown or HTML.
+with st.code/st.text/st.json, which escape, never as markdown or HTML. A tool's result in
+the Play tab is indented when it is JSON (the transcript viewer's `pretty_output`) and
+wraps inside the page (a one-line JSON result ran off it); a long one scrolls in its box.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import data
+from trace_lib.workbench import data, explore
 from trace_lib.workbench import environments as envs
 from trace_lib.workbench.environments import SandboxError
 from trace_lib.workbench.errors import ActionError, StoreError, UserInputError
@@ -25,6 +27,7 @@ st.caption("One environment per capability: seeded instances, the domain's own t
            "environments can be trained on.")
 
 DB = data.db_path()
+OUTPUT_LINES, OUTPUT_HEIGHT = 24, 420  # a tool result longer than this scrolls in its box
 
 
 def _progress_cb(bar):
@@ -223,7 +226,9 @@ with tab_play:
             held["transcript"] = []
         for i, t in enumerate(held["transcript"]):
             st.text(f"[{i + 1}] {json.dumps(t['action'])}")
-            st.code(t["observation"], language=None)
+            shown, is_json = explore.transcript_render.pretty_output(t["observation"])
+            st.code(shown, language="json" if is_json else None, wrap_lines=True,
+                    height=OUTPUT_HEIGHT if shown.count("\n") > OUTPUT_LINES else "content")
         if live.done:
             summary = live.summary()
             # The outcome is a word in its colour, not a delta arrow: a failed episode

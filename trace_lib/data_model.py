@@ -15,6 +15,10 @@ Design decisions
   the same file twice inserts nothing the second time; `id` is a short prefix of it.
 - Label values are a closed set; a labeler that could not decide records an error on
   the pair instead of a silent `na`.
+- A message may carry what the source measured about it (`Message.meta`, issue 34): the
+  tokens in and out, the cost and the latency of the model call that produced it, under
+  the names of `MESSAGE_META_KEYS`, only those the source has. It describes the run, not
+  what the agent said: it is not part of the content hash.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ CapabilitySource = Literal["builtin", "llm", "user"]
 CapabilityStatus = Literal["proposed", "accepted", "rejected"]
 Outcome = Literal["success", "failure", "unknown", "error"]
 OUTCOMES: tuple[str, ...] = ("success", "failure", "unknown", "error")
+
+
+# What a message's `meta` may hold: tokens the model read and wrote for it, its cost (the
+# source's currency, USD for tau2 and Inspect) and the seconds it took.
+MESSAGE_META_KEYS: tuple[str, ...] = ("input_tokens", "output_tokens", "cost", "latency_s")
 
 
 def outcome_of(success: bool | None) -> str:
@@ -53,6 +62,7 @@ class Message(BaseModel):
     tool_call_id: str | None = None  # on role=tool: which call this answers
     name: str | None = None  # on role=tool: the tool's name
     turn_idx: int | None = None
+    meta: dict[str, int | float] | None = None  # MESSAGE_META_KEYS the source measured
 
 
 class ExpectedAction(BaseModel):

@@ -83,7 +83,8 @@ class TrajectoryRows:
     """The store's rows of some trajectories, keyed by store id: what every loader builds on."""
 
     heads: dict[str, dict[str, Any]]  # every trajectories column, `meta` parsed, + `dataset`
-    messages: dict[str, list[dict[str, Any]]]  # idx, role, content, tool_call_id, name, turn_idx
+    # idx, role, content, tool_call_id, name, turn_idx, meta (a dict, or None: not measured)
+    messages: dict[str, list[dict[str, Any]]]
     calls: dict[str, list[dict[str, Any]]]  # message_idx, call_idx, call_id, name, arguments, ...
     expected: dict[str, list[dict[str, Any]]]  # name, arguments, requestor (file order)
 
@@ -102,13 +103,20 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
         head = dict(zip(cols, row, strict=True))
         head["meta"] = json_object(head.get("meta"))
         heads[head["id"]] = head
+    # A store opened read-only is not migrated: older files lack later columns.
+    have = {(t, c) for t, c in con.execute(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE "
+        "(table_name, column_name) IN (('expected_actions', 'requestor'), ('messages', 'meta'))"
+    ).fetchall()}
+    meta_col = "m.meta" if ("messages", "meta") in have else "NULL"
     msgs: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
-    for tid, idx, role, content, tcid, name, turn in con.execute(
+    for tid, idx, role, content, tcid, name, turn, meta in con.execute(
             "SELECT m.trajectory_id, m.idx, m.role, m.content, m.tool_call_id, m.name, "
-            "m.turn_idx FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
+            f"m.turn_idx, {meta_col} FROM messages m JOIN (SELECT unnest(?::VARCHAR[]) AS id) w "
             "ON w.id = m.trajectory_id ORDER BY m.trajectory_id, m.idx", [wanted]).fetchall():
         msgs[tid].append({"idx": idx, "role": role, "content": content, "tool_call_id": tcid,
-                          "name": name, "turn_idx": turn})
+                          "name": name, "turn_idx": turn,
+                          "meta": None if meta is None else json_object(meta) or None})
     calls: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
     for tid, midx, cidx, cid, name, args, req, err in con.execute(
             "SELECT c.trajectory_id, c.message_idx, c.call_idx, c.call_id, c.name, c.arguments, "
@@ -117,10 +125,7 @@ def read_rows(con: Any, store_ids: list[str]) -> TrajectoryRows:
             [wanted]).fetchall():
         calls[tid].append({"message_idx": midx, "call_idx": cidx, "call_id": cid, "name": name,
                            "arguments": json_object(args), "requestor": req, "error": err})
-    # A store opened read-only is not migrated: older files have no expected requestor.
-    req_col = "e.requestor" if con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'expected_actions' "
-        "AND column_name = 'requestor'").fetchone()[0] else "NULL"
+    req_col = "e.requestor" if ("expected_actions", "requestor") in have else "NULL"
     expected: dict[str, list[dict[str, Any]]] = {tid: [] for tid in heads}
     for tid, name, args, requestor in con.execute(
             f"SELECT t.id, e.name, e.arguments, {req_col} FROM trajectories t "
@@ -156,7 +161,8 @@ def load_trajectories(con: Any, ids: list[str]) -> list[StoredTrajectory]:
         messages = [Message(role=m["role"], content=m["content"],
                             tool_calls=calls_at.get(m["idx"], []),
                             tool_call_id=m["tool_call_id"], name=m["name"],
-                            turn_idx=m["turn_idx"]) for m in rows.messages[tid]]
+                            turn_idx=m["turn_idx"], meta=m["meta"])
+                    for m in rows.messages[tid]]
         traj = Trajectory(source_id=h["source_id"], task_id=h["task_id"], trial=h["trial"],
                           agent_model=h["agent_model"], domain=h["domain"], reward=h["reward"],
                           success=h["success"],

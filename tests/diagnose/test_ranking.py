@@ -137,9 +137,26 @@ def test_json_export_cover_and_clusters(db_path: Path, tmp_path: Path) -> None:
         curve = greedy_cover(con, [d["skill"] for d in on_disk])
         clusters = failure_clusters(con)
     assert curve[-1]["covered"] == 3 and curve[-1]["n_failed"] == 4 and curve[0]["new"] == 2
+    assert curve[-1]["n_unlabelled"] == 0
     sigs = {c["signature"]: c["n"] for c in clusters}
     assert sigs["precondition_verification + structured_data_reasoning"] == 1
-    assert sigs["(none lacking)"] == 1
+    assert sigs["(none lacking)"] == 1 and "(not labelled)" not in sigs
+
+
+def test_cover_and_clusters_count_unlabelled_failures_apart(db_path: Path) -> None:
+    """A failed trajectory no run labelled is neither explained nor "(none lacking)"
+    (issue 34): f4 has no label at all, f3 only a label the labeler failed on."""
+    make_store(db_path, OUTCOMES, {"r1": {
+        "structured_data_reasoning": [L, L, None, None, P, P, P, P],
+    }})
+    with store.connect(db_path) as con:
+        con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value, error) "
+                    "VALUES ('r1', 'f3', 'structured_data_reasoning', NULL, 'timeout')")
+        curve = greedy_cover(con, ["structured_data_reasoning"])
+        clusters = {c["signature"]: c["n"] for c in failure_clusters(con)}
+    assert curve[-1]["covered"] == 2 and curve[-1]["n_failed"] == 2
+    assert curve[-1]["n_unlabelled"] == 2 and curve[-1]["fraction"] == 1.0
+    assert clusters == {"structured_data_reasoning": 2, "(not labelled)": 2}
 
 
 def test_incremental_counts_equal_the_direct_sql(db_path: Path) -> None:

@@ -10,7 +10,12 @@ Reuse in any e2e test:
         wait_for_app(browser_page)                  # the `wait_for_app` fixture
 
 The server's output goes to a log file that a failing start quotes, so a crash in the app
-shows up in the test report rather than as a bare timeout.
+shows up in the test report rather than as a bare timeout; `server.tracebacks()` lists
+the tracebacks it holds (a test that walks pages asserts there are none).
+
+Servers start with Streamlit's file watcher off (nothing is edited during a test, and it
+spares a loaded machine the watching); `streamlit_server(db, watch=True)` starts one as
+`make demo` does, watcher on.
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ class StreamlitServer:
     proc: subprocess.Popen
     log: Path
 
+    def tracebacks(self) -> list[str]:
+        """Every traceback in the server's log so far, each with the line before it (the
+        logger's message) and up to 30 lines of it."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return ["\n".join(lines[max(i - 1, 0):i + 30])
+                for i, line in enumerate(lines) if line.startswith("Traceback")]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -58,7 +70,7 @@ class StreamlitServer:
 
 
 def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
-                    timeout_s: float = 90.0) -> StreamlitServer:
+                    timeout_s: float = 90.0, watch: bool = False) -> StreamlitServer:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
     # The `app` verb gets the store as `--db` (every browser test checks that it reaches the
@@ -76,8 +88,9 @@ def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
              if app == "app.py" else
              [sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / app),
               "--server.port", str(port), "--server.address", "127.0.0.1"])
-            + ["--server.headless", "true", "--server.fileWatcherType", "none",
-               "--browser.gatherUsageStats", "false"],
+            + ["--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            # watch: the project's .streamlit/config.toml decides, as under `make demo`
+            + ([] if watch else ["--server.fileWatcherType", "none"]),
             cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )
     server = StreamlitServer(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
@@ -97,12 +110,12 @@ def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
 
 @pytest.fixture
 def streamlit_server(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
-    """Factory: `streamlit_server(db_path, app="app.py")` -> a running server; all stop at
-    teardown."""
+    """Factory: `streamlit_server(db_path, app="app.py", watch=False)` -> a running server;
+    all stop at teardown."""
     started: list[StreamlitServer] = []
 
-    def start(db: Path, app: str = "app.py") -> StreamlitServer:
-        server = start_streamlit(db, app, log_dir=tmp_path)
+    def start(db: Path, app: str = "app.py", *, watch: bool = False) -> StreamlitServer:
+        server = start_streamlit(db, app, log_dir=tmp_path, watch=watch)
         started.append(server)
         return server
 

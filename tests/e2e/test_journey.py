@@ -9,6 +9,10 @@ short adapter training -> watch it finish -> compose -> per-token routing.
 Every page visited leaves a screenshot in `artifacts/journey/` (CI keeps them). State the
 journey does not need the UI for is never set up behind its back: each stage's input is
 what the previous stage produced in the browser.
+
+The server runs as `make demo` runs it (file watcher on), the Semantic clusters tab is
+opened early (it loads the encoder, so `transformers`, in the server), and the journey
+fails on any traceback in the server's log (issue 34: the watcher logged ~100 per action).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     # ---- 0. `make demo` on a fresh machine: the demo store, then the app.
     run_cli("demo", "build", "--if-absent", "--n", str(DEMO_N), "--out",
             str(tmp_path / "demo"), db=db_path)
-    server = streamlit_server(db_path)
+    server = streamlit_server(db_path, watch=True)
     page = browser_page
     goto(page, server.url, wait_for_app)
     expect(page.get_by_test_id("stMetric").filter(has_text="trajectories").first
@@ -108,6 +112,11 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     expect(page.get_by_test_id("stMetric").first).to_contain_text(str(DEMO_N + 20),
                                                                  timeout=60_000)
     screenshot(page, shots, "01_trajectories")
+    # The encoder loads in the background from here on: every later action runs with
+    # transformers' lazy modules in the server's sys.modules.
+    page.get_by_role("tab", name="Semantic clusters", exact=True).click()
+    wait_for_app(page)
+    expect(page.get_by_text("Failures only", exact=True)).to_be_visible()
 
     # ---- 2. Labels: label offline, then correct one label in the grid.
     goto(page, server.url + "/Labels", wait_for_app)
@@ -325,3 +334,6 @@ def test_new_user_journey(streamlit_server, browser_page, wait_for_app, db_path:
     with store.connect(db_path, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM routing_traces").fetchone()[0] == 1
     screenshot(page, shots, "06_routing")
+
+    # ---- 7. A quiet server: the whole walk logged no traceback.
+    assert server.tracebacks() == []

@@ -80,7 +80,7 @@ def test_rankings_dataset_scope_and_readable_fisher_p(streamlit_server, browser_
         assert row["LF/PF/NF"] == f"{r.pooled['lf']}/{r.pooled['pf']}/{r.pooled['nf']}"
         assert row["LP/PP/NP"] == f"{r.pooled['lp']}/{r.pooled['pp']}/{r.pooled['np']}"
         if r.fisher_p is None:
-            assert row["Fisher p"] == ""
+            assert row["Fisher p"] == "—"  # the caption's marker for undefined
         else:
             assert re.fullmatch(r"\d\.\d{3}|\d\.\de-\d\d|< 1e-300", row["Fisher p"]), row
             assert row["Fisher p"] == wb.format_p(r.fisher_p)

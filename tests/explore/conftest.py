@@ -84,7 +84,8 @@ def build_known_store(db: Path) -> Path:
                  "sha_" + t["id"]])
             for idx, (role, content) in enumerate(msgs):
                 con.execute(
-                    "INSERT INTO messages VALUES (?, ?, ?, ?, NULL, NULL, ?)",
+                    "INSERT INTO messages (trajectory_id, idx, role, content, turn_idx) "
+                    "VALUES (?, ?, ?, ?, ?)",
                     [t["id"], idx, role, content, idx])
             for midx, name, args, err in rows_calls:
                 con.execute(

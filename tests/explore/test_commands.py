@@ -76,3 +76,25 @@ def test_explore_reindex_and_text_modes(known_db, capsys):
                                       "--text-mode", "substring")} == {"t_f4"}
     sigs = run_json(capsys, "signatures", *db)
     assert sum(s["n"] for s in sigs) == 4
+
+
+def test_explore_text_system_adds_the_system_prompt(tmp_path, capsys):
+    """`--text` reads the conversation; `--text-system` adds the system prompt (issue 34)."""
+    from trace_lib.ingest import ingest_paths
+
+    records = [{"id": f"r{i}", "task_id": str(i), "domain": "airline", "agent_model": "m",
+                "reward": 1.0, "messages": [
+                    {"role": "system", "content": "Policy: refunds need a reason."},
+                    {"role": "user", "content": text},
+                    {"role": "assistant", "content": "ok"}]}
+               for i, text in enumerate(["a refund please", "change my seat", "refundable?"])]
+    src = tmp_path / "sys.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    db = ["--db", str(tmp_path / "s.duckdb")]
+    ingest_paths([src], db=tmp_path / "s.duckdb")
+    for mode in ("words", "substring"):
+        talk = run_json(capsys, "list", *db, "--text", "refund", "--text-mode", mode)
+        every = run_json(capsys, "list", *db, "--text", "refund", "--text-mode", mode,
+                         "--text-system")
+        assert {r["task_id"] for r in talk} == {"0", "2"}, mode
+        assert {r["task_id"] for r in every} == {"0", "1", "2"}, mode

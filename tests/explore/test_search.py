@@ -20,9 +20,12 @@ from trace_lib.store import search
 TOKEN = re.compile(r"[^\W_]+")
 
 
-def _docs(con) -> dict[str, list[str]]:
+def _docs(con, system: bool = False) -> dict[str, list[str]]:
+    """Each trajectory's searched messages as token lists: the conversation, or (with
+    `system`) every message."""
     rows = con.execute(
-        "SELECT t.id, list(m.content ORDER BY m.idx) FILTER (WHERE m.content IS NOT NULL) "
+        "SELECT t.id, list(m.content ORDER BY m.idx) FILTER (WHERE m.content IS NOT NULL "
+        f"{'' if system else ' AND m.role <> ' + repr('system')}) "
         "FROM trajectories t LEFT JOIN messages m ON m.trajectory_id = t.id GROUP BY t.id"
     ).fetchall()
     return {tid: [TOKEN.findall(c.lower()) for c in (contents or [])] for tid, contents in rows}
@@ -33,8 +36,8 @@ def _reference(docs: dict[str, list[list[str]]], word: str) -> set[str]:
     return {tid for tid, msgs in docs.items() if any(t.startswith(word) for m in msgs for t in m)}
 
 
-def _scan(con, text: str) -> set[str]:
-    return {r[0] for r in con.execute(search.SCAN_SQL, [text.lower()]).fetchall()}
+def _scan(con, text: str, system: bool = False) -> set[str]:
+    return {r[0] for r in con.execute(search.scan_sql(system), [text.lower()]).fetchall()}
 
 
 def test_index_matches_reference_and_substring_scan(real_db: Path):
@@ -58,6 +61,65 @@ def test_index_matches_reference_and_substring_scan(real_db: Path):
         # the filter uses the same ids in every query of a page
         ids = set(list_trajectories(con, F(text="reservation cancel"), limit=10**6).id)
         assert ids == set(both.ids)
+
+
+def test_the_system_prompt_is_searched_only_when_asked(real_db: Path):
+    """Issue 34: a word of the benchmark's policy ("refund") matched nearly every
+    trajectory through its system prompt. By default a search reads the conversation
+    (user, assistant, tool); `system=True` adds the system prompt, on every path."""
+    with store.connect(real_db, read_only=True) as con:
+        conversation, everything = _docs(con), _docs(con, system=True)
+        assert any(conversation[t] != everything[t] for t in conversation)  # prompts exist
+        for w in ("refund", "policy", "reservation", "cancel", "baggage", "not"):
+            talk, all_ = _reference(conversation, w), _reference(everything, w)
+            assert set(search.hits(con, w).ids) == talk, w
+            assert set(search.hits(con, w, system=True).ids) == all_, w
+            assert set(search.hits(con, w, "substring").ids) == _scan(con, w)
+            assert _scan(con, w) <= _scan(con, w, system=True)
+            for system in (False, True):  # the page's filter asks the same
+                flt = F(text=w, text_system=system)
+                ids = set(list_trajectories(con, flt, limit=10**6).id)
+                assert ids == (all_ if system else talk), (w, system)
+        # "refund" is in the policies: the prompt alone made 178 more trajectories match
+        assert len(_reference(everything, "refund")) > len(_reference(conversation,
+                                                                      "refund")) + 100
+
+
+def test_an_index_of_the_old_layout_is_not_read_and_is_rebuilt(tmp_path: Path):
+    """An index written before the system prompt had its own column (one `body` column,
+    no user_version) would answer with system-prompt hits: it is treated as stale (the
+    scan answers) until the next import or `explore reindex` rebuilds it."""
+    from trace_lib.ingest import ingest_paths
+
+    db = tmp_path / "old.duckdb"
+    records = [{**_record(i, f"hello {i}"), "messages": [
+        {"role": "system", "content": "policy: refunds need a reason"},
+        {"role": "user", "content": f"hello {i}"}]} for i in range(3)]
+    ingest_paths([_write(tmp_path / "a.jsonl", records)], db=db)
+    path = search.index_path(db)
+    with sqlite3.connect(path) as lite:  # the old layout, as an earlier version wrote it
+        lite.executescript("DROP TABLE fts; DROP TABLE docs; PRAGMA user_version = 0;"
+                           "CREATE TABLE docs (rowid INTEGER PRIMARY KEY, trajectory_id TEXT);"
+                           "CREATE VIRTUAL TABLE fts USING fts5(body, content='');")
+    with store.connect(db, read_only=True) as con:
+        tids = [r[0] for r in con.execute("SELECT id FROM trajectories").fetchall()]
+    with sqlite3.connect(path) as lite:
+        for i, tid in enumerate(tids, 1):
+            lite.execute("INSERT INTO docs VALUES (?, ?)", [i, tid])
+            lite.execute("INSERT INTO fts (rowid, body) VALUES (?, ?)",
+                         [i, "policy: refunds need a reason\nhello"])
+    search.clear_cache()
+    with store.connect(db, read_only=True) as con:
+        assert not search.index_state(con).fresh
+        found = search.hits(con, "refunds")
+        assert found.source == "scan" and found.ids == ()
+        assert len(search.hits(con, "refunds", system=True).ids) == 3
+    ingest_paths([_write(tmp_path / "b.jsonl", [_record(9, "refunds please")])], db=db)
+    with store.connect(db, read_only=True) as con:
+        assert search.index_state(con).fresh  # the import rebuilt it whole
+        found = search.hits(con, "refunds")
+        assert found.source == "index" and len(found.ids) == 1
+        assert len(search.hits(con, "refunds", system=True).ids) == 4
 
 
 def test_words_and_substring_agree_on_whole_words(real_db: Path):

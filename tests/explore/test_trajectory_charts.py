@@ -45,3 +45,35 @@ def test_empty_frames_give_an_annotated_figure():
 
     fig = trajectory_charts.signature_treemap(pd.DataFrame())
     assert fig.layout.annotations[0].text == "no data for this filter"
+
+
+def test_the_treemap_never_nests_no_tool_error_in_itself():
+    """Issue 34: a failure without a tool error has "(no tool error)" as tool and as error
+    kind; the treemap shows one such box, and a click on any box still maps to the
+    cluster's full four-level key (the members query reads all four)."""
+    import pandas as pd
+
+    from trace_lib.store.derived import NO_ERROR
+
+    sigs = pd.DataFrame([
+        {"termination": "user_stop", "error_tool": NO_ERROR, "error_kind": NO_ERROR,
+         "deviation": "missing: book", "n": 3},
+        {"termination": "user_stop", "error_tool": "get_user", "error_kind": "not found",
+         "deviation": "missing: book", "n": 2},
+    ])
+    sigs.insert(0, "path", [clusters.PATH_SEP.join(r) for r in sigs[list(clusters.LEVELS)]
+                            .itertuples(index=False)])
+    tree = trajectory_charts.signature_treemap(sigs).data[0]
+    by_id = dict(zip(tree.ids, tree.labels, strict=True))
+    parents = dict(zip(tree.ids, tree.parents, strict=True))
+    for box, label in by_id.items():
+        assert not (label == NO_ERROR and by_id.get(parents[box]) == NO_ERROR), box
+    leaf = "failures/user_stop/(no tool error)/missing: book"
+    assert leaf in by_id and parents[leaf] == "failures/user_stop/(no tool error)"
+    paths = trajectory_charts.treemap_box_paths(sigs)
+    assert paths[leaf] == sigs.path[0]  # all four levels
+    assert paths["failures/user_stop/(no tool error)"] == (
+        "user_stop / (no tool error) / (no tool error)")
+    assert paths["failures/user_stop/get_user/not found/missing: book"] == sigs.path[1]
+    assert clusters.path_label(sigs.path[0]) == "user_stop / (no tool error) / missing: book"
+    assert clusters.path_label(sigs.path[1]) == sigs.path[1]

@@ -107,7 +107,9 @@ def test_tool_outputs_are_pretty_json_and_fold_when_long():
 
 def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     t = transcript()
-    out = transcript_render.render_transcript_html(t, query="REBOOK reservations")
+    # a search that read the system prompt too (the page's "Search the system prompt too")
+    out = transcript_render.render_transcript_html(t, query="REBOOK reservations",
+                                                   query_system=True)
     hits = re.findall(r'<mark class="trace-hit" id="trace-hit-(\d+)"[^>]*>([^<]*)</mark>', out)
     assert [int(i) for i, _ in hits] == list(range(len(hits)))
     assert {w.lower() for _, w in hits} == {"rebook", "reservations"}
@@ -115,7 +117,14 @@ def test_search_hits_are_marked_numbered_and_unfold_what_hides_them():
     # the folded parts holding a hit open: the system prompt and the long output
     assert re.search(r'<details class="msg role-system system-prompt" open', out)
     assert re.search(r'<details class="tool-output" open data-idx="4"', out)
-    assert search_highlight.count_hits(t, "rebook") == 60
+    assert search_highlight.count_hits(t, "rebook", system=True) == 60
+    # by default the search reads the conversation: the prompt's hits are neither marked
+    # nor counted, and it stays folded (the first hit is in the conversation)
+    talk = transcript_render.render_transcript_html(t, query="REBOOK reservations")
+    hits = re.findall(r'<mark class="trace-hit" id="trace-hit-(\d+)"[^>]*>([^<]*)</mark>', talk)
+    assert {w.lower() for _, w in hits} == {"reservations"}
+    assert re.search(r'<details class="msg role-system system-prompt" style', talk)
+    assert search_highlight.count_hits(t, "rebook") == 0
     none = transcript_render.render_transcript_html(t, query="zzz")
     assert "no match for the search" in none and "<mark" not in none
 
@@ -257,3 +266,48 @@ def test_labelers_and_viewer_pair_calls_alike(known_db, real_db):
             assert [(c.name, c.result_idx, c.result) for c in v.calls] == [
                 (c.name, c.result_idx, c.result) for c in lab.calls]
         assert any(c.result_idx is not None for t in viewer for c in t.calls)
+
+
+def test_each_turn_shows_what_was_measured_and_nothing_else():
+    """Issue 34: tokens, cost and latency per message where the source measured them (tau2,
+    Inspect), their sum above the transcript; no "0 tokens" for what nobody measured."""
+    t = transcript()
+    t.messages[2]["meta"] = {"input_tokens": 3346, "output_tokens": 57, "cost": 0.00234,
+                             "latency_s": 0.93}
+    t.messages[5]["meta"] = {"input_tokens": 4000, "output_tokens": 3}
+    out = transcript_render.render_transcript_html(t)
+    usage = re.findall(r'<span class="trace-usage"[^>]*>([^<]*)</span>', out)
+    assert usage == ["· 3,346 → 57 tokens · $0.0023 · 0.9 s", "· 4,000 → 3 tokens"]
+    total = re.search(r'<div class="trace-usage-total"[^>]*>([^<]*)</div>', out).group(1)
+    assert total == "2 measured messages · 7,346 → 60 tokens · $0.0023 · 0.9 s"
+    assert transcript_render.usage_text(None) == "" and transcript_render.usage_text({}) == ""
+    assert transcript_render.usage_text({"output_tokens": 5}) == "? → 5 tokens"
+    bare = transcript_render.render_transcript_html(transcript())
+    assert "trace-usage" not in bare  # nothing measured: nothing shown
+    text = transcript_render.transcript_text(t)
+    assert "[2] assistant (3,346 → 57 tokens · $0.0023 · 0.9 s)" in text
+
+
+def test_evidence_is_noted_above_its_message_escaped_and_scrolled_to():
+    """The Labels page's view: notes above the message they point at (above the call box
+    for a tool message drawn with its call), escaped; the scroll script holds no text."""
+    t = transcript()
+    out = transcript_render.render_transcript_html(
+        t, evidence={1: [f"run (lacking): {SCRIPT}"], 4: ["run (lacking): bad lookup"]})
+    no_markup(out)
+    assert out.count('class="evidence-note"') == 2
+    assert re.search(r'class="msg role-user trace-evidence" data-idx="1"', out)
+    # message 4 is get_user's answer, drawn inside message 2's call box: noted above it
+    assert re.search(r'class="msg role-assistant trace-evidence" data-idx="2"', out)
+    assert out.index("bad lookup") < out.index('data-idx="2"')
+    assert "&lt;script&gt;" in out
+    # the system prompt stays folded; evidence in it unfolds it
+    assert re.search(r'<details class="msg role-system system-prompt" style', out)
+    into = transcript_render.render_transcript_html(t, evidence={0: ["run (na): policy"]})
+    assert '<details class="msg role-system system-prompt trace-evidence" open' in into
+    box = transcript_render.scroll_box_html(out, 500)
+    assert box.startswith('<div class="trace-scroll" style="max-height:500px;overflow-y:auto">')
+    script = transcript_render.scroll_box_to_evidence_script("t<1>", SCRIPT)
+    code = script.removeprefix("<script>").removesuffix("</script>")
+    assert "<" not in code and "t<1>" not in script and "xss" not in script
+    assert script != transcript_render.scroll_box_to_evidence_script("t<1>", "other")

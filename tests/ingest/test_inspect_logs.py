@@ -130,6 +130,16 @@ def test_inspect_log_imports_one_trajectory_per_sample_and_epoch(
     meta = json.loads(rows(db_path, "SELECT meta FROM trajectories WHERE outcome = 'error' "
                                     "LIMIT 1")[0][0])
     assert "calculator crashed" in meta["harness_error"] and meta["task"] == "adder"
+    # What each model call measured, on the assistant message it produced (issue 34): the
+    # mock model's usage (10 in, 5 out) and its time.
+    measured = rows(db_path, "SELECT m.role, m.meta FROM messages m JOIN trajectories t "
+                             "ON t.id = m.trajectory_id WHERE t.task_id = 's1' AND t.trial = 1 "
+                             "ORDER BY m.idx")
+    assert [r[1] is not None for r in measured] == [False, True, False, True]
+    for _, meta in measured[1::2]:
+        got = json.loads(meta)
+        assert (got["input_tokens"], got["output_tokens"]) == (10, 5)
+        assert got["latency_s"] >= 0 and "cost" not in got  # the mock model prices nothing
     # The tool schema is the one the log says the model was offered (its ModelEvents), not
     # one inferred from the calls: the docstring's description and parameter texts survive.
     schema = rows(db_path, "SELECT schema, source FROM tool_schemas WHERE domain = 'adder'")

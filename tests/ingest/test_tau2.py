@@ -137,6 +137,37 @@ def test_simulation_matches_the_source_message_by_message(imported, files: list[
     assert any(r == "user" for *_, r, _ in expected)  # the telecom user simulator calls tools
 
 
+def test_each_message_keeps_its_cost_tokens_and_latency(imported, files: list[Path]) -> None:
+    """tau2 records a cost, token usage and a timestamp per message (issue 34): they land in
+    `messages.meta`, the latency being the gap since the previous message's timestamp."""
+    from datetime import datetime
+
+    db, _ = imported
+    path = next(p for p in files if p.name.startswith("gpt-4.1_airline_default"))
+    sim = json.loads(path.read_text())["simulations"][0]
+    with store.connect(db, read_only=True) as con:
+        metas = [r[0] for r in con.execute(
+            "SELECT m.meta FROM messages m JOIN trajectories t ON t.id = m.trajectory_id "
+            "WHERE t.source_id = ? ORDER BY m.idx", [sim["id"]]).fetchall()]
+    assert metas[0] is None  # the policy, put first as the system prompt: not measured
+    for i, (stored, m) in enumerate(zip(metas[1:], sim["messages"], strict=True)):
+        if m["role"] == "tool":
+            assert stored is None
+            continue
+        usage = m.get("usage") or {}
+        if not usage and not m["cost"]:  # the agent's canned greeting: no model call
+            assert stored is None
+            continue
+        got = json.loads(stored)
+        assert got.get("cost") == m["cost"]
+        assert got.get("input_tokens") == usage.get("prompt_tokens")
+        assert got.get("output_tokens") == usage.get("completion_tokens")
+        assert isinstance(got.get("input_tokens", 0), int)
+        gap = (datetime.fromisoformat(m["timestamp"])
+               - datetime.fromisoformat(sim["messages"][i - 1]["timestamp"]))
+        assert got["latency_s"] == pytest.approx(gap.total_seconds())
+
+
 def test_tool_errors_counted_from_the_error_flag(imported, files: list[Path]) -> None:
     db, _ = imported
     flagged = 0

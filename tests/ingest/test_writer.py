@@ -126,3 +126,52 @@ def test_dumps_writes_what_the_json_encoder_writes():
             reference(bad)
         for value in values:  # a failed call leaves nothing behind
             assert writer._dumps(value) == reference(value)
+
+
+def _sim(i: int, measured: bool) -> dict:
+    """A bare tau2 simulation: a user turn and the agent's answer, with tau2's per-message
+    cost, usage and timestamps when `measured`."""
+    def m(role: str, text: str, second: int, cost: float, tokens: tuple[int, int]) -> dict:
+        out = {"role": role, "content": text, "turn_idx": second}
+        if measured:
+            out.update(cost=cost, usage={"prompt_tokens": tokens[0],
+                                         "completion_tokens": tokens[1]},
+                       timestamp=f"2025-08-01T16:20:{10 + second:02d}.000000")
+        return out
+    return {"id": f"sim{i}", "task_id": str(i), "termination_reason": "user_stop",
+            "reward_info": {"reward": 1.0},
+            "messages": [m("user", f"hello {i}", 0, 0.001, (40, 5)),
+                         m("assistant", f"answer {i}", 3, 0.002, (900, 12))]}
+
+
+def test_message_meta_lands_beside_its_message_and_is_not_hashed(tmp_path: Path,
+                                                                 db_path: Path) -> None:
+    """A batch mixing unmeasured and measured trajectories keeps every measurement on its
+    own message; the same conversation with or without measurements is one trajectory."""
+    sims = [_sim(0, False), _sim(1, True), _sim(2, False), _sim(3, True)]
+    report = ingest_paths([_write_json(tmp_path / "a.json", sims)], db=db_path)
+    assert report.trajectories == 4
+    with store.connect(db_path, read_only=True) as con:
+        got = con.execute("SELECT t.source_id, m.idx, m.meta FROM messages m JOIN trajectories "
+                          "t ON t.id = m.trajectory_id ORDER BY 1, 2").fetchall()
+    by = {(s, i): (json.loads(meta) if meta else None) for s, i, meta in got}
+    assert by[("sim0", 0)] is None and by[("sim2", 1)] is None
+    assert by[("sim1", 0)] == {"input_tokens": 40, "output_tokens": 5, "cost": 0.001}
+    assert by[("sim3", 1)] == {"input_tokens": 900, "output_tokens": 12, "cost": 0.002,
+                               "latency_s": 3.0}
+    # the one store reader gives it back on both shapes
+    from trace_lib.trajectories import load_trajectories, load_transcripts
+
+    with store.connect(db_path, read_only=True) as con:
+        [st] = load_trajectories(con, ["sim3"])
+        [t] = load_transcripts(con, [st.id])
+    assert st.trajectory.messages[1].meta == by[("sim3", 1)]
+    assert t.messages[1]["meta"] == by[("sim3", 1)] and t.messages[0]["meta"]["cost"] == 0.001
+    # the unmeasured twin of sim1 (same id, same messages) is a duplicate: meta is not hashed
+    again = ingest_paths([_write_json(tmp_path / "b.json", [_sim(1, False)])], db=db_path)
+    assert (again.trajectories, again.duplicates) == (0, 1)
+
+
+def _write_json(path: Path, sims: list[dict]) -> Path:
+    path.write_text(json.dumps(sims))
+    return path

@@ -3,6 +3,7 @@ queue decision, undo, capabilities, and the ranking moving after an edit."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -58,8 +59,19 @@ def test_grid_and_transcript_with_evidence(labeled: Path) -> None:
     at.selectbox(key="t_pick").set_value(tid)
     at.selectbox(key="t_cap").set_value("tool_calling_precision").run()
     assert not at.exception
-    assert any(w.value.startswith("Evidence at message") for w in at.warning)
-    assert any("h (lacking):" in c.value for c in at.code)
+    # The viewer's transcript (issue 34): the evidence above its message, the system
+    # prompt folded, and the box opened at the evidence by a script.
+    body = next(h.proto.body for h in at.get("html") if "trace-transcript" in h.proto.body)
+    view = lb.evidence(labeled, tid, "tool_calling_precision")
+    first = min(i["message_idx"] for e in view for i in e["evidence"]
+                if isinstance(i.get("message_idx"), int))
+    assert 'class="trace-scroll"' in body and "h (lacking):" in body
+    assert "trace-evidence" in body
+    assert body.index("👉 Evidence") > body.index("system-prompt")
+    assert re.search(r'<details class="msg role-system system-prompt" style', body)
+    assert any("trace-evidence" in h.proto.body and "<script>" in h.proto.body
+               for h in at.get("html"))
+    assert any(f"evidence at message {first}" in t.value for t in at.text)
 
 
 def _open_tab(at: AppTest, label: str) -> AppTest:
@@ -97,7 +109,12 @@ def test_review_queue_decision_moves_ranking_and_undo(labeled: Path) -> None:
     assert after.pooled != current.pooled  # the ranking moved at once
     # Undo from the History tab restores the figures.
     _open_tab(at, "History")
-    at.selectbox(key="undo_pick").set_value(int(hist["id"].iloc[0]))
+    # the picker names each edit (issue 34: it showed a bare id)
+    undo = at.selectbox(key="undo_pick")
+    assert undo.options[0] == (f"#{hist['id'].iloc[0]} · {tid} · {cap}: "
+                               f"{hist['old'].iloc[0] or '(labeler)'} → na · tester, "
+                               f"{hist['edited_at'].iloc[0]:%Y-%m-%d %H:%M}")
+    undo.set_value(int(hist["id"].iloc[0]))
     at.button(key="undo_go").click().run()
     assert not at.exception
     restored = {r.capability: r for r in rank(labeled).rows}[cap]
@@ -169,3 +186,13 @@ def test_grid_shows_cut_and_unsupported_labels(labeled: Path) -> None:
     # The openai labeler's sidebar takes a context size for servers that report none.
     at.selectbox(key="labeler").set_value("openai").run()
     assert at.number_input(key="max_context").value == 0
+
+
+def test_agreement_table_reads_n_a_not_none(labeled: Path) -> None:
+    """An undefined kappa reads "n/a", as the caption above the table says (issue 34: the
+    grid drew a missing number as "None")."""
+    at = _open_tab(AppTest.from_file(PAGE, default_timeout=60), "Review queue")
+    assert not at.exception
+    fleiss = next(d.value for d in at.dataframe if "Fleiss κ" in d.value.columns)
+    assert len(fleiss) and not fleiss.isna().any().any()
+    assert all(v == "n/a" or re.fullmatch(r"-?\d\.\d{3}", v) for v in fleiss["Fleiss κ"])

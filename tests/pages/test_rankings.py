@@ -74,8 +74,6 @@ def test_empty_store_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_scope_picker_ranks_one_dataset_and_fisher_p_is_text(labeled: Path) -> None:
     """The scope picker (issue 17): choosing a dataset ranks over its trajectories only;
     Fisher p is shown as readable text (issue 17: not '000000000')."""
-    import pandas as pd
-
     from trace_lib import store
     from trace_lib.workbench import diagnose as wb
 
@@ -96,8 +94,8 @@ def test_scope_picker_ranks_one_dataset_and_fisher_p_is_text(labeled: Path) -> N
         assert table.loc[r.capability, "LF/PF/NF"] == (
             f"{r.pooled['lf']}/{r.pooled['pf']}/{r.pooled['nf']}")
         shown = table.loc[r.capability, "Fisher p"]
-        assert ("" if pd.isna(shown) else shown) == wb.format_p(r.fisher_p)
-    assert all(isinstance(p, str) for p in table["Fisher p"].dropna())
+        assert shown == (wb.format_p(r.fisher_p) or "—")
+    assert all(isinstance(p, str) for p in table["Fisher p"])
 
 
 def test_format_p_is_readable() -> None:
@@ -105,3 +103,40 @@ def test_format_p_is_readable() -> None:
 
     assert format_p(3.2e-07) == "3.2e-07" and format_p(0.0) == "< 1e-300"
     assert format_p(0.04123) == "0.041" and format_p(None) == "" and format_p(1.0) == "1.000"
+
+
+def test_undefined_ratios_show_the_empty_marker_and_the_cover_counts_labelled(
+        labeled: Path) -> None:
+    """Issue 34: an undefined ratio shows "—" (the caption's marker), never "None"; the
+    cover counts labelled failures and says how many failed ones no run labelled, and the
+    clusters call those "(not labelled)", not "(none lacking)"."""
+    from trace_lib import store
+    from trace_lib.workbench import diagnose as wb
+
+    with store.connect(labeled) as con:  # six failed trajectories that no run labelled
+        con.execute("DELETE FROM labels WHERE trajectory_id IN (SELECT id FROM trajectories "
+                    "WHERE NOT success ORDER BY id LIMIT 6)")
+        # a capability labelled na everywhere: Cov 0 but ER- and ER+ undefined
+        con.execute("INSERT INTO capabilities (name, description, source, status) "
+                    "VALUES ('all_na', 'never applies', 'user', 'accepted')")
+        con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) "
+                    "SELECT DISTINCT run_id, trajectory_id, 'all_na', 'na' FROM labels")
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    assert any(c.value.endswith("Undefined ratios are shown as —.") for c in at.caption)
+    table = at.dataframe[0].value.set_index("capability")
+    row = table.loc["all_na"]
+    assert row["mean Delta"] == "—" and row["ER- 95% CI"] == "—" and row["Fisher p"] == "—"
+    assert not table.isna().any().any()  # nothing the grid would draw as "None"
+    view = wb.rankings(labeled, wb.RankConfig(), stability=wb.StabilityConfig())
+    last = view.cover[-1]
+    with store.connect(labeled, read_only=True) as con:
+        n_failed = con.execute("SELECT count(*) FROM trajectories WHERE NOT success"
+                               ).fetchone()[0]
+    assert last["n_unlabelled"] == 6 and last["n_failed"] == n_failed - 6
+    captions = " ".join(c.value for c in at.caption)
+    assert (f"explains {last['covered']} of {last['n_failed']} labelled failed "
+            "trajectories") in captions
+    assert "6 more failed trajectories have no label for a kept capability" in captions
+    sigs = {c["signature"]: c["n"] for c in view.clusters}
+    assert sigs[wb.UNLABELLED] == 6

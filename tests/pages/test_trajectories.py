@@ -119,7 +119,10 @@ def test_failure_cluster_lists_its_members(page_db, monkeypatch):
     with store.connect(page_db, read_only=True) as con:
         second = clusters.signature_counts(con).iloc[1]
     pick = at.selectbox(key="sig_pick")
-    assert len(pick.options) > 1 and pick.options[1] == f"{second.path}  ({second.n})"
+    assert len(pick.options) > 1
+    assert pick.options[1] == f"{clusters.path_label(second.path)}  ({second.n})"
+    # issue 34: the picker never reads "(no tool error) / (no tool error)"
+    assert not any("(no tool error) / (no tool error)" in o for o in pick.options)
     pick.set_value(second.path).run()
     assert not at.exception
     members = [d.value for d in at.dataframe if "deviation" in d.value.columns][0]
@@ -286,3 +289,35 @@ def test_system_prompt_folded_and_search_hits_marked(page_db, monkeypatch):
     body = next(b for b in bodies if "trace-transcript" in b)
     assert '<mark class="trace-hit" id="trace-hit-0"' in body
     assert any("scrollIntoView" in b for b in bodies)  # the jump to the first hit
+
+
+def test_search_reads_the_conversation_and_the_system_prompt_on_request(page_db, monkeypatch):
+    """Issue 34: "refund" is in the benchmarks' policies, so a search over every message
+    matched almost every trajectory through its system prompt. The page searches the
+    conversation; "Search the system prompt too" adds the prompt, and only then are the
+    prompt's hits marked (and unfold it)."""
+    with store.connect(page_db, read_only=True) as con:
+        talk = set(q.list_trajectories(con, q.TrajectoryFilter(text="refund"), limit=10**6).id)
+        every = set(q.list_trajectories(con, q.TrajectoryFilter(text="refund", text_system=True),
+                                        limit=10**6).id)
+    assert talk < every
+    at = run(page_db, monkeypatch)
+    at.sidebar.text_input(key="f_text").set_value("refund").run()
+    assert not at.exception
+    assert set(listing(at).id) == talk
+    assert int(at.metric[0].value) == len(talk)
+    tid = listing(at).id.iloc[0]
+    body = next(h.proto.body for h in at.get("html") if "trace-transcript" in h.proto.body)
+    prompt = re.search(r'<details class="msg role-system system-prompt"[^>]*>.*?</details>',
+                       body, re.S)
+    assert prompt and " open" not in prompt.group(0)[:60] and "<mark" not in prompt.group(0)
+    assert "<mark" in body  # the conversation's hits
+    at.sidebar.checkbox(key="f_text_system").check().run()
+    assert not at.exception
+    assert set(listing(at).id) == every and int(at.metric[0].value) == len(every)
+    at.selectbox(key="trajectory_pick").set_value(tid).run()
+    body = next(h.proto.body for h in at.get("html") if "trace-transcript" in h.proto.body)
+    prompt = re.search(r'<details class="msg role-system system-prompt"[^>]*>.*?</details>',
+                       body, re.S)
+    assert prompt.group(0).startswith('<details class="msg role-system system-prompt" open')
+    assert "<mark" in prompt.group(0)

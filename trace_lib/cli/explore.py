@@ -36,11 +36,14 @@ def _filter_parent() -> argparse.ArgumentParser:
     g.add_argument("--error-kind", action="append", default=[])
     g.add_argument("--task", action="append", default=[])
     g.add_argument("--text", default="",
-                   help="text search over messages: every word starts a word of the "
-                        "trajectory (\"quoted phrases\" kept together)")
+                   help="text search over the conversation: every word starts a word of "
+                        "the trajectory (\"quoted phrases\" kept together)")
     g.add_argument("--text-mode", choices=["words", "substring"], default="words",
                    help="words: the full-text index (default); substring: exact "
                         "case-insensitive substring scan (identifiers, fragments)")
+    g.add_argument("--text-system", action="store_true",
+                   help="search the system prompt too (default: the conversation only: "
+                        "user, assistant and tool messages)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p
 
@@ -54,6 +57,7 @@ def _flt(args: argparse.Namespace):
         terminations=tuple(args.termination), tools_used=tuple(args.tool),
         tool_error=args.tool_error, error_kinds=tuple(args.error_kind),
         task_ids=tuple(args.task), text=args.text, text_mode=args.text_mode,
+        text_system=args.text_system,
     )
 
 

@@ -31,8 +31,16 @@ def slot_color(slot: int) -> str:
 
 
 def legend_html(slots: list[str]) -> str:
-    items = [f'<span style="background:{slot_color(i)};padding:1px 6px;border-radius:3px;'
-             f'margin-right:6px">{i}: {html.escape(name)}</span>' for i, name in enumerate(slots)]
+    """One chip per slot in its colour. A chip is one box that wraps as a whole to the
+    next line (`inline-block`, no wrap inside; issue 34: "1: precondition_" on one line
+    and "verification" on the next read as two chips); a name wider than the column is
+    cut with an ellipsis, its full text in the chip's hover."""
+    items = [f'<span class="trace-chip" title="{i}: {html.escape(name, quote=True)}" '
+             f'style="display:inline-block;white-space:nowrap;max-width:100%;'
+             f'overflow:hidden;text-overflow:ellipsis;vertical-align:top;'
+             f'background:{slot_color(i)};padding:1px 6px;border-radius:3px;'
+             f'margin:0 6px 4px 0">{i}: {html.escape(name)}</span>'
+             for i, name in enumerate(slots)]
     return '<div class="trace-legend">' + "".join(items) + "</div>"
 
 

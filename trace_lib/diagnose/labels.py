@@ -161,6 +161,17 @@ def edit_history(db: str | Path | None, *, trajectory_id: str | None = None,
                                          capability=capability, limit=limit)
 
 
+def describe_edit(edit: dict[str, Any]) -> str:
+    """One row of `edit_history` in words, for a picker: "#12 · t_0a1b · tool_calling_
+    precision: lacking → present · ann, 2025-08-01 16:20" (a bare id said nothing)."""
+    old = edit.get("old")
+    when = edit.get("edited_at")
+    when = when.strftime("%Y-%m-%d %H:%M") if hasattr(when, "strftime") else (when or "")
+    return (f"#{edit['id']} · {edit['trajectory_id']} · {edit['capability']}: "
+            f"{old if isinstance(old, str) else '(labeler)'} → {edit['new']} · "
+            f"{edit.get('editor') or '?'}" + (f", {when}" if when else ""))
+
+
 # ----------------------------------------------------------------------------- grid
 
 _GRID_META = ("trajectory_id", "task_id", "domain", "success")
@@ -234,21 +245,29 @@ def evidence(db: str | Path | None, trajectory_id: str, capability: str) -> list
              "cut_tokens": r[7]} for r in rows]
 
 
-def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str
-                             ) -> dict[str, Any]:
-    """What the Labels page shows beside the grid: messages (tool calls inlined), every
-    run's evidence for the pair, and the message indices that evidence points at."""
-    from trace_lib.trajectories import load_transcript
-
-    with store.connect(db) as con:
-        t = load_transcript(con, trajectory_id)
-    ev = evidence(db, trajectory_id, capability)
+def evidence_by_message(ev: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """The notes of `evidence(...)` grouped by the message each points at: message idx ->
+    ["RUN (VALUE): TEXT", ...]; evidence that names no message is left out."""
     points: dict[int, list[str]] = {}
     for e in ev:
         for item in e["evidence"]:
             idx = item.get("message_idx")
             if isinstance(idx, int):
                 points.setdefault(idx, []).append(f"{e['run']} ({e['value']}): {item.get('text')}")
+    return points
+
+
+def transcript_with_evidence(db: str | Path | None, trajectory_id: str, capability: str
+                             ) -> dict[str, Any]:
+    """Messages (tool calls inlined as text), every run's evidence for the pair, and the
+    message indices that evidence points at: the plain view (notebooks); the Labels page
+    draws the viewer's transcript (`workbench.diagnose.evidence_transcript`)."""
+    from trace_lib.trajectories import load_transcript
+
+    with store.connect(db) as con:
+        t = load_transcript(con, trajectory_id)
+    ev = evidence(db, trajectory_id, capability)
+    points = evidence_by_message(ev)
     calls: dict[int, list[str]] = {}
     for c in t.calls:
         calls.setdefault(c.message_idx, []).append(

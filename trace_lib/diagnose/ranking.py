@@ -40,6 +40,11 @@ Design decisions
   runs): Wilson 95% intervals for Cov, ER- and ER+, a one-sided Fisher exact p for
   "lacking is associated with failing", and (in `greedy_cover`) how many failures the
   kept set explains together.
+- The cover and the failure clusters count labelled failures: a failed trajectory no run
+  labelled (an import nobody labelled yet) is not "explained by none" but unknown. The
+  cover's denominator is the failed trajectories with an effective label for at least
+  one of its capabilities, and says how many failed ones have none (`n_unlabelled`); the
+  clusters give those their own signature, `UNLABELLED`, apart from `(none lacking)`.
 """
 
 from __future__ import annotations
@@ -378,22 +383,43 @@ def ranking_json(ranking: Ranking) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------- cover, clusters
 
+NONE_LACKING = "(none lacking)"
+UNLABELLED = "(not labelled)"
+
+
 def n_failed(con: duckdb.DuckDBPyConnection, scope: Scope | None = None) -> int:
     sc, sp = (scope or Scope()).where(con, "t")
     return int(con.execute(f"SELECT count(*) FROM trajectories t WHERE t.success = false "
                            f"AND {sc}", sp).fetchone()[0])
 
 
+def failed_labelled(con: duckdb.DuckDBPyConnection, capabilities: list[str],
+                    scope: Scope | None = None) -> tuple[int, int]:
+    """(failed trajectories with an effective label for at least one of `capabilities`,
+    failed trajectories in all) within `scope`."""
+    sc, sp = (scope or Scope()).where(con, "t")
+    labelled, total = con.execute(f"""
+        SELECT count(*) FILTER (WHERE t.id IN (
+                   SELECT trajectory_id FROM label_pairs
+                   WHERE value IS NOT NULL AND list_contains(?::VARCHAR[], capability))),
+               count(*)
+        FROM trajectories t WHERE t.success = false AND {sc}""",
+                                   [capabilities, *sp]).fetchone()
+    return int(labelled), int(total)
+
+
 def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
                  scope: Scope | None = None) -> list[dict[str, Any]]:
-    """Greedy set cover of failed trajectories by `capabilities`: each step adds the one
-    explaining most not-yet-explained failures (ties: the later name). Returns the
-    cumulative curve. Only integers leave the store (capability index, trajectory row id):
-    at 1M trajectories the Python sets of 800k ids this replaced cost 0.9 s per call."""
+    """Greedy set cover of labelled failed trajectories by `capabilities`: each step adds
+    the one explaining most not-yet-explained failures (ties: the later name). Returns the
+    cumulative curve; `n_failed` is the failed trajectories labelled for at least one of
+    `capabilities` and `n_unlabelled` the failed ones that are not. Only integers leave
+    the store (capability index, trajectory row id): at 1M trajectories the Python sets of
+    800k ids this replaced cost 0.9 s per call."""
     if not capabilities:
         return []
     materialise.sync(con)
-    n_fail = n_failed(con, scope)
+    n_fail, n_all = failed_labelled(con, capabilities, scope)
     sc, sp = (scope or Scope()).where(con, "t")
     got = con.execute(f"""
         SELECT list_position(?::VARCHAR[], e.capability)::INTEGER - 1 AS c,
@@ -414,13 +440,16 @@ def greedy_cover(con: duckdb.DuckDBPyConnection, capabilities: list[str], *,
         n_covered += gains[cap]
         curve.append({"step": len(curve) + 1, "capability": cap, "new": gains[cap],
                       "covered": n_covered, "n_failed": n_fail,
+                      "n_unlabelled": n_all - n_fail,
                       "fraction": n_covered / n_fail if n_fail else None})
     return curve
 
 
 def failure_clusters(con: duckdb.DuckDBPyConnection, capabilities: list[str] | None = None,
                      limit: int = 20, *, scope: Scope | None = None) -> list[dict[str, Any]]:
-    """Failed trajectories grouped by which capabilities are lacking together.
+    """Failed trajectories grouped by which capabilities are lacking together; those with
+    no effective label for any of `capabilities` are `UNLABELLED`, apart from the
+    labelled ones that lack none (`NONE_LACKING`).
 
     A signature is grouped as the sorted list of its capabilities' indices and named in
     Python: string keys per trajectory were 0.7 s of the 1M store's first ranking, lists
@@ -439,13 +468,17 @@ def failure_clusters(con: duckdb.DuckDBPyConnection, capabilities: list[str] | N
             FROM label_pairs e JOIN c USING (capability)
             WHERE e.value = 'lacking' GROUP BY e.trajectory_id
         )
-        SELECT coalesce(l.sig, []) AS sig, count(*) AS n, min(t.id, 5) AS examples
+        SELECT coalesce(l.sig, []) AS sig,
+               t.id IN (SELECT trajectory_id FROM label_pairs
+                        WHERE value IS NOT NULL AND list_contains(?::VARCHAR[], capability))
+                 AS labelled,
+               count(*) AS n, min(t.id, 5) AS examples
         FROM trajectories t LEFT JOIN lack l ON l.trajectory_id = t.id
         WHERE t.success = false AND {sc}
         GROUP BY ALL
-    """, [caps, caps, *sp]).fetchall()
-    named = [(" + ".join(caps[i] for i in sig) or "(none lacking)", n, sorted(ex))
-             for sig, n, ex in rows]
+    """, [caps, caps, caps, *sp]).fetchall()
+    named = [(" + ".join(caps[i] for i in sig) or (NONE_LACKING if labelled else UNLABELLED),
+              n, sorted(ex)) for sig, labelled, n, ex in rows]
     named.sort(key=lambda r: (-r[1], r[0]))
     return [{"signature": s, "n": n, "examples": ex} for s, n, ex in named[:int(limit)]]
 

@@ -99,8 +99,9 @@ def cover_curve(curve: list[dict[str, Any]]) -> go.Figure:
         x=[c["capability"] for c in curve], y=[c["fraction"] for c in curve],
         mode="lines+markers+text", text=[f"+{c['new']}" for c in curve],
         textposition="top center", cliponaxis=False,
-        hovertemplate="%{x}: %{y:.0%} of failures explained<extra></extra>"))
-    fig.update_layout(yaxis_title="share of failures explained", yaxis_range=[0, 1.05],
+        hovertemplate="%{x}: %{y:.0%} of labelled failures explained<extra></extra>"))
+    fig.update_layout(yaxis_title="share of labelled failures explained",
+                      yaxis_range=[0, 1.05],
                       xaxis_title="capability added (greedy order)", height=340,
                       margin={"t": 30})
     return readable(fig)

@@ -27,6 +27,11 @@ Design decisions
 - Computed once per trajectory, at import (`store.derived`: the `trajectory_derived`
   columns error_tool, error_kind, deviation); counts and members filter those rows. The
   SQL above is the definition, and the path for a store not (yet) derived.
+- What a person reads (`shown_levels`, `path_label`): a failure with no tool error has
+  "(no tool error)" as its tool and as its error kind, and drawn as they are the two read
+  "(no tool error) › (no tool error)" (issue 34). The second is left out of the treemap's
+  boxes and of the cluster picker's labels; the data keep all four levels, so a cluster's
+  key and its members are unchanged.
 """
 
 from __future__ import annotations
@@ -39,10 +44,30 @@ import pandas as pd
 from trace_lib.explore.queries import TrajectoryFilter, filter_sql
 from trace_lib.store import derived
 from trace_lib.store.connection import Connection
-from trace_lib.store.derived import signature_parts_sql
+from trace_lib.store.derived import NO_ERROR, signature_parts_sql
 
 LEVELS: tuple[str, ...] = ("termination", "error_tool", "error_kind", "deviation")
 PATH_SEP = " / "
+
+
+def shown_levels(levels: Sequence[str]) -> list[tuple[str, int]]:
+    """The levels of a signature (or a prefix of one) a person reads, each with how many
+    of the data's levels it stands for: the error kind is left out when the tool level
+    already says there was no tool error."""
+    out: list[tuple[str, int]] = []
+    for depth, value in enumerate(levels, start=1):
+        if depth == 3 and value == NO_ERROR and levels[1] == NO_ERROR:
+            out[-1] = (out[-1][0], depth)
+            continue
+        out.append((str(value), depth))
+    return out
+
+
+def path_label(path: str) -> str:
+    """A cluster key (levels joined by `PATH_SEP`) as a person reads it."""
+    if not path:
+        return path
+    return PATH_SEP.join(v for v, _ in shown_levels(path.split(PATH_SEP)))
 
 
 def _signature_sql(con: Connection, where: str) -> str:

@@ -57,8 +57,11 @@ class TrajectoryFilter:
     # Text search over message content (`store.search`): `words` (default) asks the
     # full-text index for trajectories where every word starts a token; `substring` is
     # the exact case-insensitive substring scan (identifiers, fragments; seconds at 100k).
+    # It reads the conversation (user, assistant, tool messages); `text_system` adds the
+    # system prompt, the same policy text in every trajectory of a benchmark.
     text: str = ""
     text_mode: str = "words"  # words | substring
+    text_system: bool = False
 
     def __post_init__(self) -> None:
         bad = [o for o in self.outcomes if o not in OUTCOMES]
@@ -90,7 +93,7 @@ def filter_sql(con: duckdb.DuckDBPyConnection, flt: TrajectoryFilter | None,
     flt = flt or TrajectoryFilter()
     hits_table = None
     if flt.text.strip() and not derived.computed_paths(con):
-        hits_table = search.bind(con, flt.text, flt.text_mode)
+        hits_table = search.bind(con, flt.text, flt.text_mode, system=flt.text_system)
     use_derived = bool(flt.error_kinds) and derived.ready(con)
     return where_sql(flt, alias, hits_table=hits_table, use_derived=use_derived)
 
@@ -155,10 +158,9 @@ def where_sql(flt: TrajectoryFilter | None, alias: str = "t", *, hits_table: str
     if flt.text.strip() and hits_table:
         clauses.append(f"{alias}.id IN (SELECT trajectory_id FROM {hits_table})")
     elif flt.text.strip():
-        clauses.append(
-            f"{alias}.id IN (SELECT trajectory_id FROM messages "
-            "WHERE contains(lower(content), ?))"
-        )
+        from trace_lib.store.search import scan_sql
+
+        clauses.append(f"{alias}.id IN ({scan_sql(flt.text_system)})")
         params.append(flt.text.strip().lower())
     return " AND ".join(clauses), params
 

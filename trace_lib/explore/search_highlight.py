@@ -3,7 +3,8 @@
 Design decisions
 - `query_pattern` reads a query the way `store.search` does (`words`: each word starts a
   token, a "quoted phrase" is its tokens in a row; `substring`: the query as typed), so
-  the viewer marks exactly what the search found.
+  the viewer marks exactly what the search found; and where it looked: a system prompt's
+  hits count (and are marked) only when the search read the system prompt too.
 - Highlighting is escaping with marks: `Highlighter` escapes the raw pieces between hits
   with the one escape (`untrusted_text.escape_html`), never already-escaped text, and adds
   only its own numbered `<mark class="trace-hit">`, so a query can neither split an
@@ -82,11 +83,13 @@ def highlight_html(text: Any, query: str | None, mode: str = "words") -> str:
     return Highlighter(query, mode=mode)(text)
 
 
-def count_hits(t: Transcript, query: str | None, mode: str = "words") -> int:
-    """Hits of `query` in the transcript's message texts and tool-call arguments."""
+def count_hits(t: Transcript, query: str | None, mode: str = "words", *,
+               system: bool = False) -> int:
+    """Hits of `query` in the transcript's conversation (with `system`, its system prompt
+    too) and tool-call arguments."""
     pattern = query_pattern(query, mode)
     if pattern is None:
         return 0
-    texts = [m["content"] for m in t.messages] + [
+    texts = [m["content"] for m in t.messages if system or m["role"] != "system"] + [
         json.dumps(c.arguments, ensure_ascii=False, default=str) for c in t.calls]
     return sum(len(pattern.findall(x)) for x in texts if x)

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 
 from trace_lib.explore.chart_labels import readable
 from trace_lib.explore.clusters import LEVELS as SIGNATURE_LEVELS
-from trace_lib.explore.clusters import PATH_SEP
+from trace_lib.explore.clusters import PATH_SEP, shown_levels
 
 OUTCOME_COLORS = {"success": "#16a34a", "failure": "#dc2626", "unknown": "#9ca3af"}
 
@@ -107,7 +107,8 @@ def signature_treemap(df: pd.DataFrame) -> go.Figure:
     rather than `px.treemap`, whose path processing cost ~0.8 s a figure at 100k
     failures. Box ids stay the ones `px.treemap` gives (`failures/<level>/...`, each
     level HTML-escaped, joined by "/"): a click sends the id, and the page maps it back
-    to the cluster (`treemap_box_paths`)."""
+    to the cluster (`treemap_box_paths`). The boxes are the levels a person reads
+    (`clusters.shown_levels`: no "(no tool error)" box inside a "(no tool error)" one)."""
     title = "Failure signatures: termination › first erroring tool › error kind › deviation"
     if df.empty:
         return _empty(title)
@@ -115,7 +116,7 @@ def signature_treemap(df: pd.DataFrame) -> go.Figure:
     labels: dict[str, str] = {}
     parents: dict[str, str] = {}
     for row in df[list(SIGNATURE_LEVELS) + ["n"]].itertuples(index=False):
-        levels, n = row[:-1], int(row[-1])
+        levels, n = [v for v, _ in shown_levels(row[:-1])], int(row[-1])
         values[ROOT_BOX] = values.get(ROOT_BOX, 0) + n
         for depth in range(1, len(levels) + 1):
             box = _box_id(levels[:depth])
@@ -132,13 +133,16 @@ def signature_treemap(df: pd.DataFrame) -> go.Figure:
 
 
 def treemap_box_paths(df: pd.DataFrame) -> dict[str, str]:
-    """Treemap box id -> its cluster: the levels down to the box joined by `PATH_SEP` ("" for
-    the root, all failures). A level that itself holds "/" could give two boxes one id:
-    the first, largest, signature keeps it (as in the figure)."""
+    """Treemap box id -> its cluster: the data's levels down to the box joined by
+    `PATH_SEP` ("" for the root, all failures; a box standing for two levels gives both).
+    A level that itself holds "/" could give two boxes one id: the first, largest,
+    signature keeps it (as in the figure)."""
     out: dict[str, str] = {ROOT_BOX: ""}
     for row in df[list(SIGNATURE_LEVELS)].itertuples(index=False):
-        for depth in range(1, len(row) + 1):
-            out.setdefault(_box_id(row[:depth]), PATH_SEP.join(str(v) for v in row[:depth]))
+        shown = shown_levels(row)
+        for k in range(1, len(shown) + 1):
+            out.setdefault(_box_id([v for v, _ in shown[:k]]),
+                           PATH_SEP.join(str(v) for v in row[:shown[k - 1][1]]))
     return out
 
 

@@ -12,7 +12,17 @@ Design decisions
   pretty-printed when they are JSON and folded when long, search hits marked, counted
   and linked. Two transcripts side by side show a shared system prompt once.
 - Aligned tool calls (`call_alignment`) are drawn as two columns, each row coloured by
-  its status and saying it in plain words (`call_alignment.status_words`).
+  its status and saying it in plain words (`call_alignment.status_words`). A tool name
+  wraps only between its parts (after "_" or "."; `breakable_name`), never inside one:
+  "get_reservation_de / tails" read as two words (issue 34). Arguments wrap anywhere.
+- What the source measured of a message (`Message.meta`: tokens in and out, cost,
+  latency; tau2 and Inspect logs have them) is shown in its header (`usage_text`), as
+  Inspect's viewer and Docent do, and summed once above the transcript. Nothing is shown
+  where nothing was measured: no "0 tokens".
+- Evidence (the Labels page): the messages a labeler's evidence points at carry the
+  notes above them and the class `trace-evidence`; in a scroll box (`scroll_box_html`)
+  the static `scroll_box_to_evidence_script` opens the box at the first of them, so a
+  long system prompt or the turns before the evidence are not what a person reads first.
 """
 
 from __future__ import annotations
@@ -89,17 +99,63 @@ def _lines(n: int) -> str:
     return f"{n} line" + ("" if n == 1 else "s")
 
 
+def usage_text(meta: dict[str, Any] | None) -> str:
+    """What was measured of one message, in words: "3,346 → 57 tokens · $0.0023 · 0.9 s";
+    "" when nothing was."""
+    if not meta:
+        return ""
+    parts = []
+    tokens_in, tokens_out = meta.get("input_tokens"), meta.get("output_tokens")
+    if tokens_in is not None or tokens_out is not None:
+        show = [f"{int(v):,}" if v is not None else "?" for v in (tokens_in, tokens_out)]
+        parts.append(f"{show[0]} → {show[1]} tokens")
+    if meta.get("cost") is not None:
+        parts.append(f"${meta['cost']:.4f}")
+    if meta.get("latency_s") is not None:
+        parts.append(f"{meta['latency_s']:.1f} s")
+    return " · ".join(parts)
+
+
+def usage_total(t: Transcript) -> dict[str, Any] | None:
+    """The transcript's measurements summed (each key over the messages that have it) and
+    the number of measured messages; None when no message was measured."""
+    measured = [m["meta"] for m in t.messages if m.get("meta")]
+    if not measured:
+        return None
+    total: dict[str, Any] = {"messages": len(measured)}
+    for key in ("input_tokens", "output_tokens", "cost", "latency_s"):
+        values = [m[key] for m in measured if m.get(key) is not None]
+        if values:
+            total[key] = sum(values)
+    return total
+
+
+def _usage_html(meta: dict[str, Any] | None) -> str:
+    text = usage_text(meta)
+    return (f' <span class="trace-usage" style="font-weight:400;color:#6b7280">· {_e(text)}'
+            "</span>" if text else "")
+
+
+def _evidence_html(notes: list[str] | None) -> str:
+    if not notes:
+        return ""
+    items = "".join(f'<li style="font-size:inherit;margin:0">{_e(n)}</li>' for n in notes)
+    return ('<div class="evidence-note" style="background:#fef9c3;border-left:4px solid '
+            '#ca8a04;padding:4px 10px;margin:6px 0 0;font-size:0.85em">'
+            f"<b>👉 Evidence</b><ul style=\"margin:2px 0 2px 18px;padding:0\">{items}</ul></div>")
+
+
 def system_prompt(t: Transcript) -> str:
     """The system messages' text, joined (what the comparison view shows once)."""
     return "\n\n".join(m["content"] or "" for m in t.messages if m["role"] == "system")
 
 
 def _system_html(text: str, idx_label: str, hl: Highlighter, max_chars: int,
-                 note: str = "") -> str:
+                 note: str = "", *, opened: bool = False, css: str = "") -> str:
     n_lines = len(text.splitlines())
-    opened = " open" if hl.has_hit(text) else ""
+    opened_attr = " open" if opened or hl.has_hit(text) else ""
     return (
-        f'<details class="msg role-system system-prompt"{opened} '
+        f'<details class="msg role-system system-prompt{css}"{opened_attr} '
         f'style="{_ROLE_STYLE["system"]};{_MSG}">'
         f'<summary style="{_SUMMARY}"><b>{_e(idx_label)} system prompt</b> · '
         f"{len(text):,} chars, {_lines(n_lines)}{_e(note)} · click to show</summary>"
@@ -126,44 +182,64 @@ def _output_html(m: dict[str, Any], hl: Highlighter, max_chars: int, label: str)
 
 
 def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str | None = None,
-                           query_mode: str = "words", system: str = "collapsed",
-                           hit_prefix: str = "trace-hit") -> str:
+                           query_mode: str = "words", query_system: bool = False,
+                           system: str = "collapsed", hit_prefix: str = "trace-hit",
+                           evidence: dict[int, list[str]] | None = None) -> str:
     """The transcript as self-contained, escaped HTML.
 
     - the system prompt is folded (`system="collapsed"`) or left out (`"omit"`, when the
-      caller shows it once for two transcripts); a search hit inside it unfolds it;
+      caller shows it once for two transcripts); its search hits are marked, and unfold
+      it, only when the search read it (`query_system`, as `store.search`'s `system`);
     - each tool call is drawn in one box with the tool message that answers it
       (`Call.result_idx`), whose output is pretty JSON, folded past `OPEN_LINES` lines;
       a tool message no call claims shows on its own, in its place;
     - `query` hits (`query_pattern`, in `query_mode`) are wrapped in numbered
       `<mark class="trace-hit">` (ids `hit_prefix-N`) and listed as links at the top;
-      long messages are cut at `max_chars`, past the last hit.
+      long messages are cut at `max_chars`, past the last hit;
+    - a message's measurements (`usage_text`) follow its header, their sum heads it;
+    - `evidence` (message idx -> notes) puts the notes above the message they point at
+      (above the call box, for a tool message drawn with its call) and marks it
+      `trace-evidence` (a system prompt holding evidence is unfolded).
     """
+    evidence = evidence or {}
     hl = Highlighter(query, hit_prefix, query_mode)
+    system_hl = hl if query_system else Highlighter(None)
     by_idx = {m["idx"]: m for m in t.messages}
     paired: dict[int, dict[str, Any]] = {}
     for m in t.messages:
         for c in m["tool_calls"]:
             if c.result_idx is not None and c.result_idx in by_idx:
                 paired[c.result_idx] = by_idx[c.result_idx]
+    # Evidence on a tool message drawn inside its call's box shows above that box.
+    answered_by = {c.result_idx: m["idx"] for m in t.messages for c in m["tool_calls"]
+                   if c.result_idx in paired}
+    notes: dict[int, list[str]] = {}
+    for idx, items in evidence.items():
+        notes.setdefault(answered_by.get(idx, idx), []).extend(items)
     parts: list[str] = []
     for m in t.messages:
         if m["idx"] in paired:
             continue  # drawn with the call it answers
+        here = notes.get(m["idx"])
+        mark = " trace-evidence" if here else ""
+        parts.append(_evidence_html(here))
         if m["role"] == "system":
             if system != "omit":
-                parts.append(_system_html(m["content"] or "", f"#{m['idx']}", hl, max_chars))
+                parts.append(_system_html(m["content"] or "", f"#{m['idx']}", system_hl,
+                                          max_chars, opened=bool(here), css=mark))
             continue
         if m["role"] == "tool":
             parts.append(
-                f'<div class="msg role-tool unpaired" style="{_ROLE_STYLE["tool"]};{_MSG}">'
+                f'<div class="msg role-tool unpaired{mark}" data-idx="{_e(m["idx"])}" '
+                f'style="{_ROLE_STYLE["tool"]};{_MSG}">'
                 f"{_output_html(m, hl, max_chars, 'tool output' + _name(m))}</div>")
             continue
         style = _ERROR_STYLE if m["is_error"] else _ROLE_STYLE.get(m["role"], "")
         label = m["role"] + (f" · {m['name']}" if m.get("name") else "")
         parts.append(
-            f'<div class="msg role-{_e(m["role"])}" data-idx="{_e(m["idx"])}" '
-            f'style="{style};{_MSG}"><div style="{_HEAD}">#{_e(m["idx"])} {_e(label)}</div>')
+            f'<div class="msg role-{_e(m["role"])}{mark}" data-idx="{_e(m["idx"])}" '
+            f'style="{style};{_MSG}"><div style="{_HEAD}">#{_e(m["idx"])} {_e(label)}'
+            f'{_usage_html(m.get("meta"))}</div>')
         content = _clip(m["content"] or "", max_chars, hl)
         if content:
             parts.append(f'<div style="white-space:pre-wrap">{hl(content)}</div>')
@@ -173,7 +249,16 @@ def render_transcript_html(t: Transcript, *, max_chars: int = 4000, query: str |
         parts.append("</div>")
     head = (f'<div class="trace-transcript" data-trajectory="{_e(t.id)}" '
             f'data-hits="{hl.hits}" style="font-family:sans-serif;font-size:14px">')
-    return head + _hits_nav(hl) + "".join(parts) + "</div>"
+    return head + _hits_nav(hl) + _total_html(t) + "".join(parts) + "</div>"
+
+
+def _total_html(t: Transcript) -> str:
+    total = usage_total(t)
+    if total is None:
+        return ""
+    n = total.pop("messages")
+    return ('<div class="trace-usage-total" style="font-size:0.85em;color:#374151">'
+            f"{n} measured message{'s' if n != 1 else ''} · {_e(usage_text(total))}</div>")
 
 
 def _name(m: dict[str, Any]) -> str:
@@ -239,17 +324,37 @@ def scroll_into_view_script(selector: str, *key: str) -> str:
             "n+=1;if(n>=40){return;}setTimeout(go,100);}go();})();</script>")
 
 
+def scroll_box_html(inner: str, max_height_px: int = 620) -> str:
+    """`inner` (rendered HTML) in a box of at most `max_height_px` that scrolls on its own:
+    what `scroll_box_to_evidence_script` moves."""
+    return (f'<div class="trace-scroll" style="max-height:{int(max_height_px)}px;'
+            f'overflow-y:auto">{inner}</div>')
+
+
+def scroll_box_to_evidence_script(*key: str) -> str:
+    """A static script that scrolls the `scroll_box_html` box (not the page) so the first
+    `trace-evidence` message is at its top. Like `scroll_into_view_script`: no trajectory
+    text, `key` only as a digest (a new trajectory or capability runs it again), no `<`."""
+    token = hashlib.sha256("\0".join(("trace-evidence", *key)).encode()).hexdigest()[:16]
+    return ("<script>/* " + token + " */(function(){var n=0;function go(){"
+            "var el=document.querySelector('.trace-scroll .trace-evidence');"
+            "if(el){var box=el.closest('.trace-scroll');"
+            "box.scrollTop+=el.getBoundingClientRect().top-box.getBoundingClientRect().top-8;"
+            "return;}"
+            "n+=1;if(n>=40){return;}setTimeout(go,100);}go();})();</script>")
+
+
 def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b: str, *,
                              query: str | None = None, query_mode: str = "words",
-                             max_chars: int = 4000) -> str:
+                             query_system: bool = False, max_chars: int = 4000) -> str:
     """Two transcripts in two columns. A system prompt both share is shown once, folded,
     above them; when they differ, each column keeps its own (folded) and says so."""
     sys_a, sys_b = system_prompt(a), system_prompt(b)
     parts = ['<div class="trace-side-by-side">']
     if sys_a == sys_b:
         if sys_a:
-            parts.append(_system_html(sys_a, "", Highlighter(query, "trace-hit-sys", query_mode),
-                                      max_chars, " · the same in both"))
+            sys_hl = Highlighter(query if query_system else None, "trace-hit-sys", query_mode)
+            parts.append(_system_html(sys_a, "", sys_hl, max_chars, " · the same in both"))
         mode = "omit"
     else:
         parts.append('<div class="system-differs" style="font-size:0.85em;color:#92400e">'
@@ -259,10 +364,24 @@ def render_side_by_side_html(a: Transcript, b: Transcript, label_a: str, label_b
     for t, label, prefix in ((a, label_a, "trace-hit-a"), (b, label_b, "trace-hit-b")):
         parts.append(f'<div class="trace-column"><div style="font-weight:600">{_e(label)}</div>'
                      + render_transcript_html(t, max_chars=max_chars, query=query,
-                                              query_mode=query_mode, system=mode,
+                                              query_mode=query_mode,
+                                              query_system=query_system, system=mode,
                                               hit_prefix=prefix) + "</div>")
     parts.append("</div></div>")
     return "".join(parts)
+
+
+_NAME_JOINTS = ("_", ".")
+_NAME_STYLE = "overflow-wrap:break-word;word-break:normal"
+
+
+def breakable_name(name: Any) -> str:
+    """A tool name as escaped HTML that may wrap after each "_" or "." (`<wbr>`), and
+    inside a part only when that part alone is wider than the column."""
+    out = _e(name)
+    for joint in _NAME_JOINTS:
+        out = out.replace(joint, joint + "<wbr>")
+    return out
 
 
 def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,
@@ -278,13 +397,16 @@ def render_alignment_html(rows: list[AlignedRow], left: str, right: str, *,
         err = f'<div style="color:#b91c1c">error: {_e(c.error)}</div>' if c.error else ""
         args = canonical_json(c.arguments)
         return (
-            f'<td style="vertical-align:top;overflow-wrap:anywhere"><code>{_e(c.name)}</code>'
+            f'<td style="vertical-align:top;overflow-wrap:anywhere">'
+            f'<code class="tool-name" style="{_NAME_STYLE}">{breakable_name(c.name)}</code>'
             f'<pre style="{_PRE}">{_e(args)}</pre>{err}</td>'
         )
 
+    # Automatic column widths: a column is never narrower than its longest name part, so
+    # names wrap only at their joints; arguments (wrapped anywhere) take what is left.
     head = (
         '<table class="trace-alignment" style="width:100%;border-collapse:collapse;'
-        'table-layout:fixed;font-size:13px"><tr><th style="width:9em">what</th>'
+        'table-layout:auto;font-size:13px"><tr><th style="width:7em">what</th>'
         f"<th>{_e(left)}</th><th>{_e(right)}</th></tr>"
     )
     body = "".join(
@@ -307,6 +429,8 @@ def transcript_text(t: Transcript) -> str:
     ]
     for m in t.messages:
         tag = f"[{m['idx']}] {m['role']}" + (" ERROR" if m["is_error"] else "")
+        if usage := usage_text(m.get("meta")):
+            tag += f" ({usage})"
         lines.append(f"{tag}: {m['content'] or ''}")
         for c in m["tool_calls"]:
             lines.append(f"    -> {c.name}({canonical_json(c.arguments)})"

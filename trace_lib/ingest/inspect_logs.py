@@ -12,6 +12,12 @@ Design decisions
   wins. Reading them means reading each sample's events (one sample at a time still); a
   log without model events (written with events stripped) falls back to schemas inferred
   from the calls, and the import's notes say so.
+- What Inspect measured of a model call goes on the assistant message it produced
+  (`Message.meta`): the `ModelEvent`'s usage (input and output tokens, `total_cost` when
+  the provider priced it) and its `output.time` (else the event's `working_time`) as the
+  latency. An event is matched to its message by the output message's id; a log whose
+  ids do not match (an older writer) pairs events and assistant messages in order when
+  their counts agree, and leaves them unmeasured otherwise.
 - Messages map one to one: system/user/assistant/tool. An assistant's `tool_calls`
   (`function`, `arguments`, `id`) become ToolCalls; a tool message answers by
   `tool_call_id`, and its `error` (Inspect's ToolCallError) becomes the call's error text.
@@ -53,6 +59,7 @@ from trace_lib.ingest.normalise import (
     assemble,
     error_outcome,
     infer_termination,
+    message_meta,
     outcome_fields,
     parse_arguments,
 )
@@ -78,8 +85,44 @@ def _local_file(src: Source) -> Iterator[Path]:
             os.unlink(name)
 
 
+def _call_meta(event: Any) -> dict[str, int | float] | None:
+    """A ModelEvent's usage and time as a message's `meta`."""
+    output = getattr(event, "output", None)
+    usage = getattr(output, "usage", None)
+    return message_meta(input_tokens=getattr(usage, "input_tokens", None),
+                        output_tokens=getattr(usage, "output_tokens", None),
+                        cost=getattr(usage, "total_cost", None),
+                        latency_s=getattr(output, "time", None)
+                        or getattr(event, "working_time", None))
+
+
+def _measured(sample: Any) -> list[dict[str, int | float] | None]:
+    """Per message of the sample, what its model call measured (assistant messages only;
+    see the module docstring for the matching)."""
+    events = [e for e in getattr(sample, "events", None) or []
+              if getattr(e, "event", None) == "model" and getattr(e, "output", None)]
+    by_id: dict[str, dict[str, int | float] | None] = {}
+    for e in events:
+        choices = getattr(e.output, "choices", None) or []
+        msg_id = getattr(choices[0].message, "id", None) if choices else None
+        if msg_id:
+            by_id[msg_id] = _call_meta(e)
+    assistants = [i for i, m in enumerate(sample.messages)
+                  if getattr(m, "role", None) == "assistant"]
+    out: list[dict[str, int | float] | None] = [None] * len(sample.messages)
+    matched = [i for i in assistants if getattr(sample.messages[i], "id", None) in by_id]
+    if matched:
+        for i in matched:
+            out[i] = by_id[sample.messages[i].id]
+    elif len(events) == len(assistants):
+        for i, e in zip(assistants, events, strict=True):
+            out[i] = _call_meta(e)
+    return out
+
+
 def _messages(sample: Any, record: int) -> list[RawMessage]:
     out: list[RawMessage] = []
+    measured = _measured(sample)
     for i, m in enumerate(sample.messages):
         role = getattr(m, "role", None)
         if role not in _ROLES:
@@ -105,7 +148,7 @@ def _messages(sample: Any, record: int) -> list[RawMessage]:
                 "call_id": tc.id,
                 "requestor": "assistant",
             })
-        out.append(RawMessage(role=role, content=text, tool_calls=calls))
+        out.append(RawMessage(role=role, content=text, tool_calls=calls, meta=measured[i]))
     return out
 
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
+from trace_lib.data_model import MESSAGE_META_KEYS, ExpectedAction, ToolSchema, Trajectory
 from trace_lib.ingest.source import RecordError, fast_loads
 
 if TYPE_CHECKING:
@@ -268,7 +268,8 @@ def text_content(value: Any, record: int, path: str) -> str | None:
 
 @dataclass(slots=True)
 class RawMessage:
-    """A message on its way into the model: `error` is the tool's error text (tool role)."""
+    """A message on its way into the model: `error` is the tool's error text (tool role),
+    `meta` what the source measured of it (`message_meta`)."""
 
     role: str
     content: str | None = None
@@ -276,6 +277,21 @@ class RawMessage:
     tool_call_id: str | None = None
     name: str | None = None
     error: str | None = None
+    meta: dict[str, int | float] | None = None
+
+
+def message_meta(**measured: Any) -> dict[str, int | float] | None:
+    """A message's `meta` from what a source measured (`data_model.MESSAGE_META_KEYS`):
+    only finite, non-negative numbers are kept (a source's null, a string or a NaN is
+    "not measured", never 0); None when nothing is left."""
+    out: dict[str, int | float] = {}
+    for key, value in measured.items():
+        if key not in MESSAGE_META_KEYS:
+            raise ValueError(f"message meta {key!r}: not one of {MESSAGE_META_KEYS}")
+        if (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= 0):
+            out[key] = value
+    return out or None
 
 
 def assemble(messages: list[RawMessage], record: int, **fields: Any) -> Trajectory:
@@ -321,6 +337,7 @@ def assemble(messages: list[RawMessage], record: int, **fields: Any) -> Trajecto
             "name": m.name,
             "turn_idx": turn,
             "tool_calls": m.tool_calls,
+            "meta": m.meta,
         }
         for m, turn in zip(messages, turns, strict=True)
     ]

@@ -18,6 +18,10 @@ Design decisions
   answering it is read, after the call).
 - The record-level fields keep `Trajectory`'s names, so code that reads or overrides
   them (`pipeline._overridden` sets `domain` / `agent_model`) works on both shapes.
+- What a source measured of a message (tokens, cost, latency: `Message.meta`) is kept
+  beside the tuples, by message index (`message_meta`), not in them: most formats have
+  none, and the tuples are what the content hash reads (the measurements are not part of
+  a trajectory's identity).
 - `to_trajectory` is the way back (one validation), for the rare records the writer must
   rewrite (lone surrogates, NaN in arguments) and for callers that want models.
 """
@@ -51,6 +55,7 @@ class TrajectoryRows:
     termination: str | None
     meta: dict[str, Any]
     messages: list[MessageRow] = field(default_factory=list)
+    message_meta: dict[int, dict[str, int | float]] = field(default_factory=dict)  # idx -> meta
 
     @classmethod
     def from_trajectory(cls, t: Trajectory) -> TrajectoryRows:
@@ -60,6 +65,7 @@ class TrajectoryRows:
             [(m.role, m.content, m.tool_call_id, m.name, m.turn_idx,
               [[c.name, c.arguments, c.call_id, c.requestor, c.error] for c in m.tool_calls])
              for m in t.messages],
+            {i: m.meta for i, m in enumerate(t.messages) if m.meta},
         )  # fmt: skip
 
     def to_trajectory(self) -> Trajectory:
@@ -71,10 +77,11 @@ class TrajectoryRows:
             "termination": self.termination, "meta": self.meta,
             "messages": [
                 {"role": role, "content": content, "tool_call_id": tool_call_id, "name": name,
-                 "turn_idx": turn_idx,
+                 "turn_idx": turn_idx, "meta": self.message_meta.get(idx),
                  "tool_calls": [{"name": n, "arguments": a, "call_id": i, "requestor": r,
                                  "error": e} for n, a, i, r, e in calls]}
-                for role, content, tool_call_id, name, turn_idx, calls in self.messages
+                for idx, (role, content, tool_call_id, name, turn_idx, calls)
+                in enumerate(self.messages)
             ],
         })  # fmt: skip
 

@@ -16,6 +16,12 @@ Design decisions
   failed, not the agent) is imported with outcome `error`. Termination:
   `termination_reason` verbatim. Agent model: `info.agent_info.llm`; domain:
   `info.environment_info.domain_name`.
+- What tau2 measured of each message a model wrote (the agent's or the user simulator's:
+  it has a `usage` or a cost above 0) is kept on it (`Message.meta`): its `cost`, its
+  `usage` (`prompt_tokens` in, `completion_tokens` out) and its latency, the seconds
+  since the previous message's `timestamp` (tau2 stamps a message when it is made, so the
+  gap is the call that made it). A timestamp that does not parse gives no latency; the
+  canned greeting (cost 0, no usage) is not measured.
 - Expected actions: `tasks[].evaluation_criteria.actions` (name, arguments, requestor), per
   task id. In telecom most expected actions are the *user's* (`toggle_roaming`, ...):
   `requestor` is kept so deviations are compared side by side (the agent's calls against
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,7 @@ from trace_lib.ingest.normalise import (
     field,
     id_field,
     int32_field,
+    message_meta,
     opt_field,
     outcome_fields,
     parse_arguments,
@@ -114,11 +122,39 @@ def _schemas(domain: str, tools: list[Any], where: str) -> list[ToolSchema]:
     return out
 
 
+def _timestamp(m: dict[str, Any]) -> datetime | None:
+    value = m.get("timestamp")
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _measured(m: dict[str, Any], previous: datetime | None) -> dict[str, int | float] | None:
+    """What tau2 measured of one message (see the module docstring)."""
+    usage = m.get("usage") if isinstance(m.get("usage"), dict) else {}
+    cost = m.get("cost")
+    generated = bool(usage) or (isinstance(cost, int | float) and cost > 0)
+    now = _timestamp(m)
+    latency = ((now - previous).total_seconds()
+               if generated and now is not None and previous is not None
+               and (now.tzinfo is None) == (previous.tzinfo is None) else None)
+    # A message no model wrote (the agent's canned greeting) has cost 0 and no usage:
+    # nothing was measured, so nothing is kept.
+    return message_meta(input_tokens=usage.get("prompt_tokens"),
+                        output_tokens=usage.get("completion_tokens"),
+                        cost=cost if generated else None, latency_s=latency)
+
+
 def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
     out: list[RawMessage] = []
+    previous: datetime | None = None
     for i, raw in enumerate(raw_messages):
         path = f"messages[{i}]"
         m = as_object(raw, record, path)
+        meta, previous = _measured(m, previous), _timestamp(m) or previous
         role = check_role(field(m, "role", (str,), record, path), record, path)
         content = text_content(m.get("content"), record, f"{path}.content")
         if role == "tool":
@@ -131,6 +167,7 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
                     content=content,
                     tool_call_id=opt_field(m, "id", (str,), record, path),
                     error=(content or "error") if failed else None,
+                    meta=meta,
                 )
             )
             continue
@@ -146,7 +183,7 @@ def _messages(raw_messages: list[Any], record: int) -> list[RawMessage]:
                     "requestor": opt_field(tc, "requestor", (str,), record, cpath) or role,
                 }
             )
-        out.append(RawMessage(role=role, content=content, tool_calls=calls))
+        out.append(RawMessage(role=role, content=content, tool_calls=calls, meta=meta))
     return out
 
 

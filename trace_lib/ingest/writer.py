@@ -32,6 +32,9 @@ Design decisions
   U+FFFD, and the record is named in the warnings.
 - A dataset is its file's content SHA-256 (`d_` + 16 hex); re-importing the same bytes
   reuses the row. A file whose every record was skipped registers no dataset.
+- What a source measured of a message (`TrajectoryRows.message_meta`: tokens, cost,
+  latency) goes into `messages.meta` and is not hashed. A batch where no message has any
+  leaves the column out of its insert (NULL), so formats without it pay nothing.
 - Expected actions are keyed (dataset_id, task_id, idx), with their requestor, and only
   written with a new dataset. Tool schemas: given ones as the files ship them, inferred
   ones observed batch by batch (`schemas.SchemaObserver`), resolved once at the end.
@@ -208,6 +211,7 @@ class _Batch:
         self.msg_tid: list[str] = []
         self.msg_idx: list[int] = []
         self.msg_rows: list[Any] = []
+        self.msg_meta: list[str | None] = []  # JSON per message, filled only when one has it
         self.calls: list[tuple[Any, ...]] = []
         self.shas: list[str] = []
         # rows, sha, tid, arguments JSON per call, meta JSON
@@ -406,6 +410,12 @@ class Writer:
             m_tid([tid] * n_messages)
             m_idx(range(n_messages))
             m_rows(messages)
+            if traj.message_meta or batch.msg_meta:
+                if not batch.msg_meta:  # the batch's first measured message: pad before it
+                    batch.msg_meta = [None] * (len(batch.msg_tid) - n_messages)
+                measured = traj.message_meta
+                batch.msg_meta.extend(_dumps(measured[i]) if i in measured else None
+                                      for i in range(n_messages))
             if args_json:  # only then has any message calls
                 for idx, m in enumerate(messages):
                     for ci, (c_name, arguments, call_id, requestor, error) in enumerate(m[5]):
@@ -426,9 +436,12 @@ class Writer:
                      {k: pa.array(v, _TYPES.get(k, _STR)) for k, v in batch.traj.items()},
                      ("meta",))
         split = list(zip(*batch.msg_rows, strict=True)) if batch.msg_rows else [()] * 6
-        self._insert("messages", {
+        message_columns = {
             k: pa.array(list(v), _TYPES.get(k, _STR)) for k, v in zip(
-                MESSAGE_COLUMNS, (batch.msg_tid, batch.msg_idx, *split[:5]), strict=True)})
+                MESSAGE_COLUMNS, (batch.msg_tid, batch.msg_idx, *split[:5]), strict=True)}
+        if batch.msg_meta:
+            message_columns["meta"] = pa.array(batch.msg_meta, _STR)
+        self._insert("messages", message_columns, ("meta",))
         columns = list(zip(*batch.calls, strict=True)) if batch.calls else [[]] * len(
             TOOL_CALL_COLUMNS)
         self._insert("tool_calls",

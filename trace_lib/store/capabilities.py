@@ -77,6 +77,23 @@ def exists(con: Connection, name: str) -> bool:
     return con.execute("SELECT 1 FROM capabilities WHERE name = ?", [name]).fetchone() is not None
 
 
+def status_counts(con: Connection) -> dict[str, int]:
+    """Capabilities per status as the catalog lists them: `ensure_builtin` writes the
+    built-in menu (accepted) on its first use, so a built-in not written yet counts as
+    accepted. Reads only, so a read-only connection (Home's) gives the Labels page's
+    numbers before that page was ever opened."""
+    names = [b.name for b in BUILTIN]
+    try:
+        counts = dict(con.execute(
+            "SELECT status, count(*) FROM capabilities GROUP BY status").fetchall())
+        written = con.execute("SELECT count(*) FROM capabilities WHERE name IN "
+                              "(SELECT unnest(?))", [names]).fetchone()[0]
+    except duckdb.CatalogException:  # a foreign or old file without the table
+        counts, written = {}, 0
+    counts["accepted"] = counts.get("accepted", 0) + len(names) - written
+    return {k: int(v) for k, v in counts.items()}
+
+
 def status_of(con: Connection, name: str) -> str | None:
     """The capability's status, None when the catalog has no such row."""
     row = con.execute("SELECT status FROM capabilities WHERE name = ?", [name]).fetchone()

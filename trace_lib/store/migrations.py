@@ -391,9 +391,17 @@ ALTER TABLE labels ADD COLUMN unsupported BOOLEAN;
 ALTER TABLE label_runs ADD COLUMN notes VARCHAR;
 """
 
+# Transcripts (issue 34): what the source measured of a message (`data_model.Message.meta`:
+# tokens in and out, cost, latency of the model call behind it). NULL for messages imported
+# before, and for formats that measure nothing.
+MESSAGE_META = """
+ALTER TABLE messages ADD COLUMN meta JSON;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
-                         LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS]
+                         LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
+                         MESSAGE_META]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -16,9 +16,19 @@ Design decisions
 - It lives in `store/` because it is part of the store: a second file beside the DuckDB
   one, written in the import's transaction, read by explore's queries (`bind`).
 - The index is a side file next to the store, `<store>.search.sqlite` (WAL mode: the page
-  reads while an import writes). One document per trajectory: the content of its
-  messages joined by newlines, in a *contentless* FTS5 table (`content=''`: only the
-  postings are kept, the text stays in DuckDB). `docs` maps FTS rowids to trajectory ids.
+  reads while an import writes). One document per trajectory in a *contentless* FTS5
+  table (`content=''`: only the postings are kept, the text stays in DuckDB), with two
+  columns: `body`, the conversation (user, assistant and tool messages joined by
+  newlines), and `system`, its system prompt. `docs` maps FTS rowids to trajectory ids.
+- What a search reads (issue 34): the conversation, unless the system prompt is asked
+  for too (`system=True`: the page's checkbox, `explore --text-system`). A system prompt
+  is the same screens of policy in every trajectory of a benchmark, so a search for
+  "refund" over it matched 148 of 151 failures. The conversation is a column filter on
+  the same index (`{body} : (...)`), as fast as before; every path (index, word scan,
+  substring scan) reads the same messages.
+- The index's layout has a version (`PRAGMA user_version`, `SCHEMA_VERSION`). An index
+  of another version is not used (the scan answers, the page says to reindex), and the
+  next import or `explore reindex` rebuilds it whole.
 - All or nothing with the import. `pending_index` writes the new trajectories' documents
   inside a SQLite transaction while DuckDB's import transaction is still open (it reads
   the uncommitted rows), commits SQLite only after DuckDB committed, and rolls back (and
@@ -27,10 +37,10 @@ Design decisions
   with the store's trajectories, and a stale index is not used (the scan answers, the
   page says to run `explore reindex`, which rebuilds it from the store).
 - Query semantics (mode `words`, the default): every word of the query must start a token
-  somewhere in the trajectory's messages (`"word"*`, AND), case- and accent-insensitive,
+  somewhere in the trajectory's conversation (`"word"*`, AND), case- and accent-insensitive,
   tokens split at anything that is not a letter or digit (FTS5 `unicode61`); a "quoted
   phrase" must appear as consecutive tokens. Mode `substring` is the exact,
-  case-insensitive substring scan over `messages.content` (for identifiers and
+  case-insensitive substring scan over the same messages' `content` (for identifiers and
   fragments a token index cannot see, like `ZFA0` inside `xZFA04Y`): seconds at 100k.
 - The matching ids are computed once per (store version, query, mode) and cached in the
   process (`hits`); every aggregate of a page then semi-joins the same registered Arrow
@@ -56,14 +66,25 @@ import pyarrow as pa
 MODES: tuple[str, ...] = ("words", "substring")
 INDEX_SUFFIX = ".search.sqlite"
 TOKENIZER = "unicode61 remove_diacritics 2"
+SCHEMA_VERSION = 2  # 1 (no user_version set): one `body` column holding every message
 _CHUNK = 50_000  # trajectories per document query
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS docs (rowid INTEGER PRIMARY KEY, trajectory_id TEXT NOT NULL UNIQUE);
-CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, content='', tokenize='{TOKENIZER}');
+CREATE VIRTUAL TABLE IF NOT EXISTS fts USING fts5(body, system, content='',
+                                                  tokenize='{TOKENIZER}');
 """
-# The old query path, kept as the named peer (bench/explore.py) and as the `substring` mode.
-SCAN_SQL = ("SELECT DISTINCT trajectory_id FROM messages "
-            "WHERE contains(lower(content), ?)")
+# The messages a search reads: the conversation, or every message (`system=True`).
+CONVERSATION = "role <> 'system'"
+
+
+def scan_sql(system: bool = False) -> str:
+    """The substring scan (the `substring` mode, and the old query path kept as
+    bench/explore.py's named peer): one parameter, the lower-cased text."""
+    return ("SELECT DISTINCT trajectory_id FROM messages WHERE contains(lower(content), ?)"
+            + ("" if system else f" AND {CONVERSATION}"))
+
+
+SCAN_SQL = scan_sql()
 _WORD = re.compile(r'"([^"]*)"|(\S+)')
 _HAS_TOKEN = re.compile(r"[^\W_]")
 
@@ -101,16 +122,27 @@ def fts_query(text: str) -> str | None:
 
 
 def _open(path: Path) -> sqlite3.Connection:
+    """The index for writing; one of another layout is emptied (rebuilt by the caller's
+    `_add_missing`, which then finds every trajectory missing)."""
     # isolation_level=None: transactions are explicit (BEGIN/COMMIT below).
     con = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
     con.execute("PRAGMA journal_mode=WAL")
+    if con.execute("PRAGMA user_version").fetchall()[0][0] != SCHEMA_VERSION:
+        con.execute("DROP TABLE IF EXISTS docs")
+        con.execute("DROP TABLE IF EXISTS fts")
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     con.executescript(_SCHEMA)
     return con
 
 
 def _documents_sql(scope: str) -> str:
+    """(trajectory id, conversation text, system prompt text) per trajectory."""
     return f"""
-        SELECT t.id, coalesce(string_agg(m.content, chr(10) ORDER BY m.idx), '')
+        SELECT t.id,
+               coalesce(string_agg(m.content, chr(10) ORDER BY m.idx)
+                        FILTER (WHERE m.{CONVERSATION}), ''),
+               coalesce(string_agg(m.content, chr(10) ORDER BY m.idx)
+                        FILTER (WHERE NOT m.{CONVERSATION}), '')
         FROM trajectories t LEFT JOIN messages m
           ON m.trajectory_id = t.id AND m.content IS NOT NULL
         WHERE {scope} GROUP BY t.id
@@ -139,8 +171,8 @@ def _add_missing(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> i
         ids = range(next_row, next_row + len(rows))
         lite.executemany("INSERT INTO docs (rowid, trajectory_id) VALUES (?, ?)",
                          zip(ids, (r[0] for r in rows), strict=True))
-        lite.executemany("INSERT INTO fts (rowid, body) VALUES (?, ?)",
-                         zip(ids, (r[1] for r in rows), strict=True))
+        lite.executemany("INSERT INTO fts (rowid, body, system) VALUES (?, ?, ?)",
+                         zip(ids, (r[1] for r in rows), (r[2] for r in rows), strict=True))
         next_row += len(rows)
     return len(todo)
 
@@ -182,7 +214,7 @@ def rebuild(duck: duckdb.DuckDBPyConnection, db: str | Path) -> int:
         try:
             lite.execute("DROP TABLE docs")
             lite.execute("DROP TABLE fts")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
+            for statement in filter(str.strip, _SCHEMA.split(";\n")):
                 lite.execute(statement)  # executescript would commit first
             n = _add_missing(duck, lite)
         except BaseException:
@@ -220,6 +252,8 @@ def index_state(con: duckdb.DuckDBPyConnection) -> IndexState:
         return IndexState(None, 0, n_traj, n_traj)
     lite = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
     try:
+        if lite.execute("PRAGMA user_version").fetchall()[0][0] != SCHEMA_VERSION:
+            return IndexState(path, 0, n_traj, n_traj)  # another layout: rebuilt, not read
         n_docs = int(lite.execute("SELECT count(*) FROM docs").fetchall()[0][0])
         missing = max(n_traj - n_docs, 0)
         if n_docs > n_traj:
@@ -261,19 +295,21 @@ class Hits:
     source: str  # "index" | "scan"
 
 
-def hits(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words") -> Hits:
-    """The ids of the trajectories matching `text`, cached per (store version, query)."""
+def hits(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words", *,
+         system: bool = False) -> Hits:
+    """The ids of the trajectories whose conversation (with `system`, also their system
+    prompt) matches `text`, cached per (store version, query)."""
     if mode not in MODES:
         raise ValueError(f"text search mode {mode!r}; expected one of {MODES}")
     db = store_file(con)
     text = text.strip()
     if db is None:  # an in-memory store has no version to key a cache on
-        return _hits_uncached(con, text, mode)
-    key = (str(db), file_version(db), text, mode)
+        return _hits_uncached(con, text, mode, system)
+    key = (str(db), file_version(db), text, mode, system)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    found = _CACHE[key] = _hits_uncached(con, text, mode)
+    found = _CACHE[key] = _hits_uncached(con, text, mode, system)
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
     return found
@@ -287,7 +323,8 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _hits_uncached(con: duckdb.DuckDBPyConnection, text: str, mode: str) -> Hits:
+def _hits_uncached(con: duckdb.DuckDBPyConnection, text: str, mode: str,
+                   system: bool) -> Hits:
     query = fts_query(text) if mode == "words" else None
     if query is not None:
         state = index_state(con)
@@ -296,16 +333,17 @@ def _hits_uncached(con: duckdb.DuckDBPyConnection, text: str, mode: str) -> Hits
             try:
                 rows = lite.execute(
                     "SELECT d.trajectory_id FROM fts JOIN docs d ON d.rowid = fts.rowid "
-                    "WHERE fts MATCH ?", [query]).fetchall()
+                    "WHERE fts MATCH ?", [query if system else f"{{body}} : ({query})"]
+                ).fetchall()
             finally:
                 lite.close()
             return Hits(tuple(r[0] for r in rows), "index")
         # No fresh index (a store written without the importer, an interrupted index):
         # the same meaning by regular expressions over the same documents, in DuckDB.
-        return Hits(_word_scan(con, text), "scan")
+        return Hits(_word_scan(con, text, system), "scan")
     if mode == "words":  # no letter or digit in the query: nothing a token can match
         return Hits((), "index")
-    rows = con.execute(SCAN_SQL, [text.lower()]).fetchall()
+    rows = con.execute(scan_sql(system), [text.lower()]).fetchall()
     return Hits(tuple(r[0] for r in rows), "scan")
 
 
@@ -322,25 +360,30 @@ def word_patterns(text: str) -> list[str]:
     return out
 
 
-def _word_scan(con: duckdb.DuckDBPyConnection, text: str) -> tuple[str, ...]:
+def _word_scan(con: duckdb.DuckDBPyConnection, text: str, system: bool) -> tuple[str, ...]:
     patterns = word_patterns(text)
     if not patterns:
         return ()
-    conds = " AND ".join("regexp_matches(doc, ?)" for _ in patterns)
+    # The two texts are joined as the index's two columns are searched: every word
+    # somewhere in the document (a phrase never spans the two).
+    doc = "body || chr(10) || chr(10) || sys" if system else "body"
+    conds = " AND ".join(f"regexp_matches({doc}, ?)" for _ in patterns)
     rows = con.execute(
-        f"SELECT id FROM ({_documents_sql('TRUE')}) d(id, doc) WHERE {conds}",
+        f"SELECT id FROM ({_documents_sql('TRUE')}) d(id, body, sys) WHERE {conds}",
         patterns).fetchall()
     return tuple(r[0] for r in rows)
 
 
-def view_name(text: str, mode: str) -> str:
+def view_name(text: str, mode: str, system: bool = False) -> str:
     """The name under which `bind` registers a query's hits on a connection."""
-    return "_text_hits_" + hashlib.sha1(f"{mode}\x00{text.strip()}".encode()).hexdigest()[:12]
+    key = f"{mode}\x00{int(system)}\x00{text.strip()}"
+    return "_text_hits_" + hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
-def bind(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words") -> str:
+def bind(con: duckdb.DuckDBPyConnection, text: str, mode: str = "words", *,
+         system: bool = False) -> str:
     """Register the hits of `text` on `con` as a one-column table; returns its name."""
-    name = view_name(text, mode)
-    found = hits(con, text, mode)
+    name = view_name(text, mode, system)
+    found = hits(con, text, mode, system=system)
     con.register(name, pa.table({"trajectory_id": pa.array(found.ids, pa.string())}))
     return name

@@ -6,7 +6,10 @@ Design decisions
   pipeline (same parser, same all-or-nothing rule); extra ingest options pass through
   unchanged, so a new importer flag needs no change here.
 - `pipeline_counts` is the Home page's table and `explore overview`'s output; it returns
-  None when there is no database yet (an empty state, not an error).
+  None when there is no database yet (an empty state, not an error). Capabilities and
+  environments are counted as their pages list them (a built-in capability or
+  environment not written yet is an accepted capability, a draft environment), so Home
+  never says 0 beside a page that lists them.
 - Deleting a dataset finds what to remove generically: every base table with a
   `trajectory_id` column (rows of the dataset's trajectories) or a `dataset_id` column,
   read from the catalog at delete time, so a table a later migration adds is covered
@@ -28,6 +31,7 @@ from typing import Any
 from trace_lib import store
 from trace_lib.demo import DEMO_DIR, DEMO_FILE  # noqa: F401  (where the demo data set lives)
 from trace_lib.errors import UserInputError
+from trace_lib.store import capabilities as store_capabilities
 from trace_lib.store import labels as store_labels
 from trace_lib.store import trajectories as store_trajectories
 
@@ -115,6 +119,13 @@ def pipeline_counts(db: Db = None, missing_ok: bool = True):
         return None
     with store.connect(db, read_only=True) as con:
         counts = queries.pipeline_counts(con)
+        # Capabilities count as the Labels page lists them: the built-in menu is written
+        # on that page's first visit, so before it Home said "accepted 0" beside a page
+        # listing fourteen accepted capabilities.
+        by_cap_status = store_capabilities.status_counts(con)
+    rows = counts.item.str.startswith("capabilities ")
+    counts.loc[rows, "n"] = [by_cap_status.get(item.removeprefix("capabilities "), 0)
+                             for item in counts.loc[rows, "item"]]
     if db_exists(db):
         # Environments count as the Environments page lists them: a built-in without a
         # review row is a draft there, so it is one here too (else Home says "draft 0"

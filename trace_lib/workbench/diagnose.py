@@ -20,6 +20,9 @@ Design decisions
   `tokenizer` size an LLM labeler's prompts when the server does not say (issue 31).
 - The grid carries what its labels rest on (`cut_messages`, `cut_tokens`, `unsupported`
   after the capability columns: read-only, `GRID_GROUNDS`).
+- `evidence_transcript` is the Labels page's transcript: the viewer's (the Trajectories
+  page's renderer, system prompt folded, per-turn tokens and cost) with every run's
+  evidence for the pair by message, so the page opens it at the evidence.
 """
 
 from __future__ import annotations
@@ -62,14 +65,18 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     GRID_GROUNDS,
     LabelFilter,
     bulk_edit,
+    describe_edit,
     edit_history,
     edit_labels,
+    evidence_by_message,
     grid_changes,
     label_grid,
     review_queue,
     transcript_with_evidence,
 )
 from trace_lib.diagnose.ranking import (  # noqa: F401
+    NONE_LACKING,
+    UNLABELLED,
     RankConfig,
     Ranking,
     format_p,
@@ -208,6 +215,30 @@ def write_selected(path: str | Path, document: list[dict[str, Any]]) -> Path:
     path = Path(path)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+@dataclass
+class EvidenceTranscript:
+    transcript: Any  # transcript_model.Transcript, with the viewer's extras
+    evidence: list[dict[str, Any]]  # every run's label and evidence for the pair
+    at: dict[int, list[str]]  # message idx -> the evidence notes pointing at it
+
+    @property
+    def first(self) -> int | None:
+        """The first message the evidence points at (where the page opens)."""
+        return min(self.at, default=None)
+
+
+def evidence_transcript(db: Db, trajectory_id: str, capability: str) -> EvidenceTranscript:
+    """One trajectory as the transcript viewer draws it, with every run's evidence for
+    (trajectory, capability) and the messages that evidence points at (the Labels page)."""
+    from trace_lib.diagnose.labels import evidence
+    from trace_lib.explore.transcript_loading import load_transcript
+
+    with store.connect(db, read_only=True) as con:
+        t = load_transcript(con, trajectory_id)
+    ev = evidence(db, t.id, capability)
+    return EvidenceTranscript(t, ev, evidence_by_message(ev))
 
 
 @dataclass

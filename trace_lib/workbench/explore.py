@@ -30,7 +30,7 @@ from trace_lib.explore import (  # noqa: F401  (pure figures and renderers for t
     untrusted_text,
 )
 from trace_lib.explore.clusters import LEVELS as SIGNATURE_LEVELS  # noqa: F401
-from trace_lib.explore.clusters import PATH_SEP  # noqa: F401
+from trace_lib.explore.clusters import PATH_SEP, path_label  # noqa: F401
 from trace_lib.explore.queries import TrajectoryFilter
 
 Db = str | Path | None
