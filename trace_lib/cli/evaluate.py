@@ -69,7 +69,7 @@ def _print_result(out: dict[str, Any], as_json: bool) -> None:
     print(f"{out['policy']} on {out['tasks']} {out['domain']}{split} tasks x {out['trials']} trials: "
           f"{out['successes']}/{out['trajectories']} passed, {rate}{ci}")
     floor = out.get("floor")
-    if floor:
+    if floor and floor.get("status", "known") != "unknown":  # older results: no status
         print(f"do-nothing floor on these tasks: {floor['passes']}/{floor['tasks']} (a policy "
               "that makes no call and says nothing passes them)")
     print(f"dataset {out['dataset']} ({out['dataset_id']})")
