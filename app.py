@@ -10,7 +10,9 @@ Design decisions
   page lists them) and "what next" is `data.next_step` over the same counts. A missing
   database or empty later-stage tables show as an empty state, never as an error. The
   counts of jobs (running) and what they made are read after the one job sync
-  (`jobs.sync`), so Home never shows a job as running that has ended.
+  (`jobs.sync`), so Home never shows a job as running that has ended; while one runs, a
+  fragment re-reads its run directory every three seconds (`jobs.any_ended`, never the
+  store) and reruns Home when it ended, so the count moves without a click.
 - Deleting a dataset is `data.delete_dataset` (what `datasets delete NAME --yes` runs),
   behind a confirmation that names what will go.
 """
@@ -91,6 +93,17 @@ def _datasets(db: Path) -> None:
                 st.rerun()
 
 
+def _follow_jobs(running: list) -> None:
+    @st.fragment(run_every="3s")
+    def follow() -> None:
+        # The run directories only (no store lock every three seconds); a full rerun syncs.
+        if jobs.any_ended(running):
+            st.rerun(scope="app")
+        st.caption(f"{len(running)} job(s) running; this page updates when they end.")
+
+    follow()
+
+
 def home() -> None:
     st.title("TRACE Workbench")
     st.caption(
@@ -101,14 +114,18 @@ def home() -> None:
     )
     db = data.db_path()
     counts = None
+    running = []
     try:
         if data.db_exists(db):
-            jobs.sync(db)  # job rows and what ended jobs made, before they are counted
+            # job rows and what ended jobs made, before they are counted
+            running = jobs.active(jobs.sync(db).statuses)
         counts = data.pipeline_counts(db)
     except StoreError as exc:
         st.error(str(exc))
 
     st.caption(f"Store: `{db}`")
+    if running:
+        _follow_jobs(running)
     if counts is None or int(counts.loc[counts.item == "trajectories", "n"].iloc[0]) == 0:
         st.info(EMPTY_HELP)
     sentence, page = data.next_step(counts)

@@ -7,10 +7,11 @@ unreviewed built-in), the job list is the one job sync `jobs.sync` (`job list`),
 panel is `job_progress.live_status` over the run directory (what the notebook draws),
 cancel is `jobs.cancel` (`job cancel`).
 The jobs table, the "Watch job" selector and the live panel are one fragment over one
-snapshot (`jobs.job_views`): a full run shows the statuses the sync read and recorded;
-the fragment, re-read every two seconds while a job is active, reads run directories
-only (no database access, so it never holds the store's lock), so table and panel always
-show the same step count; a full rerun records finished jobs. Launch moves the selector
+snapshot (`jobs.job_views`): a full run shows the statuses the sync read and recorded,
+never a status kept from the launch; the fragment, re-read every two seconds while a job
+is active, reads run directories only (no database access, so it never holds the store's
+lock), so table and panel always show the same step count; when a watched job ended
+(`jobs.any_ended`) the page reruns in full, and its sync records the job. Launch moves the selector
 to the new job. A job that learned nothing reads "succeeded — no learning signal" with a
 warning (`learning_signal`), and the eval-before phase has its own progress (`phase`).
 The environment, model and build options sit above the form so that changing them
@@ -193,17 +194,16 @@ except StoreError as exc:
 # fragment (a dropdown that redraws every two seconds would close under the pointer); the
 # table and the live panel inside it read one snapshot, so their step counts agree.
 VIEWS = jobs.job_views(statuses=SYNCED)
-ACTIVE_AT_START = {v["status"].id for v in VIEWS if job_progress.is_active(v["status"].state)}
+WATCHED = jobs.active([v["status"] for v in VIEWS])
 
 
-@st.fragment(run_every="2s" if ACTIVE_AT_START else None)
+@st.fragment(run_every="2s" if WATCHED else None)
 def jobs_panel(job_id: str) -> None:
     # One snapshot, the full run's while nothing is active (the table and the panel agree);
     # run directories only while the fragment polls.
-    views = jobs.job_views() if ACTIVE_AT_START else VIEWS
-    if any(v["status"].id in ACTIVE_AT_START and not job_progress.is_active(v["status"].state)
-           for v in views):
-        st.rerun(scope="app")  # a job just ended: record it and its adapter
+    if WATCHED and jobs.any_ended(WATCHED):
+        st.rerun(scope="app")  # a job just ended: its sync records it and its adapter
+    views = jobs.job_views() if WATCHED else VIEWS
     st.dataframe(pd.DataFrame([{
         "job": v["status"].id, "state": v["state"], "backend": v["status"].backend,
         "env": v["status"].config.get("env"), "model": v["status"].config.get("model"),

@@ -5,7 +5,9 @@ route through its one source dispatch, evaluate; it also keeps the rows) or, for
 job, of `trace_lib.workbench.jobs` (submit, the one job sync) and `job_progress` (the
 live panel), and `views` draws; the widgets only choose. Every action here is also a CLI verb (`compose`,
 `route`, `gates`, `moe-eval`) and a cell of notebooks/04_compose_and_route.ipynb.
-The composed model in use is the sidebar's pick unless a folder is typed; Compose selects
+Picking an adapter whose training run reported no learning signal shows a warning
+(`composition.adapter_warnings`) before Compose. The composed model in use is the
+sidebar's pick unless a folder is typed; Compose selects
 the model it made (a rerun, no reload) and writes under the runs directory. Forcing one
 expert is a separate, labelled counterfactual below routing. The gate-training panel is a
 fragment that follows an active job from its run directory every two seconds.
@@ -86,9 +88,17 @@ with tab_compose:
     cmode = st.selectbox("Mode", ["top1", "soft", "trajectory"], key="compose_mode")
     out = st.text_input("Output folder (under the runs directory by default)",
                         key="compose_out")
+    specs = ",".join([options[c] for c in chosen] +
+                     [x.strip() for x in extra.splitlines() if x.strip()])
+    # An adapter whose training learned nothing is the base model in a slot: say so as
+    # soon as it is picked (composing it stays possible, e.g. as a control).
+    try:
+        picked_warnings = composition.adapter_warnings(DB, specs) if specs else []
+    except (UserInputError, StoreError):
+        picked_warnings = []  # a malformed list (Compose reports it) or a busy store
+    for warning in picked_warnings:
+        st.warning(warning, icon="⚠️")
     if st.button("Compose", key="compose_go", type="primary"):
-        specs = ",".join([options[c] for c in chosen] +
-                         [x.strip() for x in extra.splitlines() if x.strip()])
         try:
             with st.spinner("composing…"):
                 made = composition.compose(DB, base, specs, out, mode=cmode)
@@ -248,17 +258,15 @@ with tab_gates:
     # Full runs record finished jobs and their models through the one job sync.
     synced = jobs.sync(DB).statuses if data.db_exists(DB) else None
     gate_views = jobs.job_views(kind=jobs.TRAIN_GATES, statuses=synced)
-    gate_active = {v["status"].id for v in gate_views
-                   if job_progress.is_active(v["status"].state)}
+    gate_active = jobs.active([v["status"] for v in gate_views])
 
     @st.fragment(run_every="2s" if gate_active else None)
     def gate_panel(job: str) -> None:
         # Run directories only (never the store): safe to poll while a job writes. The
         # job selector is outside: a dropdown redrawn every two seconds would close.
+        if gate_active and jobs.any_ended(gate_active):
+            st.rerun(scope="app")  # a job just ended: its sync records its composed model
         views_ = jobs.job_views(kind=jobs.TRAIN_GATES) if gate_active else gate_views
-        if any(v["status"].id in gate_active and not job_progress.is_active(v["status"].state)
-               for v in views_):
-            st.rerun(scope="app")  # a job just ended: record its composed model
         st.dataframe(pd.DataFrame([{
             "id": v["status"].id, "state": v["state"], "steps_done": v["status"].steps_done,
             "moe_path": v["status"].config.get("moe"), "error": v["status"].error,

@@ -1,8 +1,24 @@
-"""Compare two runs (any two datasets): pass rates, paired tasks, capability deltas.
+"""Compare two runs (any two datasets, or agent models): pass rates, paired tasks,
+capability deltas, the do-nothing floor.
 
-    python -m trace_lib compare A B --json       # A, B: dataset id or name
+    python -m trace_lib compare A B --json       # A, B: DATASET[@AGENT_MODEL]
+    compare_datasets(db, Side("airline_demo.jsonl", "scripted-careful"), "eval-run")
 
 Design decisions
+- A side is a dataset, optionally narrowed to one agent model's trajectories
+  (`DATASET@AGENT_MODEL`, or a `Side`): one imported file often holds several agents (the
+  demo's careful/hasty/sloppy), and they are the runs a person wants side by side. The
+  text is read as a whole dataset name or id first (a name may contain "@"), else split
+  at the first "@" whose left part is a dataset; an agent model the dataset does not
+  have is an error that lists the ones it has. Everything below (outcomes, labels,
+  provenance, the one-task view) reads only the side's trajectories.
+- Beside each pass rate, the do-nothing floor on the same tasks (`evaluate.floor`): the
+  share of the side's tasks that a policy making no call and saying nothing passes, by
+  the verifier that scored the run, really run on an empty episode. Known only for runs
+  the workbench scored (evaluations, the demo's scripted agents); an imported log's
+  floor is unknown and says why, never a guess. `floor` in the output holds both sides,
+  the paired tasks' and the rule; each task row says `passes_by_doing_nothing` (a pass
+  there is no evidence of skill).
 - Per side, the pass rate is over trajectories with a known outcome (every trial counts),
   with a Wilson score interval: it stays inside [0, 1] and is honest at 0 of n, which is
   where a small model starts.
@@ -21,8 +37,9 @@ Design decisions
   labelled on both sides; `notes` says when a side has no labels at all.
 - `tasks` lists the common tasks, the flipped ones (passed by one side only) first.
 - Works across formats (a tau2 import against an evaluation made here) because only task
-  ids, outcomes and labels are read; two datasets with no task id in common, a dataset
-  compared with itself, or a name that matches nothing is a `UserInputError`.
+  ids, outcomes and labels are read; two sides with no task id in common, a side
+  compared with itself, a name that matches nothing or an unknown agent model is a
+  `UserInputError`.
 - `task_pair` loads one task's two transcripts (a trial that agrees with each side's
   majority verdict) and aligns their tool calls with explore's alignment (LCS on name +
   canonical arguments), each call marked against the expected actions; the HTML renderer
@@ -42,6 +59,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.errors import UserInputError
+from trace_lib.evaluate import floor
 from trace_lib.explore.untrusted_text import escape_html as _e
 from trace_lib.store import labels as store_labels
 from trace_lib.store import trajectories as store_trajectories
@@ -94,9 +112,60 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
 
 @dataclass
 class DatasetRef:
+    """A resolved side: the dataset, and the agent model it is narrowed to (None: all)."""
+
     id: str
     name: str
     format: str
+    agent_model: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name + (f" @ {self.agent_model}" if self.agent_model else "")
+
+
+@dataclass(frozen=True)
+class Side:
+    """A side as a person chose it: a dataset (id or name) and optionally one agent model.
+    `str(side)` is the CLI's `DATASET@AGENT_MODEL`."""
+
+    dataset: str
+    agent_model: str | None = None
+
+    def __str__(self) -> str:
+        return self.dataset + (f"@{self.agent_model}" if self.agent_model else "")
+
+
+SideArg = str | Side
+
+
+def _narrow(con: Any, ds: DatasetRef, agent_model: str | None) -> DatasetRef:
+    """`ds` narrowed to `agent_model`'s trajectories; an agent model it lacks is an error
+    that lists the ones it has."""
+    if not agent_model:
+        return ds
+    models = store_trajectories.dataset_agent_models(con, ds.id)
+    if agent_model not in {m for m, _ in models}:
+        have = (", ".join(f"{m} ({n} trajectories)" for m, n in models) if models
+                else "none (its trajectories record no agent model)")
+        raise UserInputError(f"{ds.name}@{agent_model}: dataset {ds.name} has no trajectories "
+                             f"of agent model {agent_model!r}; agent models in it: {have}")
+    return DatasetRef(ds.id, ds.name, ds.format, agent_model)
+
+
+def resolve_side(con: Any, ref: SideArg) -> DatasetRef:
+    """A side from a `Side` or the text `DATASET[@AGENT_MODEL]` (a whole dataset name or id
+    first, since names may contain "@"; else split at the first "@" whose left part is a
+    dataset)."""
+    if isinstance(ref, Side):
+        return _narrow(con, resolve_dataset(con, ref.dataset), ref.agent_model)
+    text = str(ref)
+    if "@" not in text or store_trajectories.find_datasets(con, text):
+        return resolve_dataset(con, text)
+    for i, ch in enumerate(text):
+        if ch == "@" and store_trajectories.find_datasets(con, text[:i]):
+            return _narrow(con, resolve_dataset(con, text[:i]), text[i + 1:])
+    return resolve_dataset(con, text.split("@", 1)[0])  # the error names the dataset part
 
 
 def resolve_dataset(con: Any, ref: str) -> DatasetRef:
@@ -113,11 +182,11 @@ def resolve_dataset(con: Any, ref: str) -> DatasetRef:
 
 
 def _outcomes(con: Any, ds: DatasetRef) -> list[tuple[str, str | None, bool | None]]:
-    return store_trajectories.dataset_outcomes(con, ds.id)
+    return store_trajectories.dataset_outcomes(con, ds.id, ds.agent_model)
 
 
 def _provenance(con: Any, ds: DatasetRef) -> dict[str, Any]:
-    row = store_trajectories.dataset_provenance(con, ds.id)
+    row = store_trajectories.dataset_provenance(con, ds.id, ds.agent_model)
     prov = json.loads(row[2]) if row and row[2] else {}
     agent = row[0] if row and row[1] == 1 else (f"{row[1]} agent models" if row else None)
     return {"agent_model": agent, **prov}
@@ -144,13 +213,13 @@ def provenance_line(side: dict[str, Any]) -> str:
         parts.append(f"served at {p['server_url']}")
     if p.get("job_id"):
         parts.append(f"job {p['job_id']}")
-    parts.append(f"dataset {side.get('dataset')} ({side.get('format')})")
+    parts.append(f"dataset {side.get('label') or side.get('dataset')} ({side.get('format')})")
     return " · ".join(parts)
 
 
 def _lacking_rates(con: Any, ds: DatasetRef) -> dict[str, tuple[int, int]]:
     """capability -> (lacking, labelled present or lacking) from effective labels."""
-    rows = store_labels.dataset_lacking_counts(con, ds.id)
+    rows = store_labels.dataset_lacking_counts(con, ds.id, ds.agent_model)
     return {cap: (int(k), int(n)) for cap, k, n in rows if n}
 
 
@@ -173,31 +242,61 @@ def _side(con: Any, ds: DatasetRef, rows: list[tuple[str, str | None, bool | Non
     known = [r for r in rows if r[2] is not None]
     k = sum(1 for r in known if r[2])
     lo, hi = wilson(k, len(known))
-    return {"dataset": ds.name, "id": ds.id, "format": ds.format, "n": len(known),
+    return {"dataset": ds.name, "id": ds.id, "format": ds.format,
+            "agent_model": ds.agent_model, "label": ds.label, "n": len(known),
             "successes": k, "pass_rate": k / len(known) if known else None,
             "ci95": [lo, hi], "unknown_outcomes": len(rows) - len(known),
             "provenance": _provenance(con, ds)}
 
 
-def compare_datasets(db: str | Path | None, a: str, b: str) -> dict[str, Any]:
-    """The `compare --json` document for datasets `a` and `b` (ids or names)."""
+def _origins(con: Any, ds: DatasetRef) -> list[floor.TaskOrigin]:
+    return [floor.TaskOrigin(*row)
+            for row in store_trajectories.task_origins(con, ds.id, ds.agent_model)]
+
+
+def _side_floor(origins: list[floor.TaskOrigin], verdicts: dict[str, bool | None],
+                tasks: set[str]) -> dict[str, Any]:
+    """The side's floor over its tasks with a known outcome (those its pass rate counts),
+    with why it is unknown where it is."""
+    out = floor.floor_summary({t: verdicts.get(t) for t in sorted(tasks)})
+    out["why_unknown"] = (floor.unknown_reason([o for o in origins if o.task_id in tasks])
+                          if out["unknown_tasks"] else None)
+    return out
+
+
+def compare_datasets(db: str | Path | None, a: SideArg, b: SideArg) -> dict[str, Any]:
+    """The `compare --json` document for sides `a` and `b` (`DATASET[@AGENT_MODEL]`, ids or
+    names, or `Side`s)."""
     with store.connect(db, read_only=True) as con:
-        da, dbb = resolve_dataset(con, a), resolve_dataset(con, b)
-        if da.id == dbb.id:
-            raise UserInputError(f"compare: {a!r} and {b!r} are the same dataset ({da.id}); "
-                                 "choose two different runs")
+        da, dbb = resolve_side(con, a), resolve_side(con, b)
+        if (da.id, da.agent_model) == (dbb.id, dbb.agent_model):
+            same = "run" if da.agent_model else "dataset"
+            raise UserInputError(f"compare: both sides are the same {same}, {da.label} "
+                                 f"({da.id}); choose two different datasets, or two agent "
+                                 "models of one dataset (DATASET@AGENT_MODEL)")
         rows_a, rows_b = _outcomes(con, da), _outcomes(con, dbb)
         side_a, side_b = _side(con, da, rows_a), _side(con, dbb, rows_b)
         rates_a, rates_b = _lacking_rates(con, da), _lacking_rates(con, dbb)
+        origins_a, origins_b = _origins(con, da), _origins(con, dbb)
     maj_a, maj_b = _majority(rows_a), _majority(rows_b)
     common = sorted(set(maj_a) & set(maj_b))
     if not common:
         sample_a = ", ".join(sorted(maj_a)[:3]) or "none"
         sample_b = ", ".join(sorted(maj_b)[:3]) or "none"
         raise UserInputError(
-            f"compare: {da.name} and {dbb.name} have no task id in common ({len(maj_a)} "
+            f"compare: {da.label} and {dbb.label} have no task id in common ({len(maj_a)} "
             f"tasks, e.g. {sample_a}; {len(maj_b)} tasks, e.g. {sample_b}); a paired "
             "comparison needs runs on the same tasks")
+    # The verifier on an empty episode, for the tasks the pass rates count (slow the first
+    # time for runs that did not record it; memoised in `evaluate.floor`).
+    verdicts_a = floor.task_verdicts(o for o in origins_a if o.task_id in maj_a)
+    verdicts_b = floor.task_verdicts(o for o in origins_b if o.task_id in maj_b)
+    floor_a = _side_floor(origins_a, verdicts_a, set(maj_a))
+    floor_b = _side_floor(origins_b, verdicts_b, set(maj_b))
+
+    def by_nothing(task_id: str) -> bool | None:  # the task's verdict, from either side
+        va = verdicts_a.get(task_id)
+        return va if va is not None else verdicts_b.get(task_id)
     counts = {"a_only": 0, "b_only": 0, "both": 0, "neither": 0}
     tasks = []
     for task_id in common:
@@ -215,7 +314,8 @@ def compare_datasets(db: str | Path | None, a: str, b: str) -> dict[str, Any]:
                       "a_passed": ta["passed"], "a_successes": ta["successes"],
                       "a_trials": ta["trials"],
                       "b_passed": tb["passed"], "b_successes": tb["successes"],
-                      "b_trials": tb["trials"]})
+                      "b_trials": tb["trials"],
+                      "passes_by_doing_nothing": by_nothing(task_id)})
     tasks.sort(key=lambda t: (t["flip"] is None, t["task_id"]))
     capabilities = []
     for cap in sorted(set(rates_a) & set(rates_b)):
@@ -225,13 +325,19 @@ def compare_datasets(db: str | Path | None, a: str, b: str) -> dict[str, Any]:
                              "b_lacking_rate": kb / nb, "delta": kb / nb - ka / na,
                              "ci95": [lo, hi], "a_labelled": na, "b_labelled": nb})
     notes = []
-    for name, rates in ((da.name, rates_a), (dbb.name, rates_b)):
+    capability_note = None if capabilities else _no_capability_why(da, rates_a, dbb, rates_b)
+    for ds, rates in ((da, rates_a), (dbb, rates_b)):
         if not rates:
-            notes.append(f"{name} has no effective labels: run `label` on it for "
+            notes.append(f"{ds.label} has no effective labels: run `label` on it for "
                          "capability deltas")
+    for key, ds, fl in (("A", da, floor_a), ("B", dbb, floor_b)):
+        if fl["unknown_tasks"]:
+            which = "" if fl["status"] == "unknown" else f" on {fl['unknown_tasks']} tasks"
+            notes.append(f"do-nothing floor of {key} ({ds.label}) unknown{which}: "
+                         f"{fl['why_unknown']}")
     only_a, only_b = len(set(maj_a) - set(maj_b)), len(set(maj_b) - set(maj_a))
     if only_a or only_b:
-        notes.append(f"{only_a} tasks only in {da.name} and {only_b} only in {dbb.name} "
+        notes.append(f"{only_a} tasks only in {da.label} and {only_b} only in {dbb.label} "
                      "are left out of the pairing")
     return {
         "a": side_a,
@@ -240,10 +346,54 @@ def compare_datasets(db: str | Path | None, a: str, b: str) -> dict[str, Any]:
                    "p_value": mcnemar_exact(counts["a_only"], counts["b_only"]),
                    "test": "exact McNemar on the discordant tasks", "rule": MAJORITY_RULE,
                    "a_unpaired_tasks": only_a, "b_unpaired_tasks": only_b},
+        "floor": {"a": floor_a, "b": floor_b,
+                  "paired": floor.floor_summary({t: by_nothing(t) for t in common}),
+                  "rule": floor.RULE},
         "capabilities": capabilities,
+        "capability_note": capability_note,
         "tasks": tasks,
         "notes": notes,
     }
+
+
+def _no_capability_why(da: DatasetRef, rates_a: dict[str, tuple[int, int]],
+                       dbb: DatasetRef, rates_b: dict[str, tuple[int, int]]) -> str:
+    """Why there is no capability delta to draw, as a sentence."""
+    unlabelled = [ds.label for ds, rates in ((da, rates_a), (dbb, rates_b)) if not rates]
+    if len(unlabelled) == 2:
+        return ("No capability deltas: neither run has labels yet. Label both (Labels "
+                "page, or `label --dataset NAME`) to see which capabilities each lacks.")
+    if unlabelled:
+        return (f"No capability deltas: {unlabelled[0]} has no labels yet. Label it (Labels "
+                "page, or `label --dataset NAME`) to compare capabilities.")
+    return ("No capability deltas: no capability is labelled present or lacking on both "
+            f"sides (A: {', '.join(sorted(rates_a))}; B: {', '.join(sorted(rates_b))}).")
+
+
+def default_sides(db: str | Path | None) -> tuple[Side, Side] | None:
+    """Two sides that share a task with a known outcome, for a page to open on (None when
+    no two do): the newest dataset as B against the newest older one it pairs with (an
+    evaluation against the run it follows), else two agent models of one dataset (the
+    demo's scripted agents), the newest dataset first and its agent models by name."""
+    with store.connect(db, read_only=True) as con:
+        rows = store_trajectories.side_task_ids(con)
+        order = [i for i, _ in store_trajectories.recent_datasets(con, 1_000_000)]
+    whole = {ds: set(tasks) for ds, agent, tasks in rows if agent is None}
+    agents: dict[str, dict[str, set[str]]] = {}
+    for ds, agent, tasks in rows:
+        if agent is not None:
+            agents.setdefault(ds, {})[agent] = set(tasks)
+    for j, b in enumerate(order):
+        for a in order[j + 1:]:
+            if whole.get(a, set()) & whole.get(b, set()):
+                return Side(a), Side(b)
+    for ds in order:
+        names = sorted(agents.get(ds, {}))
+        for i, x in enumerate(names):
+            for y in names[i + 1:]:
+                if agents[ds][x] & agents[ds][y]:
+                    return Side(ds, x), Side(ds, y)
+    return None
 
 
 # ------------------------------------------------------------------------ one task
@@ -261,7 +411,7 @@ class TaskPair:
 def _representative(con: Any, ds: DatasetRef, task_id: str) -> str:
     rows = [r for r in _outcomes(con, ds) if r[1] == task_id]
     if not rows:
-        raise UserInputError(f"task {task_id!r}: not in dataset {ds.name}")
+        raise UserInputError(f"task {task_id!r}: not in {ds.label}")
     passed = _majority(rows).get(task_id, {}).get("passed", False)
     for tid, _, success in rows:  # a trial that agrees with the side's verdict
         if bool(success) == passed:
@@ -269,13 +419,14 @@ def _representative(con: Any, ds: DatasetRef, task_id: str) -> str:
     return rows[0][0]
 
 
-def task_pair(db: str | Path | None, a: str, b: str, task_id: str) -> TaskPair:
-    """One task's two transcripts, aligned on tool calls, with the expected actions."""
+def task_pair(db: str | Path | None, a: SideArg, b: SideArg, task_id: str) -> TaskPair:
+    """One task's two transcripts (a trial of each side), aligned on tool calls, with the
+    expected actions."""
     from trace_lib.explore.call_alignment import align_calls
     from trace_lib.explore.transcript_loading import load_transcript
 
     with store.connect(db, read_only=True) as con:
-        da, dbb = resolve_dataset(con, a), resolve_dataset(con, b)
+        da, dbb = resolve_side(con, a), resolve_side(con, b)
         ta = load_transcript(con, _representative(con, da, task_id))
         tb = load_transcript(con, _representative(con, dbb, task_id))
     expected = ta.expected or tb.expected
@@ -334,7 +485,8 @@ def capability_delta_chart(result: dict[str, Any]) -> Any:
     caps = result.get("capabilities") or []
     fig = go.Figure()
     if not caps:
-        fig.update_layout(title="No capability labelled on both sides", height=200)
+        fig.update_layout(title=result.get("capability_note")
+                          or "No capability labelled on both sides", height=200)
         return fig
     names = [c["capability"] for c in caps]
     delta = [c["delta"] for c in caps]

@@ -47,6 +47,13 @@ def tiny_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def adapter_factory():
+    """`make_adapter` for a test that lays out its own folders (test modules cannot import
+    a conftest by name)."""
+    return make_adapter
+
+
+@pytest.fixture(scope="session")
 def adapter_dirs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("adapters")
     caps = ["precondition_verification", "tool_calling_precision", "structured_reasoning"]

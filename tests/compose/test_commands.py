@@ -103,3 +103,65 @@ def test_trace_summaries_are_consistent() -> None:
     assert sum(v for (role, _), v in rows.items() if role == "user") == pytest.approx(1.0)
     turn_rows = share(trace, by="turn", layer=1)
     assert {r["turn"] for r in turn_rows} == {0, 1}
+
+
+def _trained_run(make_adapter, tiny_dir: Path, run: Path, seed: int, no_signal: list[bool],
+                 sft_steps: int = 0) -> Path:
+    """An adapter as a training run leaves it: `<run>/adapter` and `<run>/metrics.jsonl`
+    with one row per GRPO step (and `sft.jsonl` for a warm start)."""
+    adapter = make_adapter(tiny_dir, run / "adapter", seed=seed, capability=run.name)
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "reward_mean": 0.0, "no_signal": q}) + "\n"
+        for i, q in enumerate(no_signal)))
+    if sft_steps:
+        (run / "sft.jsonl").write_text("".join(
+            json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(sft_steps)))
+    return adapter
+
+
+def test_composing_an_adapter_that_learned_nothing_warns(tmp_path, tiny_dir, db_path,
+                                                        adapter_factory, capsys) -> None:
+    """Issue 34: the run's own metrics say every GRPO step had no signal; compose still
+    builds the mixture (a control may be wanted) and says so, on stderr and in --json."""
+    from trace_lib.workbench import composition
+
+    quiet = _trained_run(adapter_factory, tiny_dir, tmp_path / "quiet_run", 1, [True, True, True])
+    learned = _trained_run(adapter_factory, tiny_dir, tmp_path / "good_run", 2, [True, False, True])
+    warm = _trained_run(adapter_factory, tiny_dir, tmp_path / "warm_run", 3, [True, True], sft_steps=4)
+    out = _run(capsys, "compose", "--db", str(db_path), "--model", str(tiny_dir),
+               "--adapters", f"quiet={quiet},good={learned}", "--out",
+               str(tmp_path / "moe"), "--json")
+    [warning] = out["warnings"]
+    assert warning.startswith("Adapter quiet") and "no learning signal" in warning
+    assert "all 3 GRPO steps" in warning and "base model under another name" in warning
+    assert out["experts"] == ["quiet", "good"]  # composed all the same
+    assert main(["compose", "--db", str(db_path), "--model", str(tiny_dir), "--adapters",
+                 f"quiet={quiet}", "--out", str(tmp_path / "moe2")]) == 0
+    assert "warning: Adapter quiet" in capsys.readouterr().err
+    # a warm start changed the adapter: said so; an adapter from elsewhere: no verdict
+    [warm_warning] = composition.adapter_warnings(db_path, f"warm={warm}")
+    assert "only its 4-step SFT warm start changed it" in warm_warning
+    assert composition.adapter_warnings(db_path, f"good={learned}") == []
+
+
+def test_the_recorded_job_run_directory_is_used(tmp_path, tiny_dir, db_path,
+                                                adapter_factory) -> None:
+    """An adapter copied out of its run is still judged by its job's run (the jobs row)."""
+    import shutil
+
+    from trace_lib import jobs
+    from trace_lib.workbench import composition
+    from trace_lib.workbench import jobs as wb_jobs
+    from trace_lib.workbench.training import record_adapter
+
+    run = tmp_path / "runs" / "train-x"
+    adapter = _trained_run(adapter_factory, tiny_dir, run, 4, [True, True])
+    moved = tmp_path / "elsewhere" / "my_adapter"
+    shutil.copytree(adapter, moved)
+    spec = jobs.JobSpec(kind=jobs.TRAIN_ADAPTER, config={"env": "x"}, id="train-x",
+                        run_dir=str(run))
+    wb_jobs.record_job(db_path, spec)
+    record_adapter(db_path, {"capability": "cap", "env": "x", "base_model": "tiny",
+                             "adapter_path": str(moved.resolve())}, "train-x")
+    [warning] = composition.adapter_warnings(db_path, str(moved))
+    assert "train-x" in warning and "all 2 GRPO steps" in warning

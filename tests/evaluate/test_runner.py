@@ -199,6 +199,10 @@ def test_doing_nothing_passes_only_the_refusal_tasks(db_path):
         out = evaluation.evaluate(db_path, _ref_config(srv, tasks=12))
     assert out["successes"] == len(refusals)
     assert out["write_tasks"] == {"trajectories": 12 - len(refusals), "successes": 0}
+    # the floor beside it is the verifier's own verdict on an empty episode: the same tasks
+    assert out["floor"]["status"] == "known" and out["floor"]["unknown_tasks"] == 0
+    assert out["floor"]["task_ids"] == sorted(refusals)
+    assert out["floor"]["passes"] == len(refusals) and out["floor"]["tasks"] == 12
 
 
 def test_store_adds_what_it_knows_about_an_adapter(db_path, tmp_path):

@@ -346,3 +346,30 @@ def test_browser_gate_training_follows_the_job_without_refresh(
     with (spec.path / "metrics.jsonl").open("a") as fh:
         fh.write(grpo_row(2))
     expect(signal).to_contain_text("2/2", timeout=60_000)
+
+
+def test_picking_an_adapter_that_learned_nothing_warns(tmp_path: Path, monkeypatch) -> None:
+    """Issue 34: the warning shows as soon as the adapter is picked, before Compose; an
+    adapter whose run learned shows none."""
+    from trace_lib.workbench.training import record_adapter
+
+    db = tmp_path / "t.duckdb"
+    monkeypatch.setenv("TRACE_DB", str(db))
+    monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
+    for job, signal in (("train-quiet", [True, True]), ("train-good", [True, False])):
+        run = tmp_path / "runs" / job
+        (run / "adapter").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i, "no_signal": q}) + "\n" for i, q in enumerate(signal)))
+        record_adapter(db, {"capability": job.split("-")[1], "env": "airline/x",
+                            "base_model": "tiny",
+                            "adapter_path": str((run / "adapter").resolve())}, job)
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception and not at.warning
+    at.multiselect(key="compose_adapters").set_value(["good · a_train-good"]).run()
+    assert not at.exception and not at.warning
+    at.multiselect(key="compose_adapters").set_value(
+        ["good · a_train-good", "quiet · a_train-quiet"]).run()
+    assert not at.exception
+    [warning] = at.warning
+    assert "Adapter quiet" in warning.value and "no learning signal" in warning.value

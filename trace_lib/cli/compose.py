@@ -29,6 +29,8 @@ def _compose(args: argparse.Namespace) -> int:
 
     result = composition.compose(args.db, args.model, args.adapters, args.out, mode=args.mode,
                                  register=not args.no_register)
+    for warning in result["warnings"]:  # stderr: --json keeps stdout one document
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print_json(result)
     else:

@@ -3,6 +3,7 @@
     python -m trace_lib evaluate --model tiny --tasks 3 --tools capability --json
     python -m trace_lib evaluate --adapter data/runs/<job>/adapter --tasks all --background
     python -m trace_lib compare DATASET_A DATASET_B --json
+    python -m trace_lib compare airline_demo.jsonl@scripted-careful airline_demo.jsonl@scripted-hasty
 
 Design decisions
 - Thin: flags become one `EvalConfig` dict and go to `workbench.evaluation` (in the
@@ -61,7 +62,7 @@ def _print_result(out: dict[str, Any], as_json: bool) -> None:
     print(f"{out['policy']} on {out['tasks']} {out['domain']}{split} tasks x {out['trials']} trials: "
           f"{out['successes']}/{out['trajectories']} passed, {rate}{ci}")
     floor = out.get("floor")
-    if floor:
+    if floor and floor.get("status", "known") != "unknown":  # older results: no status
         print(f"do-nothing floor on these tasks: {floor['passes']}/{floor['tasks']} (a policy "
               "that makes no call and says nothing passes them)")
     print(f"dataset {out['dataset']} ({out['dataset_id']})")
@@ -114,6 +115,14 @@ def _fmt_rate(rate: float | None, ci: list[float | None]) -> str:
     return f"{rate:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
+def _fmt_floor(fl: dict[str, Any]) -> str:
+    if fl["status"] == "unknown":
+        return "do-nothing floor unknown"
+    rate = f"{fl['pass_rate']:.1%}"
+    part = f", {fl['unknown_tasks']} tasks unknown" if fl["unknown_tasks"] else ""
+    return f"do-nothing floor {fl['passes']}/{fl['tasks']} tasks ({rate}{part})"
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from trace_lib.workbench import evaluation
 
@@ -123,17 +132,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         return 0
     for key in ("a", "b"):
         s = out[key]
-        print(f"{key.upper()}: {s['dataset']}  {s['successes']}/{s['n']} passed  "
-              f"{_fmt_rate(s['pass_rate'], s['ci95'])}")
+        print(f"{key.upper()}: {s['label']}  {s['successes']}/{s['n']} passed  "
+              f"{_fmt_rate(s['pass_rate'], s['ci95'])}  ({_fmt_floor(out['floor'][key])})")
     p = out["paired"]
     print(f"paired on {p['tasks']} tasks ({p['rule']}): A only {p['a_only']}, "
           f"B only {p['b_only']}, both {p['both']}, neither {p['neither']}; "
           f"exact McNemar p = {p['p_value']:.4g}")
     flipped = [t for t in out["tasks"] if t["flip"]]
     for t in flipped:
+        idle = " — passes by doing nothing" if t["passes_by_doing_nothing"] else ""
         print(f"  flipped {t['task_id']}: passed by {'A' if t['flip'] == 'a_only' else 'B'} "
               f"only (A {t['a_successes']}/{t['a_trials']}, B {t['b_successes']}/"
-              f"{t['b_trials']})")
+              f"{t['b_trials']}){idle}")
     for c in out["capabilities"]:
         lo, hi = c["ci95"]
         print(f"  {c['capability']}: lacking A {c['a_lacking_rate']:.1%} -> "
@@ -197,10 +207,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(func=_cmd_evaluate)
 
     c = sub.add_parser("compare", parents=[common], help="two runs side by side",
-                       description="Pass rates with Wilson intervals, tasks paired by id "
-                                   "(majority over trials) with the exact McNemar test, "
-                                   "capability lacking-rate deltas, flipped tasks first.")
-    c.add_argument("a", help="dataset id or name")
-    c.add_argument("b", help="dataset id or name")
+                       description="Pass rates with Wilson intervals beside the do-nothing "
+                                   "floor on the same tasks, tasks paired by id (majority "
+                                   "over trials) with the exact McNemar test, capability "
+                                   "lacking-rate deltas, flipped tasks first. A side is a "
+                                   "dataset, or one agent model's runs in it: "
+                                   "DATASET@AGENT_MODEL.")
+    c.add_argument("a", metavar="A", help="DATASET[@AGENT_MODEL]: dataset id or name, "
+                                          "optionally narrowed to one agent model")
+    c.add_argument("b", metavar="B", help="DATASET[@AGENT_MODEL]")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_compare)

@@ -15,11 +15,13 @@ Design decisions
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from trace_lib import store
 from trace_lib.compare import wilson
+from trace_lib.store import trajectories as store_trajectories
 
 
 def import_episodes(db: str | Path | None, result: dict[str, Any],
@@ -74,25 +76,20 @@ def imported_dataset(db: str | Path | None, episodes_path: str | Path
 
 
 def evaluation_datasets(db: str | Path | None) -> list[dict[str, Any]]:
-    """Datasets with their outcome counts and, for evaluations, the provenance: what the
-    Compare page offers, newest first."""
+    """Datasets with their outcome counts, agent models and, for evaluations, the
+    provenance: what the Compare page offers, newest first. `agent_model` is the one agent
+    model when there is one (None for several or none: `agent_models` lists them)."""
     path = store.resolve_db_path(db)
     if not path.exists():
         return []
     with store.connect(db, read_only=True) as con:
-        rows = con.execute(
-            "SELECT d.id, d.name, d.format, d.imported_at, count(t.id), "
-            "count(t.id) FILTER (t.success), count(DISTINCT t.task_id), "
-            "any_value(t.agent_model), "
-            "any_value(CAST(t.meta->'provenance' AS VARCHAR)) "
-            "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
-            "GROUP BY d.id, d.name, d.format, d.imported_at ORDER BY d.imported_at DESC, d.name"
-        ).fetchall()
-    import json
-
+        rows = store_trajectories.dataset_summaries(con)
     out = []
-    for id_, name, fmt, at, n, k, tasks, agent, prov in rows:
+    for id_, name, fmt, at, n, k, tasks, agents, prov in rows:
+        agents = list(agents or [])
         out.append({"id": id_, "name": name, "format": fmt, "imported_at": str(at),
-                    "trajectories": n, "successes": k, "tasks": tasks, "agent_model": agent,
+                    "trajectories": n, "successes": k, "tasks": tasks,
+                    "agent_model": agents[0] if len(agents) == 1 else None,
+                    "agent_models": agents,
                     "provenance": json.loads(prov) if prov else None})
     return out

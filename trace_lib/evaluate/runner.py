@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.evaluate import shards
+from trace_lib.evaluate.floor import floor_summary
 from trace_lib.evaluate.policy import EvalConfig, episodes_name, new_run_id, provenance
 
 ProgressFn = Callable[[int, int], None]
@@ -85,10 +86,9 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "write_tasks": {"trajectories": len(writes),
                         "successes": sum(1 for r in writes if r["success"])},
         # what the policy that makes no call and says nothing passes on the same tasks
-        # (shards written before records carried the verdict count as unknown: left out)
-        "floor": floor_summary({r["task_id"]: r["meta"]["passes_by_doing_nothing"]
-                                for r in finished
-                                if r["meta"].get("passes_by_doing_nothing") is not None}),
+        # (shards written before records carried the verdict count as unknown tasks)
+        "floor": floor_summary({r["task_id"]: r["meta"].get("passes_by_doing_nothing")
+                                for r in finished}),
         "wall_s": round(time.perf_counter() - t0, 2),
         "provenance": prov,
         "config": cfg.to_dict(),
@@ -96,14 +96,6 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "shard_pids": {shards.shard_name(s): None for s in have}
         | {d["shard"]: d["pid"] for d in ran},
     }
-
-
-def floor_summary(verdicts: dict[str, bool]) -> dict[str, Any]:
-    """The do-nothing floor of a set of tasks: its passes, and which tasks they are."""
-    passed = sorted(t for t, ok in verdicts.items() if ok)
-    return {"tasks": len(verdicts), "passes": len(passed),
-            "pass_rate": len(passed) / len(verdicts) if verdicts else None,
-            "task_ids": passed}
 
 
 def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:

@@ -70,6 +70,13 @@ def job_run_dir(con: Con, job_id: str) -> str | None:
     return str(row[0]) if row and row[0] else None
 
 
+def active_job_run_dirs(con: Con) -> list[tuple[str, str]]:
+    """(id, run directory) of every job the store last saw queued or running."""
+    return [(r[0], str(r[1])) for r in con.execute(
+        "SELECT id, run_dir FROM jobs WHERE status IN ('queued', 'running') "
+        "AND run_dir IS NOT NULL ORDER BY id").fetchall()]
+
+
 # ------------------------------------------------------------------------- adapters
 
 

@@ -374,10 +374,14 @@ def majority_over_runs(con: Connection, runs: list[str]) -> list[tuple[str, str,
               GROUP BY ALL)""", [runs]).fetchall()
 
 
-def dataset_lacking_counts(con: Connection, dataset_id: str) -> list[tuple[str, int, int]]:
-    """capability, lacking, labelled present or lacking over a dataset's effective labels."""
+def dataset_lacking_counts(con: Connection, dataset_id: str, agent_model: str | None = None
+                           ) -> list[tuple[str, int, int]]:
+    """capability, lacking, labelled present or lacking over a dataset's effective labels
+    (only `agent_model`'s trajectories when given)."""
+    agent = "" if agent_model is None else " AND t.agent_model = ?"
     return con.execute(
         "SELECT l.capability, count(*) FILTER (l.value = 'lacking'), "
         "count(*) FILTER (l.value IN ('lacking', 'present')) "
         "FROM effective_labels l JOIN trajectories t ON t.id = l.trajectory_id "
-        "WHERE t.dataset_id = ? GROUP BY 1 ORDER BY 1", [dataset_id]).fetchall()
+        f"WHERE t.dataset_id = ?{agent} GROUP BY 1 ORDER BY 1",
+        [dataset_id] + ([] if agent_model is None else [agent_model])).fetchall()

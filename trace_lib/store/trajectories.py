@@ -75,21 +75,84 @@ def dataset_ids(con: Connection) -> set[str]:
     return {r[0] for r in con.execute("SELECT id FROM datasets").fetchall()}
 
 
-def dataset_outcomes(con: Connection, dataset_id: str
+def _of_side(dataset_id: str, agent_model: str | None) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its parameters) of a dataset's trajectories, optionally only
+    one agent model's: a side of a comparison."""
+    if agent_model is None:
+        return "dataset_id = ?", [dataset_id]
+    return "dataset_id = ? AND agent_model = ?", [dataset_id, agent_model]
+
+
+def dataset_outcomes(con: Connection, dataset_id: str, agent_model: str | None = None
                      ) -> list[tuple[str, str | None, bool | None]]:
-    """(trajectory id, task id, success) of a dataset, by task, trial and id."""
+    """(trajectory id, task id, success) of a dataset (only `agent_model`'s when given), by
+    task, trial and id."""
+    where, params = _of_side(dataset_id, agent_model)
     return con.execute(
-        "SELECT id, task_id, success FROM trajectories WHERE dataset_id = ? "
-        "ORDER BY task_id, trial, id", [dataset_id]).fetchall()
+        f"SELECT id, task_id, success FROM trajectories WHERE {where} "
+        "ORDER BY task_id, trial, id", params).fetchall()
 
 
-def dataset_provenance(con: Connection, dataset_id: str) -> tuple[Any, int, str | None] | None:
+def dataset_provenance(con: Connection, dataset_id: str, agent_model: str | None = None
+                       ) -> tuple[Any, int, str | None] | None:
     """(an agent model, the number of distinct agent models, one trajectory's
-    `meta.provenance` as JSON text) of a dataset."""
+    `meta.provenance` as JSON text) of a dataset (only `agent_model`'s when given)."""
+    where, params = _of_side(dataset_id, agent_model)
     return con.execute(
         "SELECT any_value(agent_model), count(DISTINCT agent_model), "
         "any_value(CAST(meta->'provenance' AS VARCHAR)) FROM trajectories "
-        "WHERE dataset_id = ?", [dataset_id]).fetchone()
+        f"WHERE {where}", params).fetchone()
+
+
+def dataset_agent_models(con: Connection, dataset_id: str) -> list[tuple[str, int]]:
+    """(agent model, trajectories) of every named agent model in a dataset, by name."""
+    return [(r[0], int(r[1])) for r in con.execute(
+        "SELECT agent_model, count(*) FROM trajectories WHERE dataset_id = ? "
+        "AND agent_model IS NOT NULL GROUP BY 1 ORDER BY 1", [dataset_id]).fetchall()]
+
+
+def task_origins(con: Connection, dataset_id: str, agent_model: str | None = None
+                 ) -> list[tuple[str, str | None, str | None, int | None, bool | None]]:
+    """Per task of a dataset (only `agent_model`'s trajectories when given): (task id,
+    domain, `meta.source`, `meta.task_set_seed`, `meta.passes_by_doing_nothing`) — what
+    its records say about who scored them and on which task set (one value each: a task's
+    trials come from one run)."""
+    where, params = _of_side(dataset_id, agent_model)
+    return con.execute(
+        "SELECT task_id, any_value(domain), any_value(meta->>'source'), "
+        "any_value(TRY_CAST(meta->>'task_set_seed' AS BIGINT)), "
+        "any_value(TRY_CAST(meta->>'passes_by_doing_nothing' AS BOOLEAN)) "
+        f"FROM trajectories WHERE {where} AND task_id IS NOT NULL GROUP BY task_id "
+        "ORDER BY task_id", params).fetchall()
+
+
+def side_task_ids(con: Connection) -> list[tuple[str, str | None, list[str]]]:
+    """(dataset id, agent model, task ids with a known outcome) for every dataset (agent
+    model None: the whole dataset) and every named agent model in it: the sides a
+    comparison can take, and what each could pair on."""
+    rows = con.execute(
+        "SELECT dataset_id, agent_model, GROUPING(agent_model), list(DISTINCT task_id) "
+        "FROM trajectories WHERE task_id IS NOT NULL AND success IS NOT NULL "
+        "GROUP BY GROUPING SETS ((dataset_id), (dataset_id, agent_model)) "
+        "ORDER BY 1, 3 DESC, 2").fetchall()
+    # GROUPING = 1: the whole dataset; a NULL agent model's own group is not a side
+    return [(r[0], None if r[2] else r[1], list(r[3])) for r in rows
+            if r[2] or r[1] is not None]
+
+
+def dataset_summaries(con: Connection) -> list[tuple[Any, ...]]:
+    """(id, name, format, imported_at, trajectories, successes, tasks, agent models (a
+    sorted list), one trajectory's `meta.provenance` as JSON text) of every dataset,
+    newest first."""
+    return con.execute(
+        "SELECT d.id, d.name, d.format, d.imported_at, count(t.id), "
+        "count(t.id) FILTER (t.success), count(DISTINCT t.task_id), "
+        "list(DISTINCT t.agent_model ORDER BY t.agent_model) "
+        "FILTER (t.agent_model IS NOT NULL), "
+        "any_value(CAST(t.meta->'provenance' AS VARCHAR)) "
+        "FROM datasets d LEFT JOIN trajectories t ON t.dataset_id = d.id "
+        "GROUP BY d.id, d.name, d.format, d.imported_at ORDER BY d.imported_at DESC, d.name"
+    ).fetchall()
 
 
 def dependent_tables(con: Connection) -> list[tuple[str, str]]:

@@ -9,6 +9,12 @@ Design decisions
   `train_gates` runs in this process; in the background it is a job like every other
   kind (`workbench.jobs.submit_gates`), and the one job sync registers the composed model
   it wrote (`register_moe`) once it succeeded.
+- Composing warns, never refuses, when an adapter's training run reported no learning
+  signal (`adapter_warnings`, from `job_progress.adapter_signal`: the run of its
+  recorded job, else the run directory above its folder): such an adapter is the base
+  model in a slot, and a person may still want it as a control. `compose` returns the
+  warnings, the verb prints them, the Routing page shows them as soon as the adapter is
+  picked.
 - Code that runs inside a job (gate training) writes files into its run directory, never
   the store (one writer). A composed model's id is a hash of its folder's resolved path
   (`store.jobs.moe_id_for`), so registering the same folder again (after gate training
@@ -68,11 +74,33 @@ def compose(db: Db, base: str, adapters: str, out: str | Path, mode: str = "top1
     from trace_lib.compose.gated import MoEConfig
     from trace_lib.compose.gated import compose as _compose
 
-    moe = _compose(base, parse_adapter_arg(adapters), out=out, config=MoEConfig(mode=mode))
+    specs = parse_adapter_arg(adapters)
+    moe = _compose(base, specs, out=out, config=MoEConfig(mode=mode))
     moe_id = register_moe(db, out) if register else None
     return {"path": str(Path(out).resolve()), "layers": moe.layers, "hidden": moe.hidden,
             "experts": moe.slots[1:], "gate_params": moe.gate_param_count(), "id": moe_id,
-            "mode": moe.config.mode}
+            "mode": moe.config.mode, "warnings": adapter_warnings(db, specs)}
+
+
+def adapter_warnings(db: Db, adapters: str | list[tuple[str | None, Path]]) -> list[str]:
+    """One sentence per adapter (`A1,A2` / `cap=A1,...` or parsed pairs) whose training run
+    reported no learning signal; [] when every known run learned."""
+    from trace_lib.compose.adapters import parse_adapter_arg
+    from trace_lib.workbench import job_progress
+
+    specs = parse_adapter_arg(adapters) if isinstance(adapters, str) else adapters
+    run_dirs: dict[Path, str | None] = {}
+    if store.resolve_db_path(db).exists():
+        with store.connect(db, read_only=True) as con:
+            for _, path in specs:
+                row = job_rows.adapter_at(con, str(Path(path).expanduser().resolve()))
+                run_dirs[path] = job_rows.job_run_dir(con, row["job_id"]) if row else None
+    out = []
+    for name, path in specs:
+        signal = job_progress.adapter_signal(path, run_dirs.get(path))
+        if signal and signal["warning"]:
+            out.append(f"Adapter {name or Path(path).name} ({path}): {signal['warning']}")
+    return out
 
 
 def load_moe(path: str | Path, mode: str | None = None):

@@ -2,6 +2,8 @@
 
     result = evaluate(db, {"model": "tiny", "tasks": 3, "tools": "capability"})
     report = compare(db, "base run", result["dataset"])
+    report = compare(db, Side("airline_demo.jsonl", "scripted-careful"),
+                     "airline_demo.jsonl@scripted-hasty")
 
 Design decisions
 - One config (`evaluate.policy.EvalConfig`) for every front end: the page's form, the CLI's
@@ -17,7 +19,10 @@ Design decisions
   the provenance through `with_provenance`): the job never opens the store, and the one
   job sync (`workbench.jobs.sync`) imports its episodes file, once, when a page or verb
   looks at jobs.
-- Comparison and the one-task view are read-only (`trace_lib.compare`).
+- Comparison and the one-task view are read-only (`trace_lib.compare`). A side is a
+  dataset or one agent model's runs in it (`Side`, or `DATASET@AGENT_MODEL` as the CLI
+  takes it), so the page's two pickers per side and the verb's argument are one value;
+  `compare_choices` is where the page opens: a pair that shares tasks, else nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 from trace_lib import compare as compare_views  # noqa: F401  (pure renderers for the page)
 from trace_lib import store
+from trace_lib.compare import Side, SideArg  # noqa: F401  (a side: dataset [+ agent model])
 from trace_lib.errors import UserInputError
 from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
     transcript_render,
@@ -134,14 +140,25 @@ def task_splits() -> list[dict[str, Any]]:
     return [{"name": s.name, "size": s.size, "purpose": s.purpose} for s in SPLITS.values()]
 
 
-def compare(db: Db, a: str, b: str) -> dict[str, Any]:
-    """The two runs side by side (`compare --json`)."""
+def compare(db: Db, a: SideArg, b: SideArg) -> dict[str, Any]:
+    """The two runs side by side (`compare --json`); a side is `DATASET[@AGENT_MODEL]` or a
+    `Side(dataset, agent_model)`."""
     from trace_lib.compare import compare_datasets
 
     return compare_datasets(db, a, b)
 
 
-def task_pair(db: Db, a: str, b: str, task_id: str) -> Any:
+def compare_choices(db: Db) -> dict[str, Any]:
+    """What the Compare page's pickers offer and where they open: `datasets` (newest first,
+    each with its `agent_models`) and `default`, two sides that share a task, or None when
+    no two sides do (the page then opens on an empty choice and says why)."""
+    from trace_lib.compare import default_sides
+
+    found = datasets(db)
+    return {"datasets": found, "default": default_sides(db) if found else None}
+
+
+def task_pair(db: Db, a: SideArg, b: SideArg, task_id: str) -> Any:
     """One task's two transcripts aligned on tool calls, with its expected actions."""
     from trace_lib.compare import task_pair as _pair
 

@@ -8,6 +8,12 @@ Design decisions
   or a gate run whose gates did not move) is not a plain "succeeded": `learning_signal`
   derives the state a person sees, "succeeded — no learning signal", with the reason, from
   the run's metrics rows (the pages, `job status` and `job list` show the same).
+- The same reading follows an adapter wherever it goes (`adapter_signal`): composing an
+  adapter whose run learned nothing warns (issue 34), because its slot in a mixture is
+  the base model under another name. The run is found from the adapter's recorded job
+  (its row's run directory) or above the folder itself (`<run>/adapter`,
+  `<run>/checkpoints/step_N`, `<run>/live/step_N`); an adapter from elsewhere has no
+  run here and gets no verdict rather than a guessed one.
 - `phase` says where an active training job is (the held-out evaluation before the first
   step can take minutes; without it a page says "0/N steps" the whole time).
 """
@@ -48,6 +54,50 @@ def gate_movement(run_dir: str | Path, finished: bool = False) -> dict[str, Any]
     return _movement(jobs.read_metrics(run_dir), finished=finished)
 
 
+def grpo_signal(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A training run's GRPO steps from its metrics rows: `steps`, `no_signal_steps` (every
+    group had constant reward) and `learned` (False when no step had a signal; None when
+    there was no GRPO step)."""
+    grpo = [r for r in rows if "no_signal" in r]
+    quiet = sum(bool(r["no_signal"]) for r in grpo)
+    return {"steps": len(grpo), "no_signal_steps": quiet,
+            "learned": None if not grpo else quiet < len(grpo)}
+
+
+def adapter_run_dir(adapter: str | Path) -> Path | None:
+    """The training run directory that wrote this adapter folder, found above it (its
+    metrics.jsonl), or None (an adapter trained elsewhere)."""
+    folder = Path(adapter).expanduser().resolve()
+    for run in (folder.parent, folder.parent.parent):
+        if (run / "metrics.jsonl").is_file():
+            return run
+    return None
+
+
+def adapter_signal(adapter: str | Path, run_dir: str | Path | None = None
+                   ) -> dict[str, Any] | None:
+    """Did the run that trained this adapter learn anything? `grpo_signal` of its run
+    (`run_dir`, else found above the folder) plus `sft_steps` (a supervised warm start
+    changes the adapter even when GRPO had no signal), `run_dir` and `warning` (a sentence
+    when it learned nothing, else None). None when no run is known."""
+    run = Path(run_dir) if run_dir and (Path(run_dir) / "metrics.jsonl").is_file() \
+        else adapter_run_dir(adapter)
+    if run is None:
+        return None
+    signal = grpo_signal(jobs.read_metrics(run))
+    sft = run / "sft.jsonl"
+    sft_steps = sum(1 for line in sft.read_text().splitlines() if line.strip()) \
+        if sft.is_file() else 0
+    warning = None
+    if signal["learned"] is False:
+        tail = (f"only its {sft_steps}-step SFT warm start changed it" if sft_steps else
+                "it is the base model under another name")
+        warning = (f"its training run ({run.name}) reported no learning signal: in all "
+                   f"{signal['steps']} GRPO steps every group's rollouts got the same "
+                   f"reward, so {tail}. Composing it adds a slot that cannot help.")
+    return {**signal, "sft_steps": sft_steps, "run_dir": str(run), "warning": warning}
+
+
 def learning_signal(status: jobs.JobStatus, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Did the job learn anything? From its metrics rows: `steps` (GRPO steps run),
     `no_signal_steps` (steps where every group had constant reward, so GRPO had nothing to
@@ -64,9 +114,8 @@ def learning_signal(status: jobs.JobStatus, rows: list[dict[str, Any]]) -> dict[
         if finished and learned is None:
             learned = False
     else:
-        grpo = [r for r in rows if "no_signal" in r]
-        steps, quiet = len(grpo), sum(bool(r["no_signal"]) for r in grpo)
-        learned = None if not grpo else quiet < len(grpo)
+        grpo = grpo_signal(rows)
+        steps, quiet, learned = grpo["steps"], grpo["no_signal_steps"], grpo["learned"]
         warning = None
         if learned is False:
             warning = (f"No learning signal: in all {steps} GRPO steps every group's rollouts "

@@ -21,7 +21,15 @@ Design decisions
   returns, so the store and the screen never disagree (issue 34). Each kind's record
   is idempotent (adapter ids derive from the job id, a composed model's id from its
   folder, an evaluation is found by its episodes file, a label run by its status), so
-  the sync runs on every page view.
+  the sync runs on every page view. A job the store still holds as active but whose run
+  directory is outside today's runs directory (submitted under another
+  `TRACE_RUNS_DIR`) is read from the directory its row names, so it cannot stay
+  "running" in the store after it ended.
+- A view never shows a status kept from submission (a session's job id, the row written
+  `queued` at submit): a full render shows `sync`'s statuses, and while a job it shows
+  is active, the view polls (`poll`, `any_ended`: each watched job's own run directory,
+  never the store, so polling every few seconds holds no lock) and reruns in full when
+  one ended, which syncs and records it. Home, Training, Routing and Compare follow it.
 - A job's run directory is the one its row recorded: `job_status`, `cancel`, `wait` and
   `job_log` read the `jobs` row, not today's `TRACE_RUNS_DIR`, so moving the runs folder
   does not lose jobs. The pages' live panels, which must not open the store, read run
@@ -270,6 +278,13 @@ def sync(db: Db) -> Synced:
     out = Synced(jobs.list_jobs())
     with store.connect(db) as con:
         known = job_rows.job_states(con)
+        listed = {st.id for st in out.statuses}
+        for job_id, run_dir in job_rows.active_job_run_dirs(con):
+            if job_id not in listed:  # submitted under another runs directory
+                elsewhere = _status_at(run_dir)
+                if elsewhere is not None:
+                    out.statuses.append(elsewhere)
+        out.statuses.sort(key=lambda st: st.created_at, reverse=True)
         have_adapter = job_rows.adapter_job_ids(con)
         moe_paths = job_rows.moe_model_paths(con)
         with store.transaction(con):
@@ -302,6 +317,41 @@ def sync(db: Db) -> Synced:
             if doc:
                 out.evaluations.append(doc)
     return out
+
+
+def _status_at(run_dir: str | Path) -> jobs.JobStatus | None:
+    """The status of the job whose run directory is `run_dir` (None: no job there now)."""
+    try:
+        return jobs.job_status(jobs.JobSpec.load(Path(run_dir) / "spec.json"))
+    except (UserInputError, OSError):
+        return None
+
+
+def active(statuses: list[jobs.JobStatus] | None, kind: str | None = None
+           ) -> list[jobs.JobStatus]:
+    """The queued or running jobs (of `kind`; None: every kind) among `statuses`: what a
+    view watches until they end."""
+    return [st for st in statuses or [] if st.state in jobs.ACTIVE
+            and (kind is None or st.kind == kind)]
+
+
+def run_dir_statuses() -> list[jobs.JobStatus]:
+    """Every job under today's runs directory, from the run directories only (a view
+    whose sync could not open the store falls back to it)."""
+    return jobs.list_jobs()
+
+
+def poll(watched: list[jobs.JobStatus]) -> list[jobs.JobStatus]:
+    """Each watched job's status now, read from its own run directory (never the store: a
+    live view calls this every few seconds). A job whose directory is gone is left out."""
+    return [now for now in (_status_at(st.run_dir) for st in watched) if now is not None]
+
+
+def any_ended(watched: list[jobs.JobStatus]) -> bool:
+    """Whether one of the watched (active) jobs has ended or gone since: the view must
+    rerun in full, and its sync records what the job made."""
+    now = poll(watched)
+    return len(now) < len(watched) or any(st.state not in jobs.ACTIVE for st in now)
 
 
 def record_label_job(db: Db, job_id: str, status: jobs.JobStatus | None = None
