@@ -391,9 +391,7 @@ def stage_train(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dic
         # The folder's name is the adapter's job id (`a_<job id>`): unique per loop.
         run_dir = _loop_dir(state) / f"{state['id']}-train-{cap}"
         result = training.train_foreground(db, tcfg, run_dir=run_dir, progress=False)
-        row = next(a for a in training.list_adapters(db)
-                   if a["path"] == result["adapter_path"])
-        art["adapters"][cap] = {"id": row["id"], "path": result["adapter_path"],
+        art["adapters"][cap] = {"id": result["adapter_id"], "path": result["adapter_path"],
                                 "environment": env["name"],
                                 "final_reward": result["final_reward"],
                                 "steps": result["steps"]}

@@ -83,8 +83,8 @@ def train_foreground(db: Db, config: dict[str, Any], run_dir: str | Path | None 
     job_id = jobs.new_job_id("train")
     path = Path(run_dir) if run_dir else jobs.runs_dir() / job_id
     result = train(TrainConfig.from_dict(config), path, resume=True, progress=progress)
-    record_adapter(db, result.to_dict(), path.name)
-    return {"adapter_path": result.adapter_path, "metrics_path": result.metrics_path,
+    adapter_id = record_adapter(db, result.to_dict(), path.name)
+    return {"adapter_id": adapter_id, "adapter_path": result.adapter_path, "metrics_path": result.metrics_path,
             "steps": result.steps, "final_reward": result.final_reward,
             "eval_before": result.eval_before, "eval_after": result.eval_after,
             "wall_s": round(result.wall_s, 2)}
