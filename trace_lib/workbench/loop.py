@@ -276,7 +276,7 @@ def _eval_config(cfg: LoopConfig, split: str, n: int | None, run_id: str,
 def _evaluate(db: Db, state: dict[str, Any], cfg: dict[str, Any], folder: str,
               say: Say) -> dict[str, Any]:
     """An evaluation in the loop's folder; resumes its shards, never imports twice."""
-    from trace_lib.evaluate.results import imported_dataset
+    from trace_lib.workbench.evaluation import imported_dataset
 
     out = _loop_dir(state) / folder
     for episodes in out.glob("*.jsonl"):  # killed after the import, before the state
