@@ -40,8 +40,7 @@ from typing import Any
 
 from trace_lib import compare as compare_views  # noqa: F401  (pure renderers for the page)
 from trace_lib import store
-from trace_lib.compare import Side, SideArg  # noqa: F401  (a side: dataset [+ agent model])
-from trace_lib.compare import wilson
+from trace_lib.compare import Side, SideArg, wilson  # noqa: F401  (a side: dataset [+ agent model])
 from trace_lib.errors import UserInputError
 from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
     transcript_render,
