@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, config_from_dict
 from trace_lib.workbench import composition, diagnose, environments, evaluation, training
 
 Db = str | Path | None
@@ -80,11 +80,7 @@ class LoopConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "loop") -> LoopConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, where)
 
 
 # ------------------------------------------------------------------------------- state
