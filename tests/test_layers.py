@@ -113,3 +113,24 @@ def test_cli_verbs_reach_the_library_through_the_use_cases(path: Path):
     bad = [f"cli/{path.name}:{line} imports {mod}" for line, mod in imported_modules(path)
            if not _library_use_case(mod, ("trace_lib.cli", "trace_lib.errors"))]
     assert not bad, "a CLI verb is a page action: trace_lib.workbench only\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------ one home for the schema
+
+LIBRARY = REPO / "trace_lib"
+# The analytical query modules keep their SQL (over views the store defines).
+QUERY_MODULES = {"explore/queries.py", "diagnose/ranking.py", "diagnose/materialise.py"}
+
+
+def _imports_duckdb(path: Path) -> bool:
+    return any(mod.split(".")[0] == "duckdb" for _, mod in imported_modules(path))
+
+
+def test_duckdb_is_imported_only_by_the_store_and_the_query_modules():
+    importers = {p.relative_to(LIBRARY).as_posix() for p in LIBRARY.rglob("*.py")
+                 if _imports_duckdb(p)}
+    assert importers, "the store imports duckdb: the check reads nothing"
+    bad = sorted(m for m in importers
+                 if not m.startswith("store/") and m not in QUERY_MODULES)
+    assert not bad, "SQL lives in trace_lib/store (and the named query modules):\n" + \
+        "\n".join(bad)

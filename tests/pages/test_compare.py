@@ -27,14 +27,6 @@ PAGE = str(REPO / "pages" / "7_Compare.py")
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch) -> Path:
-    db = tmp_path / "trace.duckdb"
-    monkeypatch.setenv("TRACE_DB", str(db))
-    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
-    return db
-
-
-@pytest.fixture
 def two_runs(env):
     ts = load_task_set("airline", 4)
     w = tasks_with_writes(ts)

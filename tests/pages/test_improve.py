@@ -9,23 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
-from trace_lib import jobs
 from trace_lib.workbench import environments, loop
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = str(REPO / "pages" / "8_Improve.py")
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch) -> Path:
-    db = tmp_path / "trace.duckdb"
-    monkeypatch.setenv("TRACE_DB", str(db))
-    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    return db
 
 
 def _page() -> AppTest:

@@ -23,13 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch) -> Path:
-    db = tmp_path / "trace.duckdb"
-    monkeypatch.setenv("TRACE_DB", str(db))
-    monkeypatch.setenv(jobs.RUNS_ENV, str(tmp_path / "runs"))
-    with store.connect(db):
+def env(env) -> Path:
+    """The shared store and runs directory (conftest), the store created."""
+    with store.connect(env):
         pass
-    return db
+    return env
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ Design decisions
   function the page and the notebook call (no orchestration here, no SQL).
 - The modules are imported directly (a plain list), not discovered through importlib:
   what the CLI offers is readable in this file.
-- Registration imports nothing heavy (torch, transformers, streamlit, duckdb): handlers
+- Registration imports nothing heavy (torch, transformers, streamlit, the store): handlers
   import the use cases when they run, so `--help` and quick verbs stay fast.
 - Errors the user can act on (`StoreError`, `UserInputError`) print one message on stderr
   and exit 1; `--json` output is exactly one JSON object or list on stdout.

@@ -4,7 +4,7 @@ Design decisions
 - `ingest PATH...` is all or nothing over every path; `--json` prints exactly the
   IngestReport object on stdout, the tqdm bar and messages go to stderr.
 - `stats` prints store-wide counts with the same outcome keys as an ingest report.
-- Heavy imports (pyarrow, duckdb) happen inside the handlers.
+- Heavy imports (pyarrow, the store) happen inside the handlers.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def common_parser() -> argparse.ArgumentParser:
     """The parent parser every verb takes: `--db PATH`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--db", default=None, help="DuckDB file (default: $TRACE_DB or data/trace.duckdb)"
+        "--db", default=None,
+        help="the store's database file (default: $TRACE_DB, else the one under data/)"
     )
     return common
 

@@ -64,7 +64,7 @@ import torch
 
 from trace_lib.compose.gated import GatedMoE, load_moe
 from trace_lib.compose.local_client import LocalMoEClient, env_factory
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, check_fields, config_from_dict
 from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.train.grpo import LossConfig
 
@@ -110,10 +110,7 @@ class GateTrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> GateTrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
+        check_fields(data, (f.name for f in dataclasses.fields(cls)), where)
         for req in ("moe", "envs"):
             if req not in data:
                 raise UserInputError(f"{where}: field `{req}` is required")
@@ -121,7 +118,7 @@ class GateTrainConfig:
         if isinstance(data["envs"], str):
             data["envs"] = [e for e in data["envs"].split(",") if e]
         if isinstance(data.get("loss"), dict):
-            data["loss"] = LossConfig(**data["loss"])
+            data["loss"] = config_from_dict(LossConfig, data["loss"], f"{where}.loss")
         cfg = cls(**data)
         cfg.validate(where)
         return cfg

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.envs.protocol import Environment
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, check_fields
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry, import_object
 
 BUILTIN_VERSION = 1
@@ -99,9 +99,7 @@ class EnvSpec:
                                  f"spec), got {type(data).__name__}")
         allowed = {"name", "capability", "domain", "version", "source", "code", "code_sha256",
                    "factory", "path", "description"}
-        extra = sorted(set(data) - allowed)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(allowed)}")
+        check_fields(data, allowed, where)
         for key in ("name", "source"):
             if not isinstance(data.get(key), str) or not data[key]:
                 raise UserInputError(f"{where}: field `{key}` is required (a non-empty string)")

@@ -4,6 +4,6 @@
 `policy.py`: the config, the policy's endpoint and one episode's record; `shards.py`:
 episodes through the training stage's rollout code, in shards; `runner.py`: the entry
 points (`run_evaluation`, the `evaluate` job), written as a JSONL file (runs inside jobs:
-never opens the store); `results.py`: the store side, importing a
-finished evaluation as a dataset like any other import.
+never opens the store). Nothing in this package opens the store: importing a finished
+evaluation as a dataset is a use case (`trace_lib.workbench.evaluation.import_episodes`).
 """

@@ -41,11 +41,11 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, config_from_dict
 from trace_lib.evaluate.client import EvalChatClient, local_server_config
 from trace_lib.evaluate.tasks import (
     DEFAULT_SPLIT,
@@ -92,13 +92,7 @@ class EvalConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "evaluate config") -> EvalConfig:
-        if not isinstance(data, dict):
-            raise UserInputError(f"{where}: expected an object")
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
-        cfg = cls(**data)
+        cfg = config_from_dict(cls, data, where)
         cfg.validate(where)
         return cfg
 

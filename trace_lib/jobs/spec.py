@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, config_from_dict
 from trace_lib.jobs.registries import BACKENDS, JOB_KINDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -87,11 +87,7 @@ class JobSpec:
             )
         if not isinstance(data.get("backend_options", {}), dict):
             raise UserInputError(f"{where}: field `backend_options` must be an object")
-        known = set(cls.__dataclass_fields__)
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, where)
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:

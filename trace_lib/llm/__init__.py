@@ -16,6 +16,7 @@ format), `replay` (offline: answers recorded earlier by `RecordingProvider`).
 
 from trace_lib.llm.protocol import (
     PROVIDERS,
+    JSONOptions,
     JSONResult,
     LLMError,
     LLMProvider,
@@ -28,6 +29,7 @@ from trace_lib.llm.protocol import (
 
 __all__ = [
     "PROVIDERS",
+    "JSONOptions",
     "JSONResult",
     "LLMError",
     "LLMProvider",

@@ -29,7 +29,14 @@ import os
 import time
 from typing import Any
 
-from trace_lib.llm.protocol import JSONResult, LLMError, MalformedOutputError, Usage, validate_json
+from trace_lib.llm.protocol import (
+    JSONOptions,
+    JSONResult,
+    LLMError,
+    MalformedOutputError,
+    Usage,
+    validate_json,
+)
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 ENV_MODEL = "TRACE_ANTHROPIC_MODEL"
@@ -108,25 +115,16 @@ class AnthropicProvider:
         texts = [getattr(b, "text", "") for b in getattr(message, "content", None) or []]
         return None, f"no `{schema_name}` tool call in the answer (text: {' '.join(texts)[:200]!r})"
 
-    def complete_json(
-        self,
-        system: str,
-        user: str,
-        schema: dict[str, Any],
-        *,
-        schema_name: str = "answer",
-        temperature: float = 0.0,
-        max_tokens: int = 4096,
-        seed: int | None = None,  # the Messages API has no seed; runs vary by temperature
-        cache_system: bool = True,
-        max_repairs: int = 1,
-    ) -> JSONResult:
+    def complete_json(self, system: str, user: str, schema: dict[str, Any],
+                      **options: Any) -> JSONResult:
+        opts = JSONOptions(**options)  # the Messages API has no seed
+        schema_name = opts.schema_name
         messages: list[dict[str, Any]] = [{"role": "user", "content": user}]
         usage = Usage()
         raw = None
-        for attempt in range(max_repairs + 1):
-            params = self._params(system, messages, schema, schema_name, temperature,
-                                  max_tokens, cache_system)
+        for attempt in range(opts.max_repairs + 1):
+            params = self._params(system, messages, schema, schema_name, opts.temperature,
+                                  opts.max_tokens, opts.cache_system)
             try:
                 message = self._client.messages.create(**params)
             except self._sdk.APIError as exc:
@@ -137,7 +135,7 @@ class AnthropicProvider:
             if error is None:
                 return JSONResult(data=block.input, usage=usage, model=self.model,
                                   attempts=attempt + 1)
-            if attempt == max_repairs:
+            if attempt == opts.max_repairs:
                 raise MalformedOutputError(f"invalid answer after {attempt + 1} attempts: {error}",
                                            raw=raw, usage=usage)
             if block is not None:

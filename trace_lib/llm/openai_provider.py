@@ -25,7 +25,14 @@ import json
 import os
 from typing import Any
 
-from trace_lib.llm.protocol import JSONResult, LLMError, MalformedOutputError, Usage, validate_json
+from trace_lib.llm.protocol import (
+    JSONOptions,
+    JSONResult,
+    LLMError,
+    MalformedOutputError,
+    Usage,
+    validate_json,
+)
 
 
 class OpenAIProvider:
@@ -64,38 +71,29 @@ class OpenAIProvider:
             return None  # no list (404), an odd one, or nothing listening: sized without it
         return next((c for c in cards if c.get("id") == self.model), None)
 
-    def complete_json(
-        self,
-        system: str,
-        user: str,
-        schema: dict[str, Any],
-        *,
-        schema_name: str = "answer",
-        temperature: float = 0.0,
-        max_tokens: int = 4096,
-        seed: int | None = None,
-        cache_system: bool = True,
-        max_repairs: int = 1,
-    ) -> JSONResult:
+    def complete_json(self, system: str, user: str, schema: dict[str, Any],
+                      **options: Any) -> JSONResult:
+        opts = JSONOptions(**options)
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
         ]
         usage = Usage()
         raw: str | None = None
-        for attempt in range(max_repairs + 1):
+        for attempt in range(opts.max_repairs + 1):
             kwargs: dict[str, Any] = {
                 "model": self.model,
                 "messages": messages,
-                "temperature": temperature,
-                "max_tokens": max_tokens,
+                "temperature": opts.temperature,
+                "max_tokens": opts.max_tokens,
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": schema_name, "schema": schema, "strict": True},
+                    "json_schema": {"name": opts.schema_name, "schema": schema,
+                                    "strict": True},
                 },
             }
-            if seed is not None:
-                kwargs["seed"] = seed
+            if opts.seed is not None:
+                kwargs["seed"] = opts.seed
             try:
                 completion = self._client.chat.completions.create(**kwargs)
             except self._sdk.APIError as exc:
@@ -105,7 +103,7 @@ class OpenAIProvider:
             raw, data, error = _parse(completion, schema)
             if error is None:
                 return JSONResult(data=data, usage=usage, model=self.model, attempts=attempt + 1)
-            if attempt == max_repairs:
+            if attempt == opts.max_repairs:
                 raise MalformedOutputError(f"invalid answer after {attempt + 1} attempts: {error}",
                                            raw=raw, usage=usage)
             messages.append({"role": "assistant", "content": raw or ""})

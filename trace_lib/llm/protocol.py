@@ -1,8 +1,9 @@
 """The provider protocol, its result types, the registry and JSON-schema validation.
 
 Design decisions
-- One call shape for every provider: `complete_json(system, user, schema)` returns a
-  dict that validates against `schema`. Structured output is the only output the
+- One call shape for every provider: `complete_json(system, user, schema, **options)`
+  returns a dict that validates against `schema`; the options and their defaults are
+  `JSONOptions`, written once. Structured output is the only output the
   workbench asks an LLM for (labels, capability proposals, environment specs), so
   free-text completion is not part of the interface.
 - A malformed answer is retried with the validation error shown to the model
@@ -107,25 +108,28 @@ class JSONResult:
     attempts: int = 1  # 1 + number of repair rounds
 
 
+@dataclass(frozen=True)
+class JSONOptions:
+    """The keyword options of `complete_json` and their defaults, in one place for every
+    provider (`JSONOptions(**options)`: an unknown option is a TypeError)."""
+
+    schema_name: str = "answer"
+    temperature: float = 0.0
+    max_tokens: int = 4096
+    seed: int | None = None  # a provider without seeds varies by temperature only
+    cache_system: bool = True  # cache the system prompt where the provider can
+    max_repairs: int = 1  # rounds that show the model its validation error
+
+
 @runtime_checkable
 class LLMProvider(Protocol):
     name: str
     model: str
 
-    def complete_json(
-        self,
-        system: str,
-        user: str,
-        schema: dict[str, Any],
-        *,
-        schema_name: str = "answer",
-        temperature: float = 0.0,
-        max_tokens: int = 4096,
-        seed: int | None = None,
-        cache_system: bool = True,
-        max_repairs: int = 1,
-    ) -> JSONResult:
-        """Ask for one JSON object that validates against `schema`."""
+    def complete_json(self, system: str, user: str, schema: dict[str, Any],
+                      **options: Any) -> JSONResult:
+        """Ask for one JSON object that validates against `schema`; `options` are
+        `JSONOptions`' fields."""
         ...
 
 

@@ -17,7 +17,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trace_lib.llm.protocol import JSONResult, LLMError, LLMProvider, Usage, validate_json
+from trace_lib.llm.protocol import (
+    JSONOptions,
+    JSONResult,
+    LLMError,
+    LLMProvider,
+    Usage,
+    validate_json,
+)
 
 
 def call_key(system: str, user: str, schema: dict[str, Any], temperature: float,
@@ -44,11 +51,10 @@ class ReplayProvider:
             except (json.JSONDecodeError, KeyError) as exc:
                 raise LLMError(f"{self.path}:{n}: not a recording line ({exc})") from exc
 
-    def complete_json(self, system: str, user: str, schema: dict[str, Any], *,
-                      schema_name: str = "answer", temperature: float = 0.0,
-                      max_tokens: int = 4096, seed: int | None = None,
-                      cache_system: bool = True, max_repairs: int = 1) -> JSONResult:
-        key = call_key(system, user, schema, temperature, seed)
+    def complete_json(self, system: str, user: str, schema: dict[str, Any],
+                      **options: Any) -> JSONResult:
+        opts = JSONOptions(**options)
+        key = call_key(system, user, schema, opts.temperature, opts.seed)
         if key not in self._answers:
             raise LLMError(f"{self.path}: no recorded answer for this prompt (key {key[:12]})")
         data = self._answers[key]
@@ -71,7 +77,8 @@ class RecordingProvider:
 
     def complete_json(self, system: str, user: str, schema: dict[str, Any], **kw: Any) -> JSONResult:
         result = self.inner.complete_json(system, user, schema, **kw)
-        key = call_key(system, user, schema, kw.get("temperature", 0.0), kw.get("seed"))
+        opts = JSONOptions(**kw)
+        key = call_key(system, user, schema, opts.temperature, opts.seed)
         with self._lock, self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"key": key, "data": result.data}) + "\n")
         return result

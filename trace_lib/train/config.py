@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, check_fields, config_from_dict
 from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
 from trace_lib.runtime.server_kinds import SERVER_KINDS
@@ -103,10 +103,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known - {"env_code"})
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
+        check_fields(data, (f.name for f in dataclasses.fields(cls)), where,
+                     accepted={"env_code"})
         if not data.get("env"):
             raise UserInputError(f"{where}: field `env` is required (an environment name)")
         kwargs = dict(data)
@@ -121,11 +119,7 @@ class TrainConfig:
         for name, sub in (("lora", LoraSettings), ("loss", LossConfig)):
             value = kwargs.get(name)
             if isinstance(value, dict):
-                sub_known = {f.name for f in dataclasses.fields(sub)}
-                bad = sorted(set(value) - sub_known)
-                if bad:
-                    raise UserInputError(f"{where}.{name}: unknown fields {bad}")
-                kwargs[name] = sub(**value)
+                kwargs[name] = config_from_dict(sub, value, f"{where}.{name}")
         cfg = cls(**kwargs)
         cfg.validate(where)
         return cfg

@@ -23,23 +23,31 @@ Design decisions
   dataset or one agent model's runs in it (`Side`, or `DATASET@AGENT_MODEL` as the CLI
   takes it), so the page's two pickers per side and the verb's argument are one value;
   `compare_choices` is where the page opens: a pair that shares tasks, else nothing.
+- A finished run becomes a dataset like any import (`import_episodes`): its episodes file
+  goes through the ingest stage (`ingest_paths`, format openai_jsonl), not row by row, so
+  the same parser, all-or-nothing transaction, expected actions and tool schemas apply
+  and explore, diagnose, rank and compare read it like a user's file. "Once" is the
+  dataset whose `source` is that file (`is_imported`): re-syncing imports nothing.
+- A result carries the pass rate's Wilson interval, so every front end prints the same.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trace_lib import compare as compare_views  # noqa: F401  (pure renderers for the page)
 from trace_lib import store
-from trace_lib.compare import Side, SideArg  # noqa: F401  (a side: dataset [+ agent model])
+from trace_lib.compare import Side, SideArg, wilson  # noqa: F401  (a side: dataset [+ agent model])
 from trace_lib.errors import UserInputError
 from trace_lib.explore import (  # noqa: F401  (pure renderers for the page)
     transcript_render,
     untrusted_text,
 )
 from trace_lib.store import capabilities as store_capabilities
+from trace_lib.store import trajectories as store_trajectories
 
 Db = str | Path | None
 
@@ -92,7 +100,6 @@ def evaluate(db: Db, config: Any, *, out_dir: str | Path | None = None,
     """Run the evaluation here and import it; returns the `evaluate --json` document."""
     from trace_lib import jobs
     from trace_lib.evaluate.policy import new_run_id
-    from trace_lib.evaluate.results import import_episodes
     from trace_lib.evaluate.runner import run_evaluation
 
     cfg = with_provenance(db, make_config(config))
@@ -102,11 +109,58 @@ def evaluate(db: Db, config: Any, *, out_dir: str | Path | None = None,
     return import_episodes(db, result)
 
 
-def datasets(db: Db) -> list[dict[str, Any]]:
-    """Every dataset with its outcome counts and provenance, newest first (pickers)."""
-    from trace_lib.evaluate.results import evaluation_datasets
+def import_episodes(db: Db, result: dict[str, Any],
+                    job_id: str | None = None) -> dict[str, Any]:
+    """Import a finished run's episodes file; return the `evaluate --json` document."""
+    from trace_lib.ingest import ingest_paths
 
-    return evaluation_datasets(db)
+    path = Path(result["episodes_path"]).resolve()
+    report = ingest_paths([path], db=db, fmt="openai_jsonl")
+    return summary(result, report.datasets[0], job_id)
+
+
+def summary(result: dict[str, Any], ds: dict[str, Any], job_id: str | None) -> dict[str, Any]:
+    """The `evaluate --json` document of a run (`result.json`) imported as dataset `ds`."""
+    n, k = int(result["trajectories"]), int(result["successes"])
+    lo, hi = wilson(k, n)
+    keys = ("write_tasks", "floor", "policy", "domain", "split", "tasks", "trials",
+            "run_id")
+    return {"dataset": ds["name"], "dataset_id": ds["id"], "trajectories": n,
+            "successes": k, "failures": n - k, "pass_rate": k / n if n else None,
+            "ci95": [lo, hi], **{key: result.get(key) for key in keys}, "job_id": job_id,
+            "episodes_path": result.get("episodes_path"), "wall_s": result.get("wall_s")}
+
+
+def is_imported(db: Db, episodes_path: str | Path) -> bool:
+    """Whether a dataset was imported from this episodes file already (its `source`)."""
+    return imported_dataset(db, episodes_path) is not None
+
+
+def imported_dataset(db: Db, episodes_path: str | Path) -> dict[str, str] | None:
+    """{id, name} of the dataset imported from this episodes file, None when none was."""
+    with store.connect(db) as con:
+        row = store_trajectories.dataset_from_source(con, str(Path(episodes_path).resolve()))
+    return {"id": row[0], "name": row[1]} if row else None
+
+
+def datasets(db: Db) -> list[dict[str, Any]]:
+    """Every dataset with its outcome counts, agent models and, for evaluations, the
+    provenance: what the Compare page offers, newest first. `agent_model` is the one agent
+    model when there is one (None for several or none: `agent_models` lists them)."""
+    path = store.resolve_db_path(db)
+    if not path.exists():
+        return []
+    with store.connect(db, read_only=True) as con:
+        rows = store_trajectories.dataset_summaries(con)
+    out = []
+    for id_, name, fmt, at, n, k, tasks, agents, prov in rows:
+        agents = list(agents or [])
+        out.append({"id": id_, "name": name, "format": fmt, "imported_at": str(at),
+                    "trajectories": n, "successes": k, "tasks": tasks,
+                    "agent_model": agents[0] if len(agents) == 1 else None,
+                    "agent_models": agents,
+                    "provenance": json.loads(prov) if prov else None})
+    return out
 
 
 def policies(db: Db) -> dict[str, list[dict[str, Any]]]:

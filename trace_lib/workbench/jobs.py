@@ -38,7 +38,7 @@ Design decisions
   evaluation is handled, so `job list` and the other job verbs stay light.
 - No SQL here: the job table family's statements are `trace_lib.store.jobs`; a label
   run's and an evaluation's rows belong to their stages (`diagnose.background_labeling`,
-  `evaluate.results`), called with the store path.
+  `workbench.evaluation`), called with the store path.
 """
 
 from __future__ import annotations
@@ -261,13 +261,13 @@ def _record_moe(db: Db, status: jobs.JobStatus, known: set[str]) -> str | None:
 
 
 def _record_evaluation(db: Db, status: jobs.JobStatus) -> dict[str, Any] | None:
-    from trace_lib.evaluate.results import import_episodes, is_imported
+    from trace_lib.workbench import evaluation
 
     result = jobs.read_result(status.run_dir)
     path = result.get("episodes_path")
-    if not path or not Path(path).is_file() or is_imported(db, path):
+    if not path or not Path(path).is_file() or evaluation.is_imported(db, path):
         return None
-    return import_episodes(db, result, job_id=status.id)
+    return evaluation.import_episodes(db, result, job_id=status.id)
 
 
 def sync(db: Db) -> Synced:
@@ -418,13 +418,13 @@ def wait(db: Db, job_id: str, timeout_s: float = 3600.0) -> jobs.JobStatus:
 def wait_evaluation(db: Db, job_id: str, timeout_s: float = 3600.0) -> dict[str, Any]:
     """Block until an `evaluate` job ends and sync; returns its `evaluate --json` document
     (`evaluate --background --wait`)."""
-    from trace_lib.evaluate.results import import_episodes
+    from trace_lib.workbench import evaluation
 
     st = wait(db, job_id, timeout_s=timeout_s)
     if st.state != "succeeded":
         raise UserInputError(f"evaluation job {job_id} ended {st.state}: {st.error or ''}")
     # Imported by the sync (or before): this finds that dataset and imports nothing.
-    return import_episodes(db, jobs.read_result(st.run_dir), job_id=job_id)
+    return evaluation.import_episodes(db, jobs.read_result(st.run_dir), job_id=job_id)
 
 
 def wait_label_jobs(db: Db, job_ids: list[str], timeout_s: float = 7 * 86400

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, config_from_dict
 from trace_lib.workbench import composition, diagnose, environments, evaluation, training
 from trace_lib.workbench.loop_serving import ENGINES, LoopServing
 
@@ -93,11 +93,7 @@ class LoopConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "loop") -> LoopConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise UserInputError(f"{where}: unknown fields {extra}; expected {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, where)
 
 
 # ------------------------------------------------------------------------------- state
@@ -298,11 +294,10 @@ def _evaluate(db: Db, state: dict[str, Any], cfg: dict[str, Any], folder: str,
     """An evaluation in the loop's folder; resumes its shards, never imports twice.
     `policy()` gives the engine's fields (called only when the evaluation runs, so a
     resume past it starts no server)."""
-    from trace_lib.evaluate.results import imported_dataset
 
     out = _loop_dir(state) / folder
     for episodes in out.glob("*.jsonl"):  # killed after the import, before the state
-        ds = imported_dataset(db, episodes)
+        ds = evaluation.imported_dataset(db, episodes)
         if ds:
             return {"dataset": ds["name"], "dataset_id": ds["id"],
                     "episodes_path": str(episodes), **_verdict_counts(episodes)}

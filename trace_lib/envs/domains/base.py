@@ -80,6 +80,16 @@ class CreditCard(BaseModel):
     last_four: str
 
 
+class Customer(BaseModel):
+    """The fields a user record starts with in both databases; each domain's `User` adds
+    its own (payment methods of its kinds, reservations or orders) after them."""
+
+    user_id: str
+    name: Name
+    address: Address
+    email: str
+
+
 # ----------------------------------------------------------------------------- tools
 
 

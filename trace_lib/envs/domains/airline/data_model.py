@@ -19,7 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from trace_lib.envs.domains.base import Address, CreditCard, Name
+from trace_lib.envs.domains.base import (  # noqa: F401  (the shared records, re-exported)
+    Address,
+    CreditCard,
+    Customer,
+    Name,
+)
 
 NOW = "2024-05-15T15:00:00"  # the domain's current time (EST)
 TODAY = NOW[:10]
@@ -73,11 +78,7 @@ class Certificate(BaseModel):
 PaymentMethod = Annotated[CreditCard | GiftCard | Certificate, Field(discriminator="source")]
 
 
-class User(BaseModel):
-    user_id: str
-    name: Name
-    address: Address
-    email: str
+class User(Customer):
     dob: str
     payment_methods: dict[str, PaymentMethod]
     saved_passengers: list[Passenger]

@@ -19,7 +19,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from trace_lib.envs.domains.base import Address, CreditCard, Name
+from trace_lib.envs.domains.base import (  # noqa: F401  (the shared records, re-exported)
+    Address,
+    CreditCard,
+    Customer,
+    Name,
+)
 
 OrderStatus = Literal[
     "pending", "processed", "delivered", "cancelled", "pending (item modified)",
@@ -55,11 +60,7 @@ class GiftCard(BaseModel):
 PaymentMethod = Annotated[CreditCard | Paypal | GiftCard, Field(discriminator="source")]
 
 
-class User(BaseModel):
-    user_id: str
-    name: Name
-    address: Address
-    email: str
+class User(Customer):
     payment_methods: dict[str, PaymentMethod]
     orders: list[str]
 
