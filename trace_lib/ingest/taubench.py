@@ -36,24 +36,8 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, Trajectory
 from trace_lib.errors import UserInputError
+from trace_lib.ingest import normalise
 from trace_lib.ingest.importer import ParseContext
-from trace_lib.ingest.normalise import (
-    ParsedFile,
-    RawMessage,
-    Skipped,
-    as_object,
-    assemble,
-    check_role,
-    error_outcome,
-    expected_actions,
-    field,
-    id_field,
-    int32_field,
-    opt_field,
-    outcome_fields,
-    parse_arguments,
-    reward_value,
-)
 from trace_lib.ingest.source import RecordError, Source, read_document
 
 DOMAINS = ("airline", "retail")
@@ -102,36 +86,36 @@ def termination_from_source(source: str | None) -> str | None:
     return "max_steps"
 
 
-def _messages(traj: list[Any], record: int) -> list[RawMessage]:
-    out: list[RawMessage] = []
+def _messages(traj: list[Any], record: int) -> list[normalise.RawMessage]:
+    out: list[normalise.RawMessage] = []
     for i, raw in enumerate(traj):
         path = f"traj[{i}]"
-        m = as_object(raw, record, path)
-        role = check_role(field(m, "role", (str,), record, path), record, path)
-        content = opt_field(m, "content", (str,), record, path)
+        m = normalise.as_object(raw, record, path)
+        role = normalise.check_role(normalise.field(m, "role", (str,), record, path), record, path)
+        content = normalise.opt_field(m, "content", (str,), record, path)
         calls = []
-        for j, tc in enumerate(opt_field(m, "tool_calls", (list,), record, path) or []):
+        for j, tc in enumerate(normalise.opt_field(m, "tool_calls", (list,), record, path) or []):
             cpath = f"{path}.tool_calls[{j}]"
-            tc = as_object(tc, record, cpath)
-            fn = as_object(
-                field(tc, "function", (dict,), record, cpath), record, f"{cpath}.function"
+            tc = normalise.as_object(tc, record, cpath)
+            fn = normalise.as_object(
+                normalise.field(tc, "function", (dict,), record, cpath), record, f"{cpath}.function"
             )
             calls.append(
                 {
-                    "name": field(fn, "name", (str,), record, f"{cpath}.function"),
-                    "arguments": parse_arguments(
+                    "name": normalise.field(fn, "name", (str,), record, f"{cpath}.function"),
+                    "arguments": normalise.parse_arguments(
                         fn.get("arguments"), record, f"{cpath}.function.arguments"
                     ),
-                    "call_id": opt_field(tc, "id", (str,), record, cpath),
+                    "call_id": normalise.opt_field(tc, "id", (str,), record, cpath),
                     "requestor": "assistant",
                 }
             )
-        msg = RawMessage(
+        msg = normalise.RawMessage(
             role=role,
             content=content,
             tool_calls=calls,
-            tool_call_id=opt_field(m, "tool_call_id", (str,), record, path),
-            name=opt_field(m, "name", (str,), record, path),
+            tool_call_id=normalise.opt_field(m, "tool_call_id", (str,), record, path),
+            name=normalise.opt_field(m, "name", (str,), record, path),
         )
         if role == "tool" and content and content.startswith(TOOL_ERROR_PREFIX):
             msg.error = content
@@ -142,22 +126,23 @@ def _messages(traj: list[Any], record: int) -> list[RawMessage]:
 def _expected(task: dict[str, Any] | None, record: int) -> list[ExpectedAction] | None:
     if not task or task.get("actions") is None:
         return None
-    return expected_actions(task["actions"], record, "info.task.actions", args_key="kwargs")
+    return normalise.expected_actions(task["actions"], record, "info.task.actions",
+                                      args_key="kwargs")
 
 
 def parse_record(
     raw: Any, record: int, model: str | None, domain: str | None,
     reward_range: tuple[float, float] = (0.0, 1.0),
 ) -> tuple[Trajectory, list[ExpectedAction] | None]:
-    rec = as_object(raw, record, "")
-    task_id = id_field(rec, "task_id", record, required=True)
-    trial = int32_field(rec, "trial", record)
-    reward = reward_value(rec, "reward", record, required=True)
-    info = opt_field(rec, "info", (dict,), record) or {}
-    traj = field(rec, "traj", (list,), record)
+    rec = normalise.as_object(raw, record, "")
+    task_id = normalise.id_field(rec, "task_id", record, required=True)
+    trial = normalise.int32_field(rec, "trial", record)
+    reward = normalise.reward_value(rec, "reward", record, required=True)
+    info = normalise.opt_field(rec, "info", (dict,), record) or {}
+    traj = normalise.field(rec, "traj", (list,), record)
     messages = _messages(traj, record)
-    task = opt_field(info, "task", (dict,), record, "info")
-    end_source = opt_field(info, "source", (str,), record, "info")
+    task = normalise.opt_field(info, "task", (dict,), record, "info")
+    end_source = normalise.opt_field(info, "source", (str,), record, "info")
     meta = {
         "source_format": "tau_bench",
         "end_source": end_source,
@@ -166,15 +151,15 @@ def parse_record(
     }
     if "error" in info:
         # run.py caught an exception: the harness failed, not the agent.
-        outcome = error_outcome(meta, str(info.get("error")), reward)
+        outcome = normalise.error_outcome(meta, str(info.get("error")), reward)
         meta["traceback"] = info.get("traceback")
     else:
-        outcome = outcome_fields(reward, None, record, reward_range)
+        outcome = normalise.outcome_fields(reward, None, record, reward_range)
     if task:
         meta["instruction"] = task.get("instruction")
         meta["user_id"] = task.get("user_id")
         meta["expected_outputs"] = task.get("outputs")
-    traj_model = assemble(
+    traj_model = normalise.assemble(
         messages,
         record,
         source_id=f"{task_id}/{trial}",
@@ -212,7 +197,8 @@ class TauBenchImporter:
             return "the list is empty"
         return "the first item has no 'traj' and 'task_id'"
 
-    def _infer(self, src: Source, doc: list[Any], out: ParsedFile) -> tuple[str | None, str | None]:
+    def _infer(self, src: Source, doc: list[Any], out: normalise.ParsedFile
+               ) -> tuple[str | None, str | None]:
         model, domain = model_and_domain(src.stem_name)
         how_model = how_domain = "the file name <model>-<domain>.json"
         run = run_py_name(src.stem_name)
@@ -234,7 +220,8 @@ class TauBenchImporter:
             out.notes.append(f"{src.name}: {missing} unknown (pass --agent-model / --domain)")
         return model, domain
 
-    def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext) -> ParsedFile:
+    def parse(self, src: Source, doc: Any, sha256: str | None, ctx: ParseContext
+              ) -> normalise.ParsedFile:
         if doc is None:
             doc, sha256 = read_document(src, ctx.limits, ctx.progress)
         if not isinstance(doc, list):
@@ -243,7 +230,7 @@ class TauBenchImporter:
             )
         if not doc:
             raise UserInputError(f"{src.name}: the list is empty; expected tau-bench episodes")
-        out = ParsedFile(name=src.name, format=self.name, sha256=sha256 or "",
+        out = normalise.ParsedFile(name=src.name, format=self.name, sha256=sha256 or "",
                          n_records=len(doc))
         model, domain = self._infer(src, doc, out)
         out.meta.update({"agent_model": model, "domain": domain})
@@ -257,7 +244,7 @@ class TauBenchImporter:
                 except RecordError as exc:
                     if not ctx.skip_invalid:
                         raise UserInputError(f"{src.name}: {exc}; nothing was imported") from None
-                    out.skipped.append(Skipped(src.name, i, str(exc)))
+                    out.skipped.append(normalise.Skipped(src.name, i, str(exc)))
                     continue
                 doc[i] = None  # free the raw record once normalised
                 yield traj
