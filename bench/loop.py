@@ -121,13 +121,18 @@ def _calls(msg: dict) -> list[tuple[str, object]]:
 
 
 def behaviour(episodes: Path, domain: str = "airline") -> dict:
-    """What the policy did, from its episodes file: the reward's story."""
+    """What the policy did, from its episodes file: the reward's story. `with_a_write` /
+    `read_before_first_write`: episodes that wrote, and those of them whose first write
+    came after at least one read; `refusals`: episodes that wrote nothing and whose last
+    reply uses a refusal phrase (the capability environments' list)."""
+    from trace_lib.envs.capabilities.instances import REFUSAL
     from trace_lib.envs.domains import get_domain
 
     writes = set(get_domain(domain).write_tools())
     recs = [json.loads(x) for x in episodes.read_text().splitlines() if x.strip()]
     out = {"episodes": len(recs), "with_a_call": 0, "calls": 0, "calls_expected": 0,
            "write_calls": 0, "write_calls_expected": 0, "no_call_at_all": 0,
+           "with_a_write": 0, "read_before_first_write": 0, "refusals": 0,
            "text_tool_call_unparsed": 0}
     for r in recs:
         expected = [(a["name"], a.get("arguments")) for a in r.get("expected_actions") or []]
@@ -140,6 +145,12 @@ def behaviour(episodes: Path, domain: str = "airline") -> dict:
         out["write_calls_expected"] += sum(c[0] in writes and c in expected for c in calls)
         out["with_a_call"] += bool(calls)
         out["no_call_at_all"] += not calls
+        first_write = next((i for i, c in enumerate(calls) if c[0] in writes), None)
+        out["with_a_write"] += first_write is not None
+        out["read_before_first_write"] += bool(first_write)  # None and 0 are not
+        last = next((str(m.get("content") or "") for m in reversed(r["messages"])
+                     if m.get("role") == "assistant"), "").lower()
+        out["refusals"] += first_write is None and any(w in last for w in REFUSAL)
         # a call written in the text that the server's parser did not turn into a call
         out["text_tool_call_unparsed"] += "<tool_call>" in texts
     return out

@@ -428,6 +428,20 @@ def evaluate(args: argparse.Namespace) -> None:
     table(args)
 
 
+def recount(args: argparse.Namespace) -> None:
+    """Recompute every row's behaviour counters from its kept transcripts (after the
+    counters change); verdicts and keys are untouched."""
+    from loop import behaviour
+
+    res_path = Path(args.out)
+    res = load_results(res_path)
+    for r in res["rows"]:
+        if r.get("transcripts") and from_repo(r["transcripts"]).exists():
+            r["behaviour"] = behaviour(from_repo(r["transcripts"]), r["settings"]["domain"])
+    save_results(res_path, res)
+    table(args)
+
+
 # ---------------------------------------------------------------------------- table
 
 
@@ -444,8 +458,9 @@ def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
 def table(args: argparse.Namespace) -> None:
     res = load_results(Path(args.out))
     print("| split | policy | passed | 95% CI | write tasks passed | vs base: base only / "
-          "this only, McNemar p | episodes with a call | no call |")
-    print("|---|---|---|---|---|---|---|---|")
+          "this only, McNemar p | episodes with a call | no call | read before first write "
+          "/ episodes with a write | refusals | unparsed call text |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(res["rows"], key=lambda r: (r["split"], r["policy"])):
         base = next((b for b in res["rows"] if b["split"] == r["split"]
                      and b["policy"] == "base"), None)
@@ -457,7 +472,9 @@ def table(args: argparse.Namespace) -> None:
         b = r["behaviour"]
         print(f"| {r['split']} | {r['policy']} | {r['passes']}/{r['n']} | {lo:.1%}-{hi:.1%} "
               f"| {r['write_tasks']['passes']}/{r['write_tasks']['n']} | {vs} | "
-              f"{b['with_a_call']} | {b['no_call_at_all']} |")
+              f"{b['with_a_call']} | {b['no_call_at_all']} | "
+              f"{b.get('read_before_first_write', '—')} / {b.get('with_a_write', '—')} | "
+              f"{b.get('refusals', '—')} | {b['text_tool_call_unparsed']} |")
     print(f"test-split runs made: {len(res['test_runs'])}")
 
 
@@ -512,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policy", required=True)
     r.add_argument("--episodes", required=True)
     r.set_defaults(func=record)
+    c = sub.add_parser("recount", parents=[common],
+                       help="behaviour counters again, from the kept transcripts")
+    c.set_defaults(func=recount)
     t = sub.add_parser("table", parents=[common], help="print the table")
     t.set_defaults(func=table)
     args = ap.parse_args(argv)
