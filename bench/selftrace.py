@@ -428,6 +428,16 @@ def evaluate(args: argparse.Namespace) -> None:
     table(args)
 
 
+def keep(args: argparse.Namespace) -> None:
+    """Keep a trained policy's checkpoint in the committed state folder now (what a test
+    run does first), so a later session on a fresh machine can evaluate it."""
+    res_path = Path(args.out)
+    res = load_results(res_path)
+    kept = keep_adapter(res, args.policy, _policy_adapter(res, args.policy), Path(args.work))
+    save_results(res_path, res)
+    print(f"{args.policy}: kept in {kept}")
+
+
 def recount(args: argparse.Namespace) -> None:
     """Recompute every row's behaviour counters from its kept transcripts (after the
     counters change); verdicts and keys are untouched."""
@@ -529,6 +539,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policy", required=True)
     r.add_argument("--episodes", required=True)
     r.set_defaults(func=record)
+    k = sub.add_parser("keep", parents=[common],
+                       help="keep a checkpoint in the committed state folder")
+    k.add_argument("--policy", required=True, help="e.g. oracle_sft@20")
+    k.add_argument("--work", default=str(STATE))
+    k.set_defaults(func=keep)
     c = sub.add_parser("recount", parents=[common],
                        help="behaviour counters again, from the kept transcripts")
     c.set_defaults(func=recount)
