@@ -5,6 +5,8 @@
     nice -n 5 python bench/selftrace.py evaluate --split dev --tasks 80:100 --policies oracle_sft@20
     python bench/selftrace.py record --split dev --policy base --episodes EPISODES.jsonl
     nice -n 5 python bench/selftrace.py evaluate --split test --policies base,oracle_sft
+    python bench/selftrace.py keep --policy oracle_sft@20    # into the committed state folder
+    python bench/selftrace.py recount                        # behaviour counters again
     python bench/selftrace.py table
 
 Results go to `bench/results/selftrace.json`: `rows` (one per policy and split, each with
