@@ -340,6 +340,45 @@ def derived_max_tokens(longest_turn: int) -> int:
     return max(64, 32 * math.ceil(longest_turn * 1.25 / 32))
 
 
+@dataclass(frozen=True)
+class TurnBudget:
+    """The per-turn token default of a run given no `max_tokens`, and what it came from."""
+
+    max_tokens: int  # derived_max_tokens(longest_reference_turn)
+    longest_reference_turn: int  # in the model's tokens, over the environments measured
+    unmeasured: dict[str, str]  # env name -> why it had no reference to measure
+
+    def record(self) -> dict[str, Any]:
+        """What a run writes beside its settings: the value and where it came from."""
+        return {"max_tokens": self.max_tokens,
+                "longest_reference_turn": self.longest_reference_turn,
+                "rule": "longest reference turn + 25%, rounded up to 32 (64 without one)",
+                **({"unmeasured": dict(self.unmeasured)} if self.unmeasured else {})}
+
+
+def reference_turn_budget(makers: dict[str, Callable[[], Environment]], tokenizer: Any,
+                          max_turns: int = 8, seeds: Any = range(4)) -> TurnBudget:
+    """The one home of every run's default tokens per assistant turn (adapter training,
+    gate training, a composed model's evaluation, the pages' hints): the longest reference
+    turn over `makers`' environments on `seeds`, in `tokenizer`'s tokens, through
+    `derived_max_tokens`. An environment that cannot give a reference (a generated one's
+    sandbox says so by an error) is left out and named in `unmeasured`; it never fails
+    the run. Each environment made here is closed here."""
+    longest, unmeasured = 0, {}
+    for name, make_env in makers.items():
+        env = None
+        try:
+            env = make_env()
+            longest = max(longest, longest_reference_turn(env, seeds, tokenizer, max_turns))
+        except Exception as exc:  # noqa: BLE001 - advice only: never the reason a run fails
+            text = str(exc).splitlines()[-1] if str(exc) else ""
+            unmeasured[name] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        finally:
+            if env is not None and hasattr(env, "close"):
+                env.close()
+    return TurnBudget(derived_max_tokens(longest), longest, unmeasured)
+
+
 def sft(
     params: list[torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
