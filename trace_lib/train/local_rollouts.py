@@ -35,7 +35,6 @@ Design decisions
 from __future__ import annotations
 
 import copy
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 from trace_lib.envs.protocol import Environment
 from trace_lib.runtime.chat_format import IM_END, format_assistant, parse_assistant, render_prompt
 from trace_lib.runtime.rollout import Rollout, _apply_turn
+from trace_lib.runtime.turn_budget import RULE, derived_max_tokens
 from trace_lib.train.step import ForwardOut
 
 
@@ -331,15 +331,6 @@ def longest_reference_turn(env: Environment, seeds: Any, tokenizer: Any,
     return longest
 
 
-def derived_max_tokens(longest_turn: int) -> int:
-    """The per-turn token budget for an environment whose longest reference turn is
-    `longest_turn` tokens: +25% (a sampled turn is rarely the shortest way to say it),
-    rounded up to 32; 64 when there is no reference to measure."""
-    if longest_turn <= 0:
-        return 64
-    return max(64, 32 * math.ceil(longest_turn * 1.25 / 32))
-
-
 @dataclass(frozen=True)
 class TurnBudget:
     """The per-turn token default of a run given no `max_tokens`, and what it came from."""
@@ -352,7 +343,7 @@ class TurnBudget:
         """What a run writes beside its settings: the value and where it came from."""
         return {"max_tokens": self.max_tokens,
                 "longest_reference_turn": self.longest_reference_turn,
-                "rule": "longest reference turn + 25%, rounded up to 32 (64 without one)",
+                "rule": RULE,
                 **({"unmeasured": dict(self.unmeasured)} if self.unmeasured else {})}
 
 
