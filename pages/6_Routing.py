@@ -38,6 +38,20 @@ def _load(path: str, mode: str | None, stamp: float):
     return composition.load_moe(path, mode=mode)
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def _turn_default(_model, path: str, envs: tuple[str, ...], max_turns: int) -> dict | None:
+    """What "Max tokens per turn" left at 0 uses (the one rule every run derives it by)."""
+    return composition.eval_max_tokens_default(_model, list(envs), DB, max_turns)
+
+
+def _turn_caption(model, path: str, envs: list[str], max_turns: int) -> None:
+    derived = _turn_default(model, path, tuple(envs), max_turns) if envs else None
+    if derived:
+        st.caption(f"Max tokens per turn left at 0 uses {derived['max_tokens']}: the longest "
+                   f"reference turn of these environments is "
+                   f"{derived['longest_reference_turn']} tokens of this model, + 25%.")
+
+
 def _moe(path: str, mode: str | None):
     gates = Path(path) / "gates.safetensors"
     return _load(path, mode, gates.stat().st_mtime if gates.exists() else 0.0)
@@ -245,6 +259,8 @@ with tab_gates:
                                  help="0: from the environments, their longest reference "
                                       "turn in the model's tokens + 25%")
     max_turns = g3.number_input("Max turns", 1, 16, 2, key="gate_turns")
+    if not max_tokens:
+        _turn_caption(moe, moe_path, envs, int(max_turns))
     if st.button("Start gate training", key="gates_go", type="primary"):
         try:
             cfg = composition.gate_config(moe_path, envs, warm_seeds=int(warm_seeds),
@@ -323,7 +339,11 @@ with tab_eval:
     e_envs = st.multiselect("Held-out environments", names, default=names, key="eval_envs")
     e1, e2 = st.columns(2)
     e_seeds = e1.number_input("Held-out seeds per env", 1, 200, 2, key="eval_seeds")
-    e_tokens = e2.number_input("Max tokens per turn", 1, 1024, 32, key="eval_tokens")
+    e_tokens = e2.number_input("Max tokens per turn", 0, 1024, 0, key="eval_tokens",
+                               help="0: from the environments, their longest reference "
+                                    "turn in the model's tokens + 25%")
+    if not e_tokens:
+        _turn_caption(moe, moe_path, e_envs, 2)
     if st.button("Evaluate", key="eval_go", type="primary") and e_envs:
         total = len(e_envs) * composition.eval_policy_count(moe)
         bar = st.progress(0.0, text="evaluating…")
@@ -336,9 +356,16 @@ with tab_eval:
             table.dataframe(pd.DataFrame(done), hide_index=True)
 
         composition.moe_eval(DB, moe_path, e_envs, seeds=int(e_seeds),
-                             max_tokens=int(e_tokens), max_turns=2, moe=moe, on_row=_row)
+                             max_tokens=int(e_tokens) or None, max_turns=2, moe=moe,
+                             on_row=_row)
     saved_eval = composition.saved_eval(moe_path)
     if saved_eval:
+        used = saved_eval.get("config", {})
+        if used.get("max_tokens"):
+            st.caption(f"Evaluated with {used['max_tokens']} tokens per turn, "
+                       f"{used.get('max_turns')} turns, {used.get('seeds')} seeds per "
+                       "environment" + (" (tokens derived from the environments' longest "
+                                        "reference turn)" if used.get("turn_budget") else ""))
         st.dataframe(pd.DataFrame(saved_eval["summary"]), hide_index=True)
         st.plotly_chart(views.eval_figure(saved_eval["rows"]), key="eval_chart")
         st.dataframe(pd.DataFrame(saved_eval["rows"]), hide_index=True)

@@ -109,8 +109,9 @@ def _evaluate_form() -> None:
     config["tools"] = a.radio("Tools", ["all", "capability"], key="eval_tools",
                               help="capability: only the tools the task set uses")
     config["max_turns"] = int(b.number_input("Max turns", 1, 30, 8, key="eval_turns"))
-    config["max_tokens"] = int(c.number_input("Max tokens per turn", 8, 2048, 128,
-                                              key="eval_max_tokens"))
+    config["max_tokens"] = int(c.number_input(
+        "Max tokens per turn", 0, 2048, 0, key="eval_max_tokens",
+        help="0: the tasks' longest reference turn in the policy's tokens + 25%")) or None
     config["temperature"] = float(a.number_input("Temperature", 0.0, 2.0, 0.0, 0.1,
                                                  key="eval_temperature"))
     ctx = b.number_input("Context (0 = the model's)", 0, 131072, 0, key="eval_ctx")

@@ -88,3 +88,58 @@ def test_ingested_trajectory_is_replayed_with_roles(tiny_dir, adapter_dirs, db_p
     assert main(["route", "--db", str(db_path), "--moe", str(tmp_path / "moe"),
                  "--trajectory", "missing", "--no-save"]) == 1
     assert "no such trajectory" in capsys.readouterr().err
+
+
+def test_moe_eval_derives_its_turn_budget_from_the_environments(tiny_dir, adapter_dirs,
+                                                                 db_path, tmp_path, capsys,
+                                                                 monkeypatch) -> None:
+    """Issue 30: `moe-eval` had a fixed --max-tokens 96. Given none, it derives the budget
+    as training does (the one `reference_turn_budget`: the environments' longest reference
+    turn in the composed model's tokens + 25%, rounded up to 32), says so on stderr (stdout
+    stays one JSON document) and records it in eval.json and on the model's row."""
+    from trace_lib import cli
+    from trace_lib.runtime.chat_format import IM_END
+    from trace_lib.train.local_rollouts import derived_max_tokens
+    from trace_lib.workbench import composition
+
+    monkeypatch.syspath_prepend(str(HERE))
+    from toy_env import ReferenceVowelEnv
+
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]], out=tmp_path / "moe")
+    parser = cli.build_parser()
+    for verb in ("moe-eval", "gates"):
+        args = parser.parse_args([verb, "--moe", "m", "--envs", "e"])
+        assert args.max_tokens is None, verb  # no fixed default left on either verb
+    # What the reference turn is, counted here by hand: the answer and its end marker.
+    longest = len(moe.tokenizer(ReferenceVowelEnv.REFERENCE + IM_END,
+                                add_special_tokens=False)["input_ids"])
+    expected = derived_max_tokens(longest)
+    assert longest > 64 and expected % 32 == 0
+    assert expected >= longest * 1.25 and expected != 96
+
+    env = "toy_env:ReferenceVowelEnv"
+    argv = ["moe-eval", "--db", str(db_path), "--moe", str(tmp_path / "moe"), "--envs", env,
+            "--seeds", "1", "--max-turns", "1", "--no-merge", "--json"]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert result["max_tokens"] == expected
+    assert result["turn_budget"]["longest_reference_turn"] == longest
+    assert f"[moe-eval] --max-tokens {expected}: the environments' longest reference turn " \
+           f"is {longest} tokens" in out.err
+    saved = json.loads((tmp_path / "moe" / "eval.json").read_text())
+    assert saved["config"]["max_tokens"] == expected
+    assert saved["config"]["turn_budget"]["max_tokens"] == expected
+    row = next(m for m in composition.list_moe_models(db_path)
+               if Path(m["path"]).resolve() == (tmp_path / "moe").resolve())
+    assert row["metrics"]["eval_settings"]["max_tokens"] == expected
+    # The page's hint before the click is the same number, from the same function.
+    hint = composition.eval_max_tokens_default(moe, [env], db_path, max_turns=1)
+    assert hint["max_tokens"] == expected and hint["longest_reference_turn"] == longest
+
+    # A given budget is used as given and recorded as given (no derivation).
+    assert cli.main([*argv[:-1], "--max-tokens", "5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["max_tokens"] == 5 and result["turn_budget"] is None
+    assert json.loads((tmp_path / "moe" / "eval.json").read_text())["config"]["max_tokens"] == 5

@@ -91,6 +91,34 @@ def test_train_gates_warm_start_then_grpo(moe_dir, tmp_path, toy_env) -> None:
     assert json.loads((Path(result["moe_path"]) / "moe.json").read_text())["trained_by"] == "run"
 
 
+def test_gates_without_max_tokens_derive_and_record_the_turn_budget(moe_dir, tmp_path,
+                                                                    monkeypatch,
+                                                                    capsys) -> None:
+    """Issue 30: no `max_tokens` -> the environments' longest reference turn + 25% from the
+    one `reference_turn_budget` (as adapter training and `moe-eval`), written into the
+    run's gate_config.json (not the null it was given) and returned."""
+    from trace_lib.compose.gated import load_moe
+    from trace_lib.train.local_rollouts import reference_turn_budget
+
+    monkeypatch.syspath_prepend(str(HERE))
+    from toy_env import ReferenceVowelEnv, VowelEnv
+
+    makers = {"ref": ReferenceVowelEnv, "plain": VowelEnv}
+    expected = reference_turn_budget({"ref": ReferenceVowelEnv}, load_moe(str(moe_dir)).tokenizer,
+                                     max_turns=1)
+    assert expected.longest_reference_turn > 64 and expected.max_tokens % 32 == 0
+    cfg = GateTrainConfig(moe=str(moe_dir), envs=["ref", "plain"], warm_seeds=0,
+                          warm_steps=0, steps=0, max_turns=1)
+    assert cfg.max_tokens is None
+    result = train_gates(cfg, tmp_path / "run", env_makers=makers)
+    assert result["max_tokens"] == expected.max_tokens
+    saved = json.loads((tmp_path / "run" / "gate_config.json").read_text())
+    assert saved["max_tokens"] == expected.max_tokens
+    assert (f"[gates] --max-tokens {expected.max_tokens}: the environments' longest "
+            f"reference turn is {expected.longest_reference_turn} tokens"
+            in capsys.readouterr().out)
+
+
 def test_warm_start_takes_a_reward_table_measured_elsewhere(moe_dir, tmp_path,
                                                             toy_env) -> None:
     """A table measured by a served engine (vLLM) replaces the in-process greedy rollouts:

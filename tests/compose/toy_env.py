@@ -57,3 +57,14 @@ class VowelEnv:
         text = self._answer or ""
         reward = sum(c in "aeiouAEIOU" for c in text) / max(len(text), 1)
         return {"reward": reward, "passed": reward > 0.3, "steps": self._steps, "reasons": []}
+
+
+class ReferenceVowelEnv(VowelEnv):
+    """VowelEnv with a reference answer (what `reference_episode` replays): its one turn
+    is `REFERENCE` tokens long, so a run with no `max_tokens` derives its budget from it."""
+
+    name = "toy/reference_vowels"
+    REFERENCE = "a e i o u " * 12
+
+    def reference_action(self) -> dict[str, Any] | None:
+        return None if self.done else {"content": self.REFERENCE}

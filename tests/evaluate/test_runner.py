@@ -222,3 +222,45 @@ def test_store_adds_what_it_knows_about_an_adapter(db_path, tmp_path):
     prov = evaluation.store_provenance(db_path, cfg)
     assert prov["adapter_id"] == "a_train-abc" and prov["job_id"] == "train-abc"
     assert prov["environment"] == "airline/tool_calling_precision"
+
+
+def test_no_max_tokens_derives_the_turn_budget_from_the_tasks(db_path):
+    """Issue 30, item 5 on the target tasks: `evaluate` had a fixed 128 tokens per turn,
+    below airline's longest expected call (`update_reservation_passengers`, 154 tiny
+    tokens) and retail's longest reference answer (194): a policy making the right call
+    was cut mid-JSON. Without `max_tokens` the run measures the reference policy's longest
+    turn on the selected tasks (the policy's tokenizer for a local model, chars/4 for a
+    served one) through the one rule, uses it, and records it (config, provenance, the
+    `evaluate --json` document)."""
+    from trace_lib import cli
+    from trace_lib.evaluate.runner import turn_budget
+    from trace_lib.evaluate.tasks import reference_turn_texts
+    from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+    from trace_lib.runtime.turn_budget import derived_max_tokens
+
+    assert EvalConfig().max_tokens is None
+    assert cli.build_parser().parse_args(["evaluate"]).max_tokens is None
+    tok = load_tokenizer(resolve_model("tiny"))
+    for domain in ("airline", "retail"):
+        local = turn_budget(EvalConfig(model="tiny", domain=domain))
+        texts = reference_turn_texts(load_task_set(domain))
+        longest = max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        assert local["longest_reference_turn"] == longest > 128  # the old default cut it
+        assert local["max_tokens"] == derived_max_tokens(longest) >= longest * 1.25
+        assert local["counted_with"] == "tiny's tokenizer"
+
+    ts = load_task_set("airline", 6)
+    with ReferencePolicyServer(ts, set()) as srv:
+        out = evaluation.evaluate(db_path, _ref_config(srv))
+    texts = reference_turn_texts(ts)
+    longest = max(-(-len(t) // 4) for t in texts)
+    assert out["turn_budget"]["counted_with"].startswith("chars/4")
+    assert out["turn_budget"]["longest_reference_turn"] == longest
+    assert out["max_tokens"] == derived_max_tokens(longest) == out["turn_budget"]["max_tokens"]
+    with store.connect(db_path, read_only=True) as con:
+        prov = json.loads(con.execute("SELECT meta FROM trajectories WHERE dataset_id = ?",
+                                      [out["dataset_id"]]).fetchone()[0])["provenance"]
+    assert prov["max_tokens"] == out["max_tokens"]
+    with ReferencePolicyServer(ts, set()) as srv:  # a given budget stays as given
+        given = evaluation.evaluate(db_path, _ref_config(srv, max_tokens=300))
+    assert given["max_tokens"] == 300 and given["turn_budget"] is None

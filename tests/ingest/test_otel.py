@@ -261,6 +261,49 @@ def test_too_many_spans_in_one_trace_is_refused_before_they_are_held(
     assert store_stats(db_path) == seeded
 
 
+def test_a_trace_of_a_million_spans_is_refused_at_the_default_limit_in_bounded_memory(
+        seeded: dict[str, Any], db_path: Path, tmp_path: Path) -> None:
+    """The done-when's own case (issue 30): 10^6 spans under one trace id, exported as the
+    SDK's batch processor does (512 a request, one request a line), at the default limit.
+    The first pass counts spans from plain JSON and stops at the limit's next span: the
+    error names the file, trace, span and line, nothing is imported, and the import held
+    a few MiB although the file is ~150 MB (no span was decoded or kept)."""
+    import tracemalloc
+
+    from trace_lib.ingest.otel_spans import MAX_SPANS_PER_TRAJECTORY
+
+    n, batch = 1_000_000, 512
+    root = "a" * 16
+    path = tmp_path / "million.json"
+    head = ('{"resourceSpans":[{"resource":{"attributes":[{"key":"service.name","value":'
+            '{"stringValue":"shop"}}]},"scopeSpans":[{"scope":{"name":"hand"},"spans":[')
+    span = ('{"traceId":"' + TRACE + '","spanId":"%016x","parentSpanId":"' + root + '",'
+            '"name":"step","kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d"}')
+    with path.open("w") as fh:
+        for first in range(1, n + 1, batch):
+            fh.write(head + ",".join(span % (i, 10 * i, 10 * i + 5)
+                                     for i in range(first, min(first + batch, n + 1)))
+                     + "]}]}]}\n")
+    assert path.stat().st_size > 100e6
+    assert MAX_SPANS_PER_TRAJECTORY < n
+    tracemalloc.start()
+    try:
+        with pytest.raises(UserInputError) as err:
+            ingest_paths([path], db=db_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(err.value)
+    over = MAX_SPANS_PER_TRAJECTORY + 1  # the span that crossed the limit
+    line = (over - 1) // batch + 1
+    for word in [str(path), f"trace {TRACE}", f"span {over:016x}", f"line {line}",
+                 f"more than {MAX_SPANS_PER_TRAJECTORY:,} spans in one trajectory",
+                 "nothing was imported"]:
+        assert word in message, message
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB held by the import"
+    assert store_stats(db_path) == seeded
+
+
 def test_outcome_from_a_chosen_attribute_or_unknown(db_path: Path, tmp_path: Path) -> None:
     spans = good_trace()
     spans[0]["attributes"].append(attr("eval.passed", "fail"))

@@ -373,3 +373,44 @@ def test_picking_an_adapter_that_learned_nothing_warns(tmp_path: Path, monkeypat
     assert not at.exception
     [warning] = at.warning
     assert "Adapter quiet" in warning.value and "no learning signal" in warning.value
+
+
+def test_evaluate_tab_derives_tokens_per_turn_from_the_environments(store_with_moe) -> None:
+    """Issue 30: the Evaluate tab had a fixed 32 tokens per turn (cut the reference call of
+    airline's environments mid-JSON). Left at 0 it uses the one derived default, shows the
+    number before the click (the same `reference_turn_budget` the run uses) and says which
+    budget the saved evaluation used; the Train gates tab shows its own the same way."""
+    from trace_lib.compose.gated import load_moe
+    from trace_lib.train.local_rollouts import reference_turn_budget
+    from trace_lib.workbench import composition
+    from trace_lib.workbench.environments import open_environment
+
+    db, moe_dir = store_with_moe
+    env = "airline/tool_calling_precision"
+    tokenizer = load_moe(str(moe_dir)).tokenizer
+    with open_environment(env) as handle:
+        expected = reference_turn_budget({env: lambda: handle}, tokenizer, max_turns=2)
+    assert expected.longest_reference_turn > 32  # the old fixed 32 could not hold it
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    assert at.number_input(key="eval_tokens").value == 0
+    assert at.number_input(key="gate_tokens").value == 0
+    at.multiselect(key="eval_envs").set_value([env])
+    at.multiselect(key="gate_envs").set_value([env]).run()
+    assert not at.exception
+    hints = [c.value for c in at.caption if "left at 0 uses" in c.value]
+    assert len(hints) == 2, hints  # gates (2 turns) and evaluate (2 turns)
+    assert all(f"uses {expected.max_tokens}:" in h and
+               f"is {expected.longest_reference_turn} tokens" in h for h in hints), hints
+    at.number_input(key="eval_seeds").set_value(1)
+    try:
+        at.button(key="eval_go").click().run(timeout=600)
+        saved = composition.saved_eval(moe_dir)
+    finally:  # the composed folder is the module's: leave it as the other tests found it
+        (moe_dir / "eval.json").unlink(missing_ok=True)
+    assert not at.exception
+    assert saved["config"]["max_tokens"] == expected.max_tokens
+    assert saved["config"]["turn_budget"]["longest_reference_turn"] == \
+        expected.longest_reference_turn
+    assert any(f"Evaluated with {expected.max_tokens} tokens per turn" in c.value
+               and "derived from the environments" in c.value for c in at.caption)

@@ -121,8 +121,18 @@ def test_failure_cluster_lists_its_members(page_db, monkeypatch):
     pick = at.selectbox(key="sig_pick")
     assert len(pick.options) > 1
     assert pick.options[1] == f"{clusters.path_label(second.path)}  ({second.n})"
-    # issue 34: the picker never reads "(no tool error) / (no tool error)"
+    # issue 34: the picker never reads "(no tool error) / (no tool error)", and the
+    # treemap the page draws has no "(no tool error)" box inside another one
     assert not any("(no tool error) / (no tool error)" in o for o in pick.options)
+    from trace_lib.store.derived import NO_ERROR
+
+    [tree] = [json.loads(c.proto.spec)["data"][0] for c in at.get("plotly_chart")
+              if '"treemap"' in c.proto.spec]
+    label = dict(zip(tree["ids"], tree["labels"], strict=True))
+    parent = dict(zip(tree["ids"], tree["parents"], strict=True))
+    boxes = [b for b, text in label.items() if text == NO_ERROR]
+    assert boxes  # the store has failures without a tool error: the check bites
+    assert not [b for b in boxes if label.get(parent[b]) == NO_ERROR], boxes
     pick.set_value(second.path).run()
     assert not at.exception
     members = [d.value for d in at.dataframe if "deviation" in d.value.columns][0]

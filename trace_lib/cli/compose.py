@@ -154,6 +154,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     else:
         for r in out["summary"]:
             print(f"{r['policy']:40s} reward {r['reward_mean']:.3f} pass {r['pass_rate']:.3f}")
+        print(f"max tokens per turn: {out['max_tokens']}"
+              + (" (derived from the environments' longest reference turn, "
+                 f"{out['turn_budget']['longest_reference_turn']} tokens)"
+                 if out.get("turn_budget") else " (given)"))
     return 0
 
 
@@ -186,7 +190,10 @@ SHARED: dict[str, tuple[str, dict]] = {
     "envs": ("--envs", {"required": True, "help": "comma-separated capability environments"}),
     "mode": ("--mode", {"default": None, "choices": MODES,
                         "help": "override the folder's routing mode"}),
-    "max_tokens": ("--max-tokens", {"type": int, "default": 96}),
+    "max_tokens": ("--max-tokens", {
+        "type": int, "default": None,
+        "help": "per turn (default: the environments' longest reference turn in the "
+                "model's tokens + 25%%, rounded up to 32)"}),
     "max_turns": ("--max-turns", {"type": int, "default": 4}),
     "json": ("--json", {"action": "store_true"}),
 }
@@ -227,10 +234,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--no-save", action="store_true", help="do not save or index the trace")
 
     p = _verb(sub, common, "gates", "train a composed model's gates (KL warm start, then GRPO)",
-              _gates, "moe", "envs", "max_tokens", "max_turns", "json",
-              max_tokens={"default": None,
-                          "help": "per turn (default: the environments' longest reference "
-                                  "turn + 25%%)"})
+              _gates, "moe", "envs", "max_tokens", "max_turns", "json")
     p.add_argument("--warm-seeds", type=int, default=4)
     p.add_argument("--warm-steps", type=int, default=100)
     p.add_argument("--steps", type=int, default=10)

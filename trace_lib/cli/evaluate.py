@@ -178,7 +178,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--tools", default="all", choices=("all", "capability"),
                    help="all domain tools, or only those the task set uses")
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128, help="per assistant turn")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="per assistant turn (default: the tasks' longest reference turn in "
+                        "the policy's tokens + 25%%, rounded up to 32)")
     p.add_argument("--max-sequence", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="local server's context (default: the model's)")

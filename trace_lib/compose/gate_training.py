@@ -352,26 +352,16 @@ def _save_gates(moe: GatedMoE, folder: Path) -> Path:
 # ---------------------------------------------------------------------------- the loop
 def _turn_budget(moe: GatedMoE, makers: dict[str, Callable[[], Any]], max_turns: int) -> int:
     """Tokens per turn when the config gives none: the longest reference turn over the
-    environments in the composed model's tokens + 25% (`derived_max_tokens`), as adapter
-    training derives it (`trainer.turn_budget`)."""
-    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+    environments in the composed model's tokens + 25% (`reference_turn_budget`, the one
+    home adapter training and `moe-eval` derive it from too)."""
+    from trace_lib.train.local_rollouts import reference_turn_budget
 
-    longest = 0
-    for name, make_env in makers.items():
-        env = make_env()
-        try:
-            longest = max(longest, longest_reference_turn(env, range(4), moe.tokenizer,
-                                                          max_turns))
-        except Exception as exc:  # noqa: BLE001 - an env without a reference: 64 for it
-            print(f"[gates] turn budget of {name} not measured ({type(exc).__name__})",
-                  flush=True)
-        finally:
-            if hasattr(env, "close"):
-                env.close()
-    budget = derived_max_tokens(longest)
-    print(f"[gates] --max-tokens {budget}: the environments' longest reference turn is "
-          f"{longest} tokens, +25%", flush=True)
-    return budget
+    measured = reference_turn_budget(makers, moe.tokenizer, max_turns)
+    for name, why in measured.unmeasured.items():
+        print(f"[gates] turn budget of {name} not measured ({why})", flush=True)
+    print(f"[gates] --max-tokens {measured.max_tokens}: the environments' longest reference "
+          f"turn is {measured.longest_reference_turn} tokens, +25%", flush=True)
+    return measured.max_tokens
 
 
 def env_makers_for(cfg: GateTrainConfig,
@@ -484,8 +474,9 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
     print(f"[gates] model on {device} ({next(moe.model.parameters()).dtype})", flush=True)
     moe.config.estimator = cfg.estimator  # type: ignore[assignment]
     makers = env_makers_for(cfg, env_makers)
-    if cfg.max_tokens is None:
+    if cfg.max_tokens is None:  # derived: recorded where the run keeps its settings
         cfg = dataclasses.replace(cfg, max_tokens=_turn_budget(moe, makers, cfg.max_turns))
+        (run / "gate_config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
     initial = _snapshot(moe)
     initial_norm = gate_norm(moe)
 
@@ -574,6 +565,7 @@ def train_gates(cfg: GateTrainConfig, run_dir: str | Path,
               "was; see docs/COMPOSE.md, 'Gates that learn'.", flush=True)
     out = moe.save(run / "moe", extra={"trained_by": run.name})
     return {"moe_path": str(out.resolve()), "run_dir": str(run), "steps": cfg.steps,
+            "max_tokens": cfg.max_tokens,
             "warm_steps": cfg.warm_steps if table else 0, "final_reward": last_reward,
             "warm_rewards": table, "slots": moe.slots, "envs": cfg.envs,
             "eval_before": evals.get("before"), "eval_after": evals.get("after"),

@@ -76,7 +76,8 @@ class EvalConfig:
     trials: int = 1
     tools: str = "all"  # all | capability (see tasks.py)
     max_turns: int = 8
-    max_tokens: int = 128  # per assistant turn
+    # per assistant turn; None: the tasks' longest reference turn + 25% (`runner.turn_budget`)
+    max_tokens: int | None = None
     max_sequence: int = 8192  # episode token budget, prompt included
     max_model_len: int | None = None  # local server's context (default: the model's)
     temperature: float = 0.0
@@ -121,6 +122,8 @@ class EvalConfig:
         for name in ("trials", "max_turns", "max_tokens", "max_sequence", "concurrency",
                      "shard_episodes"):
             value = getattr(self, name)
+            if name == "max_tokens" and value is None:
+                continue  # derived from the tasks when the run starts
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserInputError(f"{where}: {name} must be a positive integer, got {value!r}")
         if (not isinstance(self.shard_cpus, int | float) or isinstance(self.shard_cpus, bool)

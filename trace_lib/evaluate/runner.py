@@ -11,7 +11,9 @@ Design decisions
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +36,14 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
     shards (`shards.py`) kept in `<out_dir>/episodes/<run id>/`: those already there are not run
     again; `backend="ray"` runs each missing shard as a Ray task."""
     cfg.validate()
+    budget = None
+    if cfg.max_tokens is None:  # derived here, so a job and its resumption agree
+        budget = turn_budget(cfg)
+        cfg = dataclasses.replace(cfg, max_tokens=budget["max_tokens"])
+        if log:
+            log(f"[evaluate] --max-tokens {cfg.max_tokens}: the longest reference turn of "
+                f"these tasks is {budget['longest_reference_turn']} tokens "
+                f"({budget['counted_with']}), + 25%")
     stop = should_stop or (lambda: False)
     run_id = cfg.run_id or new_run_id()
     prov = provenance(cfg, run_id)
@@ -92,10 +102,41 @@ def run_evaluation(cfg: EvalConfig, out_dir: str | Path, *,
         "wall_s": round(time.perf_counter() - t0, 2),
         "provenance": prov,
         "config": cfg.to_dict(),
+        # how config.max_tokens was derived (None: it was given)
+        "turn_budget": budget,
         # which process ran each shard (None: there from an earlier attempt)
         "shard_pids": {shards.shard_name(s): None for s in have}
         | {d["shard"]: d["pid"] for d in ran},
     }
+
+
+def turn_budget(cfg: EvalConfig) -> dict[str, Any]:
+    """The tokens per turn of an evaluation given no `max_tokens`: the longest assistant
+    turn of the reference policy on the selected tasks (`tasks.reference_turn_texts`),
+    counted with the policy's tokenizer when it is a local model (chars/4 for a served
+    endpoint, whose tokenizer is not here), through the one rule
+    (`runtime.turn_budget.derived_max_tokens`). The record says how it was counted."""
+    from trace_lib.evaluate.tasks import load_task_set, reference_turn_texts
+    from trace_lib.runtime.turn_budget import RULE, derived_max_tokens
+
+    ts = load_task_set(cfg.domain, cfg.tasks, seed=cfg.task_seed, offset=cfg.task_offset)
+    texts = reference_turn_texts(ts)
+    model = None if cfg.server_url else provenance(cfg, "").get("model")
+    counted_with = "chars/4: a served model's tokenizer is not here"
+    count: Callable[[str], int] = lambda text: math.ceil(len(text) / 4)  # noqa: E731
+    if model:
+        try:
+            from trace_lib.runtime.base_models import load_tokenizer, resolve_model
+
+            tokenizer = load_tokenizer(resolve_model(model))
+            count = lambda text: len(tokenizer(  # noqa: E731
+                text, add_special_tokens=False)["input_ids"])
+            counted_with = f"{model}'s tokenizer"
+        except Exception as exc:  # noqa: BLE001 - a default: chars/4 rather than no run
+            counted_with = f"chars/4: {model}'s tokenizer did not load ({type(exc).__name__})"
+    longest = max((count(t) for t in texts), default=0)
+    return {"max_tokens": derived_max_tokens(longest), "longest_reference_turn": longest,
+            "counted_with": counted_with, "rule": RULE}
 
 
 def run_job(spec: Any, run_dir: Path, should_stop: Callable[[], bool]) -> dict[str, Any]:

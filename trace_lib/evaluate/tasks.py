@@ -348,6 +348,24 @@ def do_nothing_verdicts(ts: TaskSet) -> dict[str, bool]:
     return {task.task_id: passes_by_doing_nothing(ts, task) for task in ts.tasks}
 
 
+def reference_turn_texts(ts: TaskSet) -> list[str]:
+    """Every assistant turn of the reference policy on the selection, as the chat format
+    renders it (each expected action as a tool call, then the final reply): what a
+    policy's `max_tokens` must hold for the right answer to fit (`runner.turn_budget`)."""
+    from trace_lib.runtime.chat_format import IM_END, format_assistant
+
+    out = []
+    for task in ts.tasks:
+        for k, action in enumerate(task.expected_actions):
+            args = action.get("arguments", {})
+            call = {"id": f"call_{k}", "type": "function", "function": {
+                "name": action["name"],
+                "arguments": args if isinstance(args, str) else json.dumps(args)}}
+            out.append(format_assistant(None, [call]) + IM_END)
+        out.append((task.reference_answer or "Done.") + IM_END)
+    return out
+
+
 # ----------------------------------------------------------------------- environment
 
 

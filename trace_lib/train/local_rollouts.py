@@ -35,7 +35,6 @@ Design decisions
 from __future__ import annotations
 
 import copy
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 from trace_lib.envs.protocol import Environment
 from trace_lib.runtime.chat_format import IM_END, format_assistant, parse_assistant, render_prompt
 from trace_lib.runtime.rollout import Rollout, _apply_turn
+from trace_lib.runtime.turn_budget import RULE, derived_max_tokens
 from trace_lib.train.step import ForwardOut
 
 
@@ -331,13 +331,43 @@ def longest_reference_turn(env: Environment, seeds: Any, tokenizer: Any,
     return longest
 
 
-def derived_max_tokens(longest_turn: int) -> int:
-    """The per-turn token budget for an environment whose longest reference turn is
-    `longest_turn` tokens: +25% (a sampled turn is rarely the shortest way to say it),
-    rounded up to 32; 64 when there is no reference to measure."""
-    if longest_turn <= 0:
-        return 64
-    return max(64, 32 * math.ceil(longest_turn * 1.25 / 32))
+@dataclass(frozen=True)
+class TurnBudget:
+    """The per-turn token default of a run given no `max_tokens`, and what it came from."""
+
+    max_tokens: int  # derived_max_tokens(longest_reference_turn)
+    longest_reference_turn: int  # in the model's tokens, over the environments measured
+    unmeasured: dict[str, str]  # env name -> why it had no reference to measure
+
+    def record(self) -> dict[str, Any]:
+        """What a run writes beside its settings: the value and where it came from."""
+        return {"max_tokens": self.max_tokens,
+                "longest_reference_turn": self.longest_reference_turn,
+                "rule": RULE,
+                **({"unmeasured": dict(self.unmeasured)} if self.unmeasured else {})}
+
+
+def reference_turn_budget(makers: dict[str, Callable[[], Environment]], tokenizer: Any,
+                          max_turns: int = 8, seeds: Any = range(4)) -> TurnBudget:
+    """The one home of every run's default tokens per assistant turn (adapter training,
+    gate training, a composed model's evaluation, the pages' hints): the longest reference
+    turn over `makers`' environments on `seeds`, in `tokenizer`'s tokens, through
+    `derived_max_tokens`. An environment that cannot give a reference (a generated one's
+    sandbox says so by an error) is left out and named in `unmeasured`; it never fails
+    the run. Each environment made here is closed here."""
+    longest, unmeasured = 0, {}
+    for name, make_env in makers.items():
+        env = None
+        try:
+            env = make_env()
+            longest = max(longest, longest_reference_turn(env, seeds, tokenizer, max_turns))
+        except Exception as exc:  # noqa: BLE001 - advice only: never the reason a run fails
+            text = str(exc).splitlines()[-1] if str(exc) else ""
+            unmeasured[name] = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        finally:
+            if env is not None and hasattr(env, "close"):
+                env.close()
+    return TurnBudget(derived_max_tokens(longest), longest, unmeasured)
 
 
 def sft(

@@ -229,21 +229,14 @@ def turn_budget(cfg: TrainConfig, make_env: Callable[[], Environment],
     right call is then cut mid-JSON and earns nothing, and GRPO sees only "no signal"
     steps (found twice on airline/tool_calling_precision: its passenger-list call is
     112-187 SmolLM2 tokens, and 48 / 96 were tried)."""
-    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+    from trace_lib.train.local_rollouts import derived_max_tokens, reference_turn_budget
 
-    env = make_env()
-    try:
-        longest = longest_reference_turn(env, range(4), tokenizer, cfg.max_turns)
-    except Exception as exc:  # noqa: BLE001 - advice only: never the reason a run fails
-        # A generated environment may have no reference (its sandbox says so by an error).
-        print(f"[train] turn budget not checked ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[-1] if str(exc) else ''})", flush=True)
-        longest = 0
-    finally:
-        if hasattr(env, "close"):
-            env.close()
+    measured = reference_turn_budget({cfg.env: make_env}, tokenizer, cfg.max_turns)
+    longest = measured.longest_reference_turn
+    for why in measured.unmeasured.values():
+        print(f"[train] turn budget not checked ({why})", flush=True)
     if cfg.max_tokens is None:
-        budget = derived_max_tokens(longest)
+        budget = measured.max_tokens
         print(f"[train] --max-tokens {budget}: from the longest reference turn of {cfg.env} "
               f"({longest} tokens of this model, seeds 0-3) + 25%" if longest else
               f"[train] --max-tokens {budget}: {cfg.env} has no reference turn to measure",

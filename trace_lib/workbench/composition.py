@@ -276,27 +276,51 @@ def train_gates(db: Db, cfg: Any, progress: bool = True) -> dict[str, Any]:
 
 
 def moe_eval(db: Db, moe_path: str | Path, envs: list[str], *, seeds: int = 8,
-             seed_start: int = 10_000, max_tokens: int = 96, max_turns: int = 4,
+             seed_start: int = 10_000, max_tokens: int | None = None, max_turns: int = 4,
              include_merge: bool = True, moe: Any = None,
              on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Base vs each adapter vs linear merge vs composed on held-out seeds (`moe-eval`, the
-    Evaluate tab); writes `<moe>/eval.json` and records it on the model's row."""
+    Evaluate tab); writes `<moe>/eval.json` and records it on the model's row. No
+    `max_tokens`: the environments' longest reference turn + 25% (`with_turn_budget`),
+    recorded in `eval.json`'s config and returned as `max_tokens` / `turn_budget`."""
     from trace_lib.compose.evaluate import (
         EvalConfig,
+        env_makers,
         evaluate_composition,
         summary_rows,
+        with_turn_budget,
         write_eval,
     )
 
     model = moe if moe is not None else load_moe(moe_path)
     cfg = EvalConfig(envs=list(envs), seeds=seeds, seed_start=seed_start,
                      max_tokens=max_tokens, max_turns=max_turns, include_merge=include_merge)
-    rows = evaluate_composition(model, cfg, on_row=on_row,
-                                env_specs=environments.env_specs(cfg.envs, db))
+    specs = environments.env_specs(cfg.envs, db)
+    cfg = with_turn_budget(model, cfg, env_makers(cfg, specs))
+    rows = evaluate_composition(model, cfg, on_row=on_row, env_specs=specs)
     path = write_eval(moe_path, rows, cfg)
     summary = summary_rows(rows)
-    register_moe(db, moe_path, metrics={"eval": rows, "eval_summary": summary})
-    return {"path": str(path), "rows": rows, "summary": summary}
+    settings = {"max_tokens": cfg.max_tokens, "max_turns": cfg.max_turns, "seeds": cfg.seeds,
+                "seed_start": cfg.seed_start, "turn_budget": cfg.turn_budget}
+    register_moe(db, moe_path, metrics={"eval": rows, "eval_summary": summary,
+                                        "eval_settings": settings})
+    return {"path": str(path), "rows": rows, "summary": summary, **settings}
+
+
+def eval_max_tokens_default(moe: Any, envs: list[str], db: Db = None,
+                            max_turns: int = 4) -> dict[str, Any] | None:
+    """What an evaluation (or gate training) of `moe` on `envs` with no `max_tokens` uses:
+    `TurnBudget.record()` from the one home (`reference_turn_budget`); the pages show it
+    before the click. None when the environments cannot be resolved here."""
+    from trace_lib.compose.evaluate import EvalConfig, env_makers
+    from trace_lib.train.local_rollouts import reference_turn_budget
+
+    try:
+        cfg = EvalConfig(envs=list(envs), max_turns=max_turns)
+        makers = env_makers(cfg, environments.env_specs(cfg.envs, db))
+    except Exception:  # noqa: BLE001 - a hint for the form: the run measures it again
+        return None
+    return reference_turn_budget(makers, moe.tokenizer, max_turns).record()
 
 
 def eval_policy_count(moe: Any, include_merge: bool = True) -> int:

@@ -106,7 +106,9 @@ def evaluate(db: Db, config: Any, *, out_dir: str | Path | None = None,
     cfg.run_id = cfg.run_id or new_run_id()
     folder = Path(out_dir) if out_dir else jobs.runs_dir() / cfg.run_id
     result = run_evaluation(cfg, folder, on_progress=on_progress)
-    return import_episodes(db, result)
+    # the tokens per turn the run used, and how they were derived when none was given
+    return {**import_episodes(db, result), "max_tokens": result["config"]["max_tokens"],
+            "turn_budget": result.get("turn_budget")}
 
 
 def import_episodes(db: Db, result: dict[str, Any],

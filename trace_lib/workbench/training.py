@@ -132,7 +132,7 @@ def max_tokens_default(db: Db, env: str, model: str, options: dict[str, Any] | N
     longest reference turn in `model`'s tokens + 25%, rounded up to 32. None when the model
     is not built yet or the environment cannot be opened here (the job still derives it)."""
     from trace_lib.runtime.base_models import list_models, load_tokenizer, resolve_model
-    from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
+    from trace_lib.train.local_rollouts import reference_turn_budget
 
     ready = {m["name"]: m["ready"] for m in list_models()}
     if model in ready and not ready[model]:
@@ -141,10 +141,13 @@ def max_tokens_default(db: Db, env: str, model: str, options: dict[str, Any] | N
         with _TOKENIZER_LOCK:
             tokenizer = load_tokenizer(resolve_model(model))
         with environments.open_environment(env, db=db, options=options) as handle:
-            longest = longest_reference_turn(handle, range(4), tokenizer, max_turns)
+            measured = reference_turn_budget({env: lambda: handle}, tokenizer, max_turns)
     except Exception:  # noqa: BLE001 - a hint for the form: the job measures it again
         return None
-    return {"longest_reference_turn": longest, "max_tokens": derived_max_tokens(longest)}
+    if measured.unmeasured:
+        return None
+    return {"longest_reference_turn": measured.longest_reference_turn,
+            "max_tokens": measured.max_tokens}
 
 
 def context_check(db: Db, env: str, model: str, options: dict[str, Any] | None = None,
