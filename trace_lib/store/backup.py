@@ -265,6 +265,11 @@ def restore(src: str | Path, db: str | Path | None, *, timeout_s: float = 30.0
         with _file_lock(path, timeout_s):
             if path.exists():
                 kept = path.with_name(f"{path.name}.before-restore-{stamp}")
+                n = 1
+                while any(kept.with_name(kept.name + f.name[len(path.name):]).exists()
+                          for f in (path, *_side_files(path))):  # never replace a kept one
+                    n += 1
+                    kept = path.with_name(f"{path.name}.before-restore-{stamp}-{n}")
                 for f in (path, *_side_files(path)):
                     if f.exists():
                         os.replace(f, kept.with_name(kept.name + f.name[len(path.name):]))

@@ -91,7 +91,7 @@ def newer_schema_error(path: str | Path, version: int) -> NewerSchemaError:
     from importlib import metadata
 
     try:
-        ours = f"trace-workbench {metadata.version('trace-workbench')}"
+        ours = f"this trace_lib (trace-workbench {metadata.version('trace-workbench')})"
     except metadata.PackageNotFoundError:
         ours = "this trace_lib"
     return NewerSchemaError(
