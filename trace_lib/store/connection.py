@@ -139,7 +139,12 @@ def _check_version(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             raise newer_schema_error(path, current)
 
 
-_LOCK_PATTERNS = ("could not set lock", "conflicting lock")
+# "different configuration": in one process (the app serving two browser sessions), DuckDB
+# refuses a read-write connection while a read-only one is open, and the reverse. Both are
+# short-lived, so this is waited out like another process's lock (issue 33: a session's
+# label edit was lost when its page failed to open the store this way).
+_LOCK_PATTERNS = ("could not set lock", "conflicting lock",
+                  "with a different configuration than existing connections")
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -148,6 +153,8 @@ def _is_lock_error(exc: Exception) -> bool:
 
 
 def _lock_holder(exc: Exception) -> str:
+    if "different configuration" in str(exc):
+        return "another connection of this process (one read-only, one read-write)"
     match = re.search(r"held in (.+?)(?:\n|$)", str(exc))
     return match.group(1).strip() if match else "another process"
 
