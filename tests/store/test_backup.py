@@ -148,3 +148,18 @@ def test_datasets_delete_offers_a_backup_and_takes_it(store_copy: Path,
     ok(cli("store", "restore", str(tmp_path / "before-delete"), db=store_copy))
     assert table_fingerprint(store_copy) == before
     assert index_of(store_copy).exists()
+
+
+def test_restore_onto_a_new_machine_and_a_backup_without_an_index(store_copy: Path,
+                                                                   tmp_path: Path) -> None:
+    before = table_fingerprint(store_copy)
+    index_of(store_copy).unlink()
+    out = ok(cli("store", "backup", str(tmp_path / "bk"), db=store_copy)).stdout
+    assert "without its search index" in out
+    fresh = tmp_path / "elsewhere" / "trace.duckdb"
+    done = json.loads(ok(cli("store", "restore", str(tmp_path / "bk"), "--json",
+                             db=fresh)).stdout)
+    assert done["kept"] is None and not done["search_index"]
+    assert table_fingerprint(fresh) == before
+    repaired = ok(cli("store", "check", "--repair", db=fresh)).stdout
+    assert "search index rebuilt (24 documents)" in repaired
