@@ -118,3 +118,23 @@ def test_check_on_no_store_is_a_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "no database here yet" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "nothing.duckdb").exists()
+
+
+def test_check_reads_an_older_schema_without_migrating_it(tmp_path: Path) -> None:
+    import duckdb
+
+    from trace_lib.store import migrations
+
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    before_materialised = migrations.MIGRATIONS.index(migrations.MATERIALISED_LABELS)
+    for version in range(before_materialised):
+        con.execute(migrations.MIGRATIONS[version])
+        con.execute("INSERT INTO schema_version VALUES (?)", [version + 1])
+    con.close()
+    out = ok(cli("store", "check", db=db)).stdout
+    assert f"schema version {before_materialised}, older than" in out
+    assert "no materialised labels in this schema version" in out
+    with store.connect(db, read_only=True) as con:  # check wrote nothing: not migrated
+        assert store.schema_version(con) == before_materialised

@@ -31,7 +31,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.store import backup as store_backup
-from trace_lib.store import derived, integrity, search
+from trace_lib.store import derived, integrity, migrations, search
 
 Db = str | Path | None
 
@@ -60,6 +60,9 @@ class StoreReport:
 def _labels(con: Any) -> integrity.Finding:
     from trace_lib.diagnose import materialise
 
+    if store.MIGRATIONS.index(migrations.MATERIALISED_LABELS) >= store.schema_version(con):
+        return integrity.Finding("labels", True, "no materialised labels in this schema "
+                                 "version (created by the first write, which migrates it)")
     state = materialise.built_state(con)
     if state == "unbuilt":
         return integrity.Finding("labels", True, "materialised labels not built yet (built "
