@@ -138,3 +138,22 @@ def test_check_reads_an_older_schema_without_migrating_it(tmp_path: Path) -> Non
     assert "no materialised labels in this schema version" in out
     with store.connect(db, read_only=True) as con:  # check wrote nothing: not migrated
         assert store.schema_version(con) == before_materialised
+
+
+def test_a_dataset_checks_against_what_its_imports_reported(store_copy: Path,
+                                                             pristine_store: Path) -> None:
+    # A re-import of the same file with another agent model adds rows to the same dataset:
+    # its report's count is added, and the check still holds.
+    demo = pristine_store.parent / "demo" / "airline_demo.jsonl"
+    ok(cli("ingest", str(demo), "--agent-model", "another-agent", db=store_copy))
+    out = ok(cli("store", "check", db=store_copy)).stdout
+    assert "48 trajectories as its imports reported" in out, out
+    # A whole trajectory lost (its messages and calls with it): only the report sees it.
+    with store.connect(store_copy) as con:
+        tid = con.execute("SELECT id FROM trajectories ORDER BY id LIMIT 1").fetchall()[0][0]
+        for table in ("tool_calls", "messages", "trajectory_derived", "labels"):
+            con.execute(f"DELETE FROM {table} WHERE trajectory_id = ?", [tid])
+        con.execute("DELETE FROM trajectories WHERE id = ?", [tid])
+    bad = _bad(_failed(store_copy), "datasets")
+    assert any("47 trajectories where its imports reported adding 48" in f["message"]
+               for f in bad), bad

@@ -10,13 +10,15 @@ Design decisions
   and catalog and reads data blocks lazily, so a file truncated past its catalog opens and
   fails only when a lost block is read. `read_tables` reads every row of every base table
   (a count and an order-independent hash of the rows), which reads every block.
-- Row counts per dataset against the import's own record of them: the importer writes a
-  dataset's valid record count (`datasets.n_records`) and each trajectory's message and
-  tool-call counts (`trajectories.n_messages`, `n_tool_calls`) from the records it parsed.
-  A dataset holds at most `n_records` trajectories (fewer when records were duplicates of
-  trajectories already stored), and the message and tool-call rows of its trajectories
-  must number exactly what their counts say. Rows whose parent is gone (a message of no
-  trajectory, a trajectory of no dataset) are listed too.
+- Row counts per dataset against the import's own report of them: the importer writes the
+  number of trajectories its imports added to a dataset (`datasets.n_trajectories`, the
+  report's count; schema version 10), the valid record count (`n_records`) and each
+  trajectory's message and tool-call counts (`trajectories.n_messages`, `n_tool_calls`)
+  from the records it parsed. A dataset must hold exactly the trajectories its imports
+  reported (a dataset imported before version 10: at most `n_records`), and the message
+  and tool-call rows of its trajectories must number exactly what their counts say. Rows
+  whose parent is gone (a message of no trajectory, a trajectory of no dataset) are listed
+  too.
 - The search index against the messages: it must have a document for every trajectory
   (`search.index_state`), and a seeded sample of trajectories (`sample`, ordered by a hash
   of the id, so the same store gives the same sample) must be found by a word of their own
@@ -87,7 +89,7 @@ def read_tables(con: duckdb.DuckDBPyConnection, path: Path | str) -> tuple[list[
 
 
 _PER_DATASET = """
-SELECT d.id, d.name, d.n_records,
+SELECT d.id, d.name, d.n_records, {reported} AS reported,
        count(t.id) AS n_traj,
        coalesce(sum(t.n_messages), 0) AS want_messages,
        coalesce(sum(m.n), 0) AS got_messages,
@@ -99,7 +101,7 @@ LEFT JOIN (SELECT trajectory_id, count(*) AS n FROM messages GROUP BY 1) m
   ON m.trajectory_id = t.id
 LEFT JOIN (SELECT trajectory_id, count(*) AS n FROM tool_calls GROUP BY 1) c
   ON c.trajectory_id = t.id
-GROUP BY d.id, d.name, d.n_records ORDER BY d.name, d.id
+GROUP BY ALL ORDER BY d.name, d.id
 """
 
 _ORPHANS = (
@@ -117,10 +119,18 @@ def dataset_counts(con: duckdb.DuckDBPyConnection) -> list[Finding]:
     """Each dataset's trajectories, messages and tool calls against what its import
     recorded; rows whose parent is gone."""
     out: list[Finding] = []
-    rows = con.execute(_PER_DATASET).fetchall()
-    for ds, name, n_records, n_traj, want_m, got_m, want_c, got_c in rows:
+    kept = con.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                       "'main' AND table_name = 'datasets' AND column_name = 'n_trajectories'"
+                       ).fetchall()[0][0]  # a store older than version 10 has no column
+    rows = con.execute(_PER_DATASET.format(
+        reported="d.n_trajectories" if kept else "NULL::INTEGER")).fetchall()
+    for ds, name, n_records, reported, n_traj, want_m, got_m, want_c, got_c in rows:
         problems = []
-        if n_records is not None and n_traj > n_records:
+        if reported is not None:
+            if n_traj != reported:
+                problems.append(f"{n_traj} trajectories where its imports reported adding "
+                                f"{reported}")
+        elif n_records is not None and n_traj > n_records:
             problems.append(f"{n_traj} trajectories, more than the {n_records} records its "
                             "import read")
         if want_m != got_m:
@@ -134,9 +144,11 @@ def dataset_counts(con: duckdb.DuckDBPyConnection) -> list[Finding]:
                                f"(`store restore`), or delete the dataset (`datasets delete "
                                f"{ds} --yes`) and import its file again"))
         else:
-            out.append(Finding("datasets", True, f"{label}: {n_traj} trajectories of "
-                               f"{n_records if n_records is not None else '?'} records, "
-                               f"{got_m} messages, {got_c} tool calls"))
+            as_reported = ("as its imports reported" if reported is not None else
+                           "(imported before import reports were kept)")
+            out.append(Finding("datasets", True, f"{label}: {n_traj} trajectories "
+                               f"{as_reported} ({n_records if n_records is not None else '?'} records "
+                               f"in its file); {got_m} messages, {got_c} tool calls"))
     for table, what, sql in _ORPHANS:
         n = int(con.execute(sql).fetchall()[0][0])
         if n:
