@@ -78,7 +78,9 @@ def _datasets(db: Path) -> None:
             st.warning(f"Delete dataset **{row['name']}** with its {row['trajectories']} "
                        "trajectories, their messages, tool calls, expected actions, "
                        "embeddings and labels? This cannot be undone (label edits are kept "
-                       "in an audit file).")
+                       "in an audit file). To keep a copy of the whole store first: "
+                       f"`python -m trace_lib store backup PATH --db {db}` "
+                       "(`store restore PATH` brings it back).")
             c1, c2, _ = st.columns([1, 1, 4])
             if c1.button("Yes, delete", type="primary", key="delete_yes"):
                 st.session_state.pop("delete_pending", None)
