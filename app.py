@@ -15,6 +15,11 @@ Design decisions
   store) and reruns Home when it ended, so the count moves without a click.
 - Deleting a dataset is `data.delete_dataset` (what `datasets delete NAME --yes` runs),
   behind a confirmation that names what will go.
+- Opening the store is checked before any page runs (`store_admin.open_check`, again
+  whenever the store's files change): a damaged file or a newer schema shows its message
+  (what happened, what to do) in place of the page, never a traceback; a missing search
+  index is rebuilt and a notice says so. A damaged block that only a page's query reads
+  ends that page with the same message (`store_admin.explain_error`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from trace_lib.workbench import data, jobs
-from trace_lib.workbench.errors import ActionError, StoreError
+from trace_lib.workbench import data, explore, jobs, store_admin
+from trace_lib.workbench.errors import ActionError, DatabaseError, StoreError
 
 HERE = Path(__file__).resolve().parent
 # (stage, page file, link label). Labels are short so the link text is never cut in a
@@ -73,7 +78,9 @@ def _datasets(db: Path) -> None:
             st.warning(f"Delete dataset **{row['name']}** with its {row['trajectories']} "
                        "trajectories, their messages, tool calls, expected actions, "
                        "embeddings and labels? This cannot be undone (label edits are kept "
-                       "in an audit file).")
+                       "in an audit file). To keep a copy of the whole store first: "
+                       f"`python -m trace_lib store backup PATH --db {db}` "
+                       "(`store restore PATH` brings it back).")
             c1, c2, _ = st.columns([1, 1, 4])
             if c1.button("Yes, delete", type="primary", key="delete_yes"):
                 st.session_state.pop("delete_pending", None)
@@ -150,9 +157,35 @@ def home() -> None:
         _datasets(db)
 
 
+def _store_opens() -> bool:
+    """The store's open check, once per version of its files; False when it failed (its
+    message is shown)."""
+    db = data.db_path()
+    key = (str(db), explore.store_version(db))
+    if st.session_state.get("store_checked") == key:
+        return True
+    try:
+        with st.spinner("Checking the store…"):
+            notices = store_admin.open_check(db)
+    except StoreError as exc:
+        st.error(str(exc))
+        return False
+    for notice in notices:
+        st.info(notice)
+    st.session_state["store_checked"] = (str(db), explore.store_version(db))
+    return True
+
+
 st.set_page_config(page_title="TRACE Workbench", page_icon="🧭", layout="wide")
 nav = st.navigation(
     [st.Page(home, title="Home", icon=":material/home:", default=True)]
     + [st.Page(f"pages/{p.name}") for p in sorted((HERE / "pages").glob("*.py"))]
 )
-nav.run()
+if _store_opens():
+    try:
+        nav.run()
+    except DatabaseError as exc:
+        damaged = store_admin.explain_error(exc, data.db_path())
+        if damaged is None:
+            raise
+        st.error(str(damaged))

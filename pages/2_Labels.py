@@ -192,14 +192,21 @@ with tab_grid:
             edited = st.data_editor(
                 grid, column_config=cols, hide_index=True, width="stretch",
                 disabled=list(READ_ONLY), key=f"grid_{ss.grid_version}")
+            # The save's confirmation is toasted by the run after the save: a toast sent
+            # just before `st.rerun()` did not always reach the browser (issue 33's
+            # reliability test waits on this toast as the save's own signal). Removed only
+            # once toasted: a rerun that interrupts this run at the toast keeps it for the next.
+            if saved := ss.get("grid_saved"):
+                st.toast(saved)
+                del ss["grid_saved"]
             changes = wb.grid_changes(grid, edited)
             if changes:
                 ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
                              skip_unchanged=True)
                 if ids is not None:
                     same = len(changes) - len(ids)
-                    st.toast(f"saved {len(ids)} edit(s)"
-                             + (f"; {same} already had that value" if same else ""))
+                    ss["grid_saved"] = (f"saved {len(ids)} edit(s)"
+                                        + (f"; {same} already had that value" if same else ""))
                     ss.grid_version += 1
                     st.rerun()
             with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):

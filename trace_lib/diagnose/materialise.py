@@ -412,7 +412,7 @@ class StoreMemo:
         return out
 
 
-# ------------------------------------------------------------------- for the tests
+# ------------------------------------------------- for the tests and `store check`
 
 def definition_snapshot(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     """The tables' content as the definition (the views) computes it, normalised."""
@@ -440,9 +440,21 @@ def definition_snapshot(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     return {"pairs": sorted(pairs, key=repr), "run_counts": sorted(per_run, key=repr)}
 
 
-def materialised_snapshot(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
-    """The tables' content in `definition_snapshot`'s shape (after `sync`)."""
-    sync(con)
+def built_state(con: duckdb.DuckDBPyConnection) -> str:
+    """"fresh" (the tables claim to answer for the store as it is now), "stale" (a write
+    since; the next `sync` catches up) or "unbuilt" (never synced). Reads only."""
+    stored = _stored(con)
+    if stored is None:
+        return "unbuilt"
+    return "fresh" if stored[1] == _fingerprint(con) else "stale"
+
+
+def materialised_snapshot(con: duckdb.DuckDBPyConnection, *, sync_first: bool = True
+                          ) -> dict[str, Any]:
+    """The tables' content in `definition_snapshot`'s shape (after `sync`, unless
+    `sync_first` is False: `store check` compares what is stored, read-only)."""
+    if sync_first:
+        sync(con)
     pairs = con.execute("""
         SELECT trajectory_id, capability, n_rows, nl, np, nn, majority, value,
                CASE WHEN edit_value IS NOT NULL THEN 'edit' ELSE 'majority' END

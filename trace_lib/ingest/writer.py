@@ -31,7 +31,9 @@ Design decisions
   where the row strings are encoded for the hash (free when there is none), replaced with
   U+FFFD, and the record is named in the warnings.
 - A dataset is its file's content SHA-256 (`d_` + 16 hex); re-importing the same bytes
-  reuses the row. A file whose every record was skipped registers no dataset.
+  reuses the row. The row keeps the import report's count of trajectories added
+  (`n_trajectories`, raised by a re-import that adds rows), which `store check` compares
+  with the dataset's rows. A file whose every record was skipped registers no dataset.
 - What a source measured of a message (`TrajectoryRows.message_meta`: tokens, cost,
   latency) goes into `messages.meta` and is not hashed. A batch where no message has any
   leaves the column out of its insert (NULL), so formats without it pay nothing.
@@ -355,11 +357,13 @@ class Writer:
             return result
         if result.new_dataset:
             self.known_datasets.add(ds)
-            self._write_dataset(f, ds)
+            self._write_dataset(f, ds, result.new)
+        elif result.new:  # the same bytes again, with other overrides: rows added to it
+            store_trajectories.add_imported(self.con, ds, result.new)
         self.given.extend(f.given_schemas)
         return result
 
-    def _write_dataset(self, f: ParsedFile, ds: str) -> None:
+    def _write_dataset(self, f: ParsedFile, ds: str, n_new: int) -> None:
         n_valid = f.n_records - len(f.skipped)
         self._insert("datasets", {
             "id": pa.array([ds], _STR),
@@ -368,6 +372,7 @@ class Writer:
             "source": pa.array([self.sources.get(f.name, f.name)], _STR),
             "content_sha256": pa.array([f.sha256], _STR),
             "n_records": pa.array([n_valid], _INT),
+            "n_trajectories": pa.array([n_new], _INT),  # the import report's count
         })  # fmt: skip
         rows: dict[str, list[Any]] = {k: [] for k in
                                       ("dataset_id", "task_id", "idx", "name", "arguments",

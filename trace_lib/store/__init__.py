@@ -9,6 +9,8 @@ Design decisions
   `capabilities`, `environments` (environments, generation attempts), `embeddings`, and
   `search` (the full-text side index beside the file); the job tables (jobs, adapters,
   moe_models, routing_traces) belong to `jobs`. Callers pass a connection and get plain Python or pandas values back.
+  The store as a whole: `integrity` (what `store check` verifies) and `backup` (a copy of
+  the file and its search index taken under the store's lock, and its restore).
 - Analytical query modules outside `store/` (`explore.queries`, `explore.clusters`,
   `diagnose.ranking`, `diagnose.materialise` and the diagnose statistics) keep their SQL
   and read through the tables and views defined here; `trace_lib.trajectories` keeps its
@@ -24,12 +26,15 @@ from trace_lib.store.connection import (
     ENV_DB,
     REPO_ROOT,
     Connection,
+    DamagedStoreError,
     DatabaseError,
     LazyWriteTransaction,
+    NewerSchemaError,
     OutOfMemoryError,
     StoreError,
     StoreLockedError,
     connect,
+    damage_error,
     default_db_path,
     open_connection,
     resolve_db_path,
@@ -39,8 +44,10 @@ from trace_lib.store.migrations import MIGRATIONS, SCHEMA_VERSION, schema_versio
 
 __all__ = [
     "Connection",
+    "DamagedStoreError",
     "DatabaseError",
     "LazyWriteTransaction",
+    "NewerSchemaError",
     "OutOfMemoryError",
     "DEFAULT_DB",
     "ENV_DB",
@@ -50,6 +57,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "connect",
+    "damage_error",
     "default_db_path",
     "open_connection",
     "resolve_db_path",

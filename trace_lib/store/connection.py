@@ -8,7 +8,14 @@ Design decisions
   never call `connect`; they write into their run directory and the app records results
   when a job ends.
 - A writable open migrates the file (`migrations`); a file newer than this code is
-  refused rather than half-read. A read-only open never writes, so it never migrates.
+  refused rather than half-read (`NewerSchemaError`, naming the file, its schema version
+  and this trace_lib's), by a read-only open too: it never writes, so it never migrates,
+  but it checks the version before any caller reads.
+- A damaged file (overwritten, truncated, a block whose checksum fails) is reported as
+  `DamagedStoreError`, which says what to do (restore a backup, or move the file aside and
+  re-import), never as DuckDB's bare IO error. `damage_error` recognises DuckDB's messages
+  for these; `store check` reads every table in full, because DuckDB reads blocks lazily and
+  a truncation past the catalog opens fine and fails only on the first read of a lost block.
 """
 
 from __future__ import annotations
@@ -45,6 +52,56 @@ class StoreLockedError(StoreError):
     """Another process holds the DuckDB file's write lock."""
 
 
+class DamagedStoreError(StoreError):
+    """The store file is not a readable DuckDB database (overwritten, truncated, corrupt)."""
+
+
+class NewerSchemaError(StoreError):
+    """The store was written by a newer trace_lib (its schema version is ahead of ours)."""
+
+
+# DuckDB's words for a file that is not (or no longer) a whole database, and what they mean.
+_DAMAGE = (
+    ("not a valid duckdb database file", "it is not a DuckDB database (overwritten or emptied)"),
+    ("could not read enough bytes", "it ends before its data does (truncated)"),
+    ("corrupt database file", "a block's checksum does not match (overwritten in part)"),
+    ("checksum", "a block's checksum does not match (overwritten in part)"),
+)
+
+
+def damage_error(path: str | Path, exc: BaseException) -> DamagedStoreError | None:
+    """A `DamagedStoreError` that says what DuckDB's `exc` means for the file at `path`
+    and what to do, or None when `exc` is not about a damaged file."""
+    if not isinstance(exc, duckdb.Error):
+        return None
+    text = str(exc).lower()
+    for needle, meaning in _DAMAGE:
+        if needle in text:
+            return DamagedStoreError(
+                f"{path}: the store file is damaged: {meaning}. DuckDB said: "
+                f"{str(exc).splitlines()[0]}. Nothing was changed. What to do: restore your "
+                f"last backup with `python -m trace_lib store restore BACKUP --db {path}` "
+                f"(the damaged file is kept beside it), or move the file aside and import "
+                f"your trajectories again; `python -m trace_lib store check --db {path}` "
+                f"reports what is readable.")
+    return None
+
+
+def newer_schema_error(path: str | Path, version: int) -> NewerSchemaError:
+    from importlib import metadata
+
+    try:
+        ours = f"this trace_lib (trace-workbench {metadata.version('trace-workbench')})"
+    except metadata.PackageNotFoundError:
+        ours = "this trace_lib"
+    return NewerSchemaError(
+        f"{path}: the store has schema version {version}, newer than {ours}, which reads "
+        f"schema version {migrations.SCHEMA_VERSION} at most; a newer trace_lib wrote it. "
+        f"It was not opened and nothing was changed. What to do: open it with the newer "
+        f"trace_lib that wrote it (upgrade this checkout), or point --db / TRACE_DB at "
+        f"another store.")
+
+
 def equals_filter(**columns: Any) -> tuple[str, list[Any]]:
     """(" WHERE a = ? AND b = ?", params) for the columns given a value (None and "" mean
     "any"), or ("", []): the optional filters a listing takes."""
@@ -67,14 +124,27 @@ def resolve_db_path(db: str | Path | None = None) -> Path:
 def _migrate(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     current = migrations.current_version(con)
     if current > migrations.SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: schema version {current} is newer than this trace_lib "
-            f"({migrations.SCHEMA_VERSION}); upgrade trace_lib to open it"
-        )
+        raise newer_schema_error(path, current)
     migrations.apply_from(con, current)
 
 
-_LOCK_PATTERNS = ("could not set lock", "conflicting lock")
+def _check_version(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A read-only open's check: refuse a store newer than this code before anyone reads."""
+    has_table = con.execute("SELECT count(*) FROM information_schema.tables WHERE "
+                            "table_schema = 'main' AND table_name = 'schema_version'"
+                            ).fetchall()[0][0]
+    if has_table:
+        current = migrations.schema_version(con)
+        if current > migrations.SCHEMA_VERSION:
+            raise newer_schema_error(path, current)
+
+
+# "different configuration": in one process (the app serving two browser sessions), DuckDB
+# refuses a read-write connection while a read-only one is open, and the reverse. Both are
+# short-lived, so this is waited out like another process's lock (issue 33: a session's
+# label edit was lost when its page failed to open the store this way).
+_LOCK_PATTERNS = ("could not set lock", "conflicting lock",
+                  "with a different configuration than existing connections")
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -83,6 +153,8 @@ def _is_lock_error(exc: Exception) -> bool:
 
 
 def _lock_holder(exc: Exception) -> str:
+    if "different configuration" in str(exc):
+        return "another connection of this process (one read-only, one read-write)"
     match = re.search(r"held in (.+?)(?:\n|$)", str(exc))
     return match.group(1).strip() if match else "another process"
 
@@ -92,11 +164,13 @@ def open_connection(
     *,
     read_only: bool = False,
     timeout_s: float = 10.0,
+    migrate: bool = True,
 ) -> duckdb.DuckDBPyConnection:
     """Open the store, migrating it if needed; retry while another process holds the lock.
 
     Prefer `connect()` (a context manager that closes); this is for callers that manage
-    the lifetime themselves.
+    the lifetime themselves. `migrate=False` takes the write lock without migrating or
+    checking the version (`store backup` copies whatever the file is).
     """
     path = resolve_db_path(db)
     if read_only and not path.exists():
@@ -110,7 +184,11 @@ def open_connection(
             break
         except duckdb.Error as exc:
             if not _is_lock_error(exc):
-                raise StoreError(f"{path}: cannot open DuckDB file: {exc}") from exc
+                raise (damage_error(path, exc) or StoreError(
+                    f"{path}: cannot open the DuckDB file: {exc}. If the file is damaged, "
+                    f"restore a backup (`python -m trace_lib store restore BACKUP --db "
+                    f"{path}`); if it is not a store, point --db / TRACE_DB elsewhere.")
+                ) from exc
             if time.monotonic() >= deadline:
                 raise StoreLockedError(
                     f"{path}: the database is locked by {_lock_holder(exc)}; "
@@ -120,8 +198,13 @@ def open_connection(
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     try:
-        if not read_only:
+        if read_only:
+            _check_version(con, path)
+        elif migrate:
             _migrate(con, path)
+    except duckdb.Error as exc:
+        con.close()
+        raise (damage_error(path, exc) or exc) from exc
     except Exception:
         con.close()
         raise

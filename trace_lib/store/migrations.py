@@ -398,10 +398,17 @@ MESSAGE_META = """
 ALTER TABLE messages ADD COLUMN meta JSON;
 """
 
+# Store check (issue 33): how many trajectories the imports of a dataset added (the import
+# report's count, summed over re-imports that added rows), so `store check` compares each
+# dataset's rows with what its imports reported. NULL for datasets imported before.
+IMPORT_REPORTS = """
+ALTER TABLE datasets ADD COLUMN n_trajectories INTEGER;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
-                         MESSAGE_META]
+                         MESSAGE_META, IMPORT_REPORTS]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

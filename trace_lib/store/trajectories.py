@@ -328,6 +328,13 @@ def insert_arrow(con: Connection, table: str, columns: dict[str, pa.Array],
         view, f"INSERT INTO {table} ({cols}) SELECT {select} FROM {view}")
 
 
+def add_imported(con: Connection, dataset_id: str, n: int) -> None:
+    """Count `n` more trajectories added to an existing dataset by a re-import (the import
+    report's count; left NULL for a dataset imported before it was kept)."""
+    con.execute("UPDATE datasets SET n_trajectories = n_trajectories + ? WHERE id = ?",
+                [n, dataset_id])
+
+
 # --------------------------------------------------------------------------- tool schemas
 
 

@@ -18,6 +18,8 @@ ends cannot drift apart.
                    status, cancel, wait, list
     job_progress   a job's progress from its run directory: learning signal, phase, live
                    panel, gate movement (never the store)
+    store_admin    the store itself: check (and repair), backup, restore, the app's
+                   check on opening a store
     errors         `ActionError`: what a front end shows as a message, not a traceback
 
 Design decisions

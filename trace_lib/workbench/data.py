@@ -16,7 +16,9 @@ Design decisions
   without touching this function. Everything goes in ONE transaction: a failure (a
   constraint, a lock) rolls back and leaves the store as it was. Label edits are people's
   work: they are written to an audit file (beside the database, under `audit/`) before
-  the commit, and the file is removed again if the transaction fails.
+  the commit, and the file is removed again if the transaction fails. `backup=PATH` takes a
+  whole-store backup first (`workbench.store_admin.backup_store`, restored with `store
+  restore PATH`), once the dataset is known to exist, so a wrong name costs no copy.
 """
 
 from __future__ import annotations
@@ -195,13 +197,23 @@ def audit_dir(db: Db = None) -> Path:
     return db_path(db).parent / "audit"
 
 
-def delete_dataset(name: str, db: Db = None) -> dict[str, Any]:
+def delete_dataset(name: str, db: Db = None, *, backup: str | Path | None = None
+                   ) -> dict[str, Any]:
     """Remove dataset NAME (a name or an id) with its trajectories and every row that
     refers to them, in one transaction (`datasets delete NAME --yes`, Home's Delete).
-    Returns the rows removed per table and the audit file of the label edits removed."""
+    With `backup`, a backup of the whole store is written to that new folder first.
+    Returns the rows removed per table, the audit file of the label edits removed and
+    the backup folder."""
     if not db_exists(db):
         raise store.StoreError(f"{db_path(db)}: no database here yet, so there is no "
                                "dataset to delete.")
+    kept = None
+    if backup is not None:
+        from trace_lib.workbench import store_admin
+
+        with store.connect(db, read_only=True) as con:
+            _find_dataset(con, name)  # a wrong name is refused before any copy is made
+        kept = store_admin.backup_store(db, backup)["backup"]
     removed: dict[str, int] = {}
     audit: Path | None = None
     with store.connect(db) as con:
@@ -224,7 +236,7 @@ def delete_dataset(name: str, db: Db = None) -> dict[str, Any]:
             raise
     return {"id": dataset_id, "name": dataset_name,
             "removed": {k: int(v) for k, v in removed.items() if v},
-            "audit_file": str(audit) if audit else None}
+            "audit_file": str(audit) if audit else None, "backup": kept}
 
 
 def _write_audit(db: Db, dataset_id: str, dataset_name: str,

@@ -5,15 +5,17 @@ Design decisions
   (`UserInputError`, message names file, record, field and what was expected) and store
   trouble (`StoreError`: no database, a held lock). The CLI prints the same two and exits 1.
 - `LLMError` (a provider that failed or is not configured) is re-exported for the actions
-  that call an LLM.
+  that call an LLM. `DatabaseError` (any error DuckDB raised) is re-exported for the front
+  ends' last line of defence: `store_admin.explain_error` says whether it means a damaged
+  store file, and what to do.
 """
 
 from __future__ import annotations
 
 from trace_lib.errors import UserInputError
 from trace_lib.llm.protocol import LLMError
-from trace_lib.store import StoreError
+from trace_lib.store import DatabaseError, StoreError
 
 ActionError = (UserInputError, StoreError)
 
-__all__ = ["ActionError", "LLMError", "StoreError", "UserInputError"]
+__all__ = ["ActionError", "DatabaseError", "LLMError", "StoreError", "UserInputError"]
