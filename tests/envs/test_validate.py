@@ -182,3 +182,11 @@ def test_a_bag_of_words_verifier_fails_the_loophole_probes():
     assert not report["checks"]["loophole_refuse"]["passed"]
     assert report["status"] == "rejected"
     assert v.ValidationConfig().loophole_max_reward == 0.05
+
+
+def test_fewer_seeds_than_the_determinism_check_asks_for_still_pass():
+    """`env validate --seeds 3` with determinism_seeds=5: the check runs on the 3 seeds
+    there are and passes when they all replay the same (it asked for 5 and failed)."""
+    report = validate_environment(_base(), ValidationConfig(n_seeds=3, determinism_seeds=5))
+    det = report["checks"]["determinism"]
+    assert det["seeds"] == 3 and det["figure"] == 1.0 and det["passed"], det
