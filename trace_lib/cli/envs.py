@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from trace_lib.cli.output import print_json
+from trace_lib.envs.curriculum import DIFFICULTIES
 
 
 def _bar(total: int, desc: str):
@@ -75,8 +76,9 @@ def _option_flags(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> 
                    "policy_kind", choices=("excerpt", "full"), default=None,
                    help="built-ins: the policy excerpt for the capability or the full policy "
                    "(default: full)")
-    p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None,
-                   help="built-ins: task difficulty (default: 2)")
+    p.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=None,
+                   help="built-ins: task difficulty (default: 2); 4 and 5 are the "
+                   "target-shaped levels (airline)")
     p.add_argument("--distractors", type=int, default=None,
                    help="built-ins with --tools capability: other domain tools shown "
                    "(default: 2)")
