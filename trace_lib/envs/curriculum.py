@@ -39,6 +39,10 @@ DIFFICULTY_NAMES: dict[int, str] = {
     4: "target-shaped, values told", 5: "target-shaped",
 }
 TARGET_SHAPED_DOMAINS: tuple[str, ...] = ("airline",)
+# The longest target-shaped reference: the user read, then two operations of (reservation
+# read, two flight reads, the write), then the reply. Training with fewer turns would cut
+# the reference (and SFT on it) before its last write, so TrainConfig refuses that.
+TARGET_SHAPED_MAX_TURNS = 10
 
 
 @dataclass(frozen=True)

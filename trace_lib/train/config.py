@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trace_lib.envs.curriculum import DIFFICULTIES
+from trace_lib.envs.curriculum import DIFFICULTIES, TARGET_SHAPED_MAX_TURNS
 from trace_lib.errors import UserInputError
 from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
@@ -147,6 +147,9 @@ class TrainConfig:
             (self.policy in ("excerpt", "full"), "policy", "excerpt or full"),
             (self.difficulty in DIFFICULTIES, "difficulty",
              "1, 2, 3, 4 or 5 (4, 5: target-shaped, airline)"),
+            (self.difficulty < 4 or self.max_turns >= TARGET_SHAPED_MAX_TURNS, "max_turns",
+             f"an integer >= {TARGET_SHAPED_MAX_TURNS} at difficulty 4 or 5 (a target-shaped "
+             f"reference takes up to {TARGET_SHAPED_MAX_TURNS} turns; fewer cut it short)"),
             (isinstance(self.distractors, int) and self.distractors >= 0, "distractors",
              "an integer >= 0"),
             (self.sft_steps >= 0, "sft_steps", "an integer >= 0"),
