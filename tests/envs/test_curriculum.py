@@ -77,6 +77,17 @@ def test_the_cli_takes_difficulty_5(tmp_path):
     assert bad.returncode != 0 and "airline only" in (bad.stderr + bad.stdout)
 
 
+def test_the_cli_offers_every_difficulty():
+    from trace_lib.cli import build_parser
+    from trace_lib.cli import envs as cli_envs
+    from trace_lib.cli import train as cli_train
+
+    assert cli_envs.DIFFICULTIES == cli_train.DIFFICULTIES == DIFFICULTIES
+    args = build_parser().parse_args(["train", "--env", "airline/tool_calling_precision",
+                                      "--difficulty", "5", "--max-turns", "10"])
+    assert args.difficulty == 5
+
+
 def test_a_difficulty_outside_the_schedule_is_refused():
     with pytest.raises(ValueError, match="difficulty"):
         make_capability_env("airline", "tool_calling_precision", difficulty=6)
