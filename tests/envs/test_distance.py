@@ -14,12 +14,17 @@ CAPS = ("multi_step_task_completion", "precondition_verification",
 
 
 def test_a_template_masks_values_not_phrasing():
-    env = make_capability_env("airline", "tool_calling_precision", difficulty=1)
+    a = request_template("I'm user mia_li_3139. Cancel PIPER0 for Mia Li (visa ending in "
+                         "1234), born 1990-01-02, in basic economy, 2 bags. Insurance: yes.")
+    b = request_template("I'm user noah_kim_12. Cancel ZXCVBN for Noah Kim (amex ending in "
+                         "99), born 1985-12-31, in business, 1 bag. Insurance: no.")
+    assert a == b and "#" in a and "ID" in a and "NAME" in a and "CABIN" in a
+    assert request_template("Please cancel it.") != request_template("Can you cancel it?")
+    env = make_capability_env("airline", "structured_data_reasoning", difficulty=1)
     env.reset(0)
-    a = request_template(env.messages[1]["content"])
+    first = request_template(env.messages[1]["content"])
     env.reset(1)
-    assert request_template(env.messages[1]["content"]) == a  # one template at difficulty 1
-    assert "#" in a and "ID" in a and "NAME" in a
+    assert request_template(env.messages[1]["content"]) == first  # one template at 1
 
 
 @pytest.fixture(scope="module")
