@@ -29,6 +29,11 @@ from typing import Any
 from trace_lib.capabilities import CORE as CORE_CAPABILITIES
 from trace_lib.envs.capabilities.builders import CapabilitySpec, DomainBuilder, task_builder
 from trace_lib.envs.capabilities.task_env import EnvConfig, Task, TaskEnvironment
+
+# Imported here, not in make_capability_env: the sandbox loads this package before its
+# import policy is on, and refuses any import after (a generated module calls
+# make_capability_env at difficulty 1-3; the target-shaped levels are not sandboxed).
+from trace_lib.envs.curriculum import DIFFICULTIES, TARGET_SHAPED_DOMAINS
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 # One module per capability of the catalog's core, each defining `CAPABILITY` (imported on
@@ -93,8 +98,6 @@ def make_capability_env(
     if domain not in spec.builders:
         raise KeyError(f"capability {capability!r} has no task builder for domain {domain!r}; "
                        f"it has: {', '.join(sorted(spec.builders))}")
-    from trace_lib.envs.curriculum import DIFFICULTIES, TARGET_SHAPED_DOMAINS
-
     if int(difficulty) not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty}")
     if int(difficulty) >= 4:  # the target-shaped levels: the target-task generator's tasks
