@@ -17,7 +17,7 @@ import streamlit as st
 
 from trace_lib.workbench import data, explore
 from trace_lib.workbench import environments as envs
-from trace_lib.workbench.environments import SandboxError
+from trace_lib.workbench.environments import DIFFICULTIES, SandboxError
 from trace_lib.workbench.errors import ActionError, StoreError, UserInputError
 
 st.set_page_config(page_title="Environments · TRACE", page_icon="🧭", layout="wide")
@@ -98,7 +98,7 @@ if spec.source == "builtin":  # how the prompt is built: what training will show
     o1, o2, o3, o4 = st.columns(4)
     build = {"tools": o1.selectbox("Tools", ["all", "capability"], key="build_tools"),
              "policy": o2.selectbox("Policy", ["full", "excerpt"], key="build_policy"),
-             "difficulty": o3.selectbox("Difficulty", [1, 2, 3], index=1,
+             "difficulty": o3.selectbox("Difficulty", list(DIFFICULTIES), index=1,
                                         key="build_difficulty"),
              "distractors": int(o4.number_input("Distractor tools (with capability tools)",
                                                 0, 100, 2, key="build_distractors"))}

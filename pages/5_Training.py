@@ -25,6 +25,7 @@ import pandas as pd
 import streamlit as st
 
 from trace_lib.workbench import data, environments, job_progress, jobs, models, training
+from trace_lib.workbench.environments import DIFFICULTIES
 from trace_lib.workbench.errors import ActionError, StoreError
 
 st.set_page_config(page_title="Training · TRACE", page_icon="🧭", layout="wide")
@@ -87,7 +88,7 @@ with st.expander("Launch a training job", expanded=True):
     c1, c2, c3, c4 = st.columns(4)
     tools = c1.selectbox("Tools (built-ins)", ["capability", "all"], key="tools")
     policy_text = c2.selectbox("Policy (built-ins)", ["excerpt", "full"], key="policy")
-    difficulty = c3.selectbox("Difficulty (built-ins)", [1, 2, 3],
+    difficulty = c3.selectbox("Difficulty (built-ins)", list(DIFFICULTIES),
                               index=DEFAULTS.difficulty - 1, key="difficulty")
     distractors = c4.number_input("Distractor tools (built-ins, capability tools)", 0, 100,
                                   DEFAULTS.distractors, key="distractors")

@@ -21,6 +21,10 @@ from typing import Any
 
 from trace_lib.cli.output import print_json
 
+# trace_lib.envs.curriculum.DIFFICULTIES (a CLI verb reaches the library only through the
+# use cases; tests/envs/test_curriculum.py holds that the two agree).
+DIFFICULTIES = (1, 2, 3, 4, 5)
+
 
 def _bar(total: int, desc: str):
     from tqdm import tqdm
@@ -75,8 +79,9 @@ def _option_flags(p: argparse.ArgumentParser, policy_flag: str = "--policy") -> 
                    "policy_kind", choices=("excerpt", "full"), default=None,
                    help="built-ins: the policy excerpt for the capability or the full policy "
                    "(default: full)")
-    p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None,
-                   help="built-ins: task difficulty (default: 2)")
+    p.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=None,
+                   help="built-ins: task difficulty (default: 2); 4 and 5 are the "
+                   "target-shaped levels (airline)")
     p.add_argument("--distractors", type=int, default=None,
                    help="built-ins with --tools capability: other domain tools shown "
                    "(default: 2)")

@@ -18,6 +18,10 @@ from typing import Any
 
 from trace_lib.cli.output import print_json
 
+# trace_lib.envs.curriculum.DIFFICULTIES (a CLI verb reaches the library only through the
+# use cases; tests/envs/test_curriculum.py holds that the two agree).
+DIFFICULTIES = (1, 2, 3, 4, 5)
+
 
 def add_device_arguments(p: argparse.ArgumentParser, what: str) -> None:
     """`--device` / `--dtype`, shared by `train` and `gates` (the configs' one rule:
@@ -74,7 +78,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="built-ins: the capability's tools + distractors (default) or all")
     p.add_argument("--policy", choices=("excerpt", "full"), default=None,
                    help="built-ins: the capability's policy excerpt (default) or the full one")
-    p.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None)
+    p.add_argument("--difficulty", type=int, choices=DIFFICULTIES, default=None,
+                   help="built-ins: 1-3 capability tasks, 4 target-shaped with the values "
+                   "told, 5 target-shaped (airline; the curriculum: trace_lib.envs.curriculum)")
     p.add_argument("--distractors", type=int, default=None,
                    help="built-ins with --tools capability: other domain tools shown (default 2)")
     p.add_argument("--init-adapter", default=None,

@@ -223,8 +223,9 @@ def spec_for_job(name: str, serialised: dict[str, Any] | None = None,
 
 # ---------------------------------------------------------------------- construction
 # The choices of each option; `distractors` is any integer >= 0 (checked on its own).
+# Difficulty 4 and 5 are the target-shaped levels (airline only; `envs.curriculum`).
 BUILD_OPTIONS = {"tools": ("capability", "all"), "policy": ("excerpt", "full"),
-                 "difficulty": (1, 2, 3), "distractors": None}
+                 "difficulty": (1, 2, 3, 4, 5), "distractors": None}
 
 
 def check_build_options(options: dict[str, Any] | None, where: str = "env") -> dict[str, Any]:
@@ -252,14 +253,26 @@ def check_build_options(options: dict[str, Any] | None, where: str = "env") -> d
     return out
 
 
+def check_builtin_options(spec: EnvSpec, options: dict[str, Any] | None) -> dict[str, Any]:
+    """`check_build_options`, and a target-shaped difficulty only on a domain that has it."""
+    from trace_lib.envs.curriculum import TARGET_SHAPED_DOMAINS
+
+    out = check_build_options(options, f"env {spec.name!r}")
+    if out.get("difficulty", 0) >= 4 and spec.domain not in TARGET_SHAPED_DOMAINS:
+        raise UserInputError(f"env {spec.name!r}: difficulty {out['difficulty']} "
+                             "(target-shaped) exists for "
+                             f"{', '.join(TARGET_SHAPED_DOMAINS)} only; use 1, 2 or 3")
+    return out
+
+
 def make_builtin(spec: EnvSpec, options: dict[str, Any] | None = None) -> Environment:
-    """A built-in; `options`: tools=capability|all, policy=excerpt|full, difficulty=1|2|3,
-    distractors=N (defaults: all tools, full policy, difficulty 2, 2 distractors, as the
-    environment was validated)."""
+    """A built-in; `options`: tools=capability|all, policy=excerpt|full,
+    difficulty=1..5 (4, 5: target-shaped, airline), distractors=N (defaults: all tools,
+    full policy, difficulty 2, 2 distractors, as the environment was validated)."""
     from trace_lib.envs.capabilities import make_capability_env
 
     return make_capability_env(spec.domain, spec.capability,
-                               **check_build_options(options, f"env {spec.name!r}"))
+                               **check_builtin_options(spec, options))
 
 
 def environment_from_code(code: str, limits: Any = None) -> Any:
@@ -299,7 +312,7 @@ def env_factory(spec: EnvSpec, limits: Any = None,
     elif spec.source in SANDBOXED and not spec.code:
         raise UserInputError(f"env {spec.name!r}: a {spec.source} environment without code")
     if spec.source == "builtin":
-        check_build_options(options, f"env {spec.name!r}")
+        check_builtin_options(spec, options)
     return lambda: build_env(spec, limits, options)
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trace_lib.envs.curriculum import DIFFICULTIES, TARGET_SHAPED_MAX_TURNS
 from trace_lib.errors import UserInputError, check_fields, config_from_dict
 from trace_lib.runtime.base_models import DEVICE_NAMES, DTYPE_NAMES, is_device_name
 from trace_lib.runtime.lora import DEFAULT_TARGETS, LoraSettings
@@ -76,7 +77,7 @@ class TrainConfig:
     hint_weight_cap: float = 1.0  # truncated importance weight of hinted rollouts' tokens
     tools: str = "capability"  # built-in envs: "capability" (needed + distractors) | "all"
     policy: str = "excerpt"  # built-in envs: "excerpt" (the capability's rules) | "full"
-    difficulty: int = 2  # built-in envs: 1 | 2 | 3
+    difficulty: int = 2  # built-in envs: 1..5 (4, 5: target-shaped; envs.curriculum)
     distractors: int = 2  # built-in envs with tools="capability": other domain tools shown
     # Start from a saved adapter (an SFT warm start, an earlier run) instead of a zero one;
     # its LoRA shape must equal `lora`'s. Step 1's rollouts already come from it.
@@ -138,7 +139,11 @@ class TrainConfig:
             (0.0 <= self.hint_share <= 1.0, "hint_share", "a share in [0, 1]"),
             (self.tools in ("capability", "all"), "tools", "capability or all"),
             (self.policy in ("excerpt", "full"), "policy", "excerpt or full"),
-            (self.difficulty in (1, 2, 3), "difficulty", "1, 2 or 3"),
+            (self.difficulty in DIFFICULTIES, "difficulty",
+             "1, 2, 3, 4 or 5 (4, 5: target-shaped, airline)"),
+            (self.difficulty < 4 or self.max_turns >= TARGET_SHAPED_MAX_TURNS, "max_turns",
+             f"an integer >= {TARGET_SHAPED_MAX_TURNS} at difficulty 4 or 5 (a target-shaped "
+             f"reference takes up to {TARGET_SHAPED_MAX_TURNS} turns; fewer cut it short)"),
             (isinstance(self.distractors, int) and self.distractors >= 0, "distractors",
              "an integer >= 0"),
             (self.sft_steps >= 0, "sft_steps", "an integer >= 0"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import store
+from trace_lib.envs.curriculum import DIFFICULTIES  # noqa: F401 - the pages' choices
 from trace_lib.envs.sandbox import SandboxError  # pages catch it too
 from trace_lib.errors import UserInputError
 from trace_lib.store import capabilities as store_capabilities

@@ -29,6 +29,11 @@ from typing import Any
 from trace_lib.capabilities import CORE as CORE_CAPABILITIES
 from trace_lib.envs.capabilities.builders import CapabilitySpec, DomainBuilder, task_builder
 from trace_lib.envs.capabilities.task_env import EnvConfig, Task, TaskEnvironment
+
+# Imported here, not in make_capability_env: the sandbox loads this package before its
+# import policy is on, and refuses any import after (a generated module calls
+# make_capability_env at difficulty 1-3; the target-shaped levels are not sandboxed).
+from trace_lib.envs.curriculum import DIFFICULTIES, TARGET_SHAPED_DOMAINS
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
 # One module per capability of the catalog's core, each defining `CAPABILITY` (imported on
@@ -83,15 +88,30 @@ def make_capability_env(
     """A built-in capability environment, optionally re-parameterised (used by templates).
 
     `tools`: "all" (the domain's every tool) or "capability" (what the tasks need plus
-    `distractors` others); `policy`: "full" or "excerpt" (see the module docstring)."""
+    `distractors` others); `policy`: "full" or "excerpt" (see the module docstring).
+    `difficulty` 4 and 5 (airline) are the target-shaped levels (`target_shaped`); the
+    curriculum over all five is `trace_lib.envs.curriculum`. `db_size` does not apply there
+    (the target tasks' database size)."""
     if capability not in CAPABILITIES:
         raise KeyError(f"unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}")
     spec = CAPABILITIES[capability]
     if domain not in spec.builders:
         raise KeyError(f"capability {capability!r} has no task builder for domain {domain!r}; "
                        f"it has: {', '.join(sorted(spec.builders))}")
-    if not 1 <= int(difficulty) <= 3:
-        raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
+    if int(difficulty) not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty}")
+    if int(difficulty) >= 4:  # the target-shaped levels: the target-task generator's tasks
+        if domain not in TARGET_SHAPED_DOMAINS:
+            raise ValueError(f"difficulty {difficulty} (target-shaped) exists for "
+                             f"{', '.join(TARGET_SHAPED_DOMAINS)} only, not {domain!r}")
+        from trace_lib.envs.capabilities import target_shaped as ts
+
+        config = EnvConfig(difficulty=int(difficulty), max_steps=max_steps, tools=tools,
+                           policy=policy, distractors=distractors,
+                           needed_tools=ts.needed_tools(capability),
+                           policy_sections=ts.policy_sections(capability))
+        return ts.TargetShapedEnvironment(capability, config, name=name, version=version,
+                                          description=spec.description)
     size = {**EPISODE_DB_SIZE.get(domain, {}), **db_size}
     config = EnvConfig(difficulty=int(difficulty), max_steps=max_steps, db_size=size,
                        tools=tools, policy=policy, distractors=distractors,
