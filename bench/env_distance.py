@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from trace_lib.envs.distance import FIGURES, curriculum_distance
+from trace_lib.evaluate.env_distance import FIGURES, curriculum_distance
 
 OUT = Path(__file__).resolve().parent / "results" / "env-distance.json"
 SHORT = {"prompt_tokens": "prompt tok", "episode_tokens": "episode tok",

@@ -15,7 +15,7 @@ test split this bench ever made, kept even when a row is replaced), and `trainin
 trained policy's settings, losses, checkpoints and CPU time).
 
 Design decisions
-- The splits are the product's (`trace_lib.evaluate.tasks.SPLITS`): demonstrations and
+- The splits are the product's (`trace_lib.envs.splits.SPLITS`): demonstrations and
   every choice come from `dev`; `test` (150 tasks, another database) is run once per final
   configuration. A second test run of the same policy and configuration is refused unless
   `--again` is given, and is then recorded beside the first, never in its place.

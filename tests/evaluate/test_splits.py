@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from trace_lib.envs.splits import SPLITS, split_of
 from trace_lib.errors import UserInputError
 from trace_lib.evaluate.policy import EvalConfig
-from trace_lib.evaluate.tasks import SPLITS, load_task_set, split_of
+from trace_lib.evaluate.tasks import load_task_set
 
 
 @pytest.mark.parametrize("domain", ["airline", "retail"])

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from trace_lib.envs.splits import DEMO_TASKS
 from trace_lib.errors import UserInputError
-from trace_lib.evaluate.tasks import DEMO_TASKS, load_task_set
+from trace_lib.evaluate.tasks import load_task_set
 
 
 def test_task_set_is_the_demo_task_set():

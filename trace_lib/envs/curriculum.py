@@ -21,7 +21,7 @@ Design decisions
   builders' own instances (`evaluate.tasks.retail_task_set`), so difficulty 2 already is
   its target shape. `TARGET_SHAPED_DOMAINS` says so, and an airline-only level on retail is
   a clear error.
-- The distances between levels are measured, not assumed (`envs.distance`,
+- The distances between levels are measured, not assumed (`evaluate.env_distance`,
   `bench/env_distance.py`, bench/README): a test holds that each move after difficulty 3
   brings a level's mean relative gap to the dev target tasks strictly down, and that today's
   1 -> 2 -> 3 never raises it by more than 0.05 (those move within the capability

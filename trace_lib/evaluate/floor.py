@@ -63,7 +63,7 @@ class TaskOrigin:
 
 def task_set_of(origin: TaskOrigin) -> tuple[str, int] | None:
     """(domain, task-set seed) whose verifier scored this task, None when unknown."""
-    from trace_lib.evaluate.tasks import SPLITS
+    from trace_lib.envs.splits import SPLITS
 
     if origin.source not in SCORED_HERE or not origin.domain:
         return None

@@ -45,16 +45,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trace_lib.envs.splits import DEFAULT_SPLIT, SPLITS, get_split, split_of
 from trace_lib.errors import UserInputError, config_from_dict
 from trace_lib.evaluate.client import EvalChatClient, local_server_config
-from trace_lib.evaluate.tasks import (
-    DEFAULT_SPLIT,
-    SPLITS,
-    TOOLS_MODES,
-    TaskSet,
-    get_split,
-    split_of,
-)
+from trace_lib.evaluate.tasks import TOOLS_MODES, TaskSet
 
 EPISODES_FILE = "episodes.jsonl"
 
@@ -81,7 +75,7 @@ class EvalConfig:
     max_sequence: int = 8192  # episode token budget, prompt included
     max_model_len: int | None = None  # local server's context (default: the model's)
     temperature: float = 0.0
-    split: str | None = None  # demo | dev | test (tasks.SPLITS); None: the seed's split
+    split: str | None = None  # demo | dev | test (envs.splits.SPLITS); None: the seed's split
     seed: int | None = None  # a task-set seed of one's own; None: the split's (demo: 0)
     concurrency: int = 4
     shard_episodes: int = 10  # (task, trial) episodes per shard: resume unit, one Ray task

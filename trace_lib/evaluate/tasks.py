@@ -68,32 +68,13 @@ from trace_lib.envs.capabilities.task_env import (
     answer_contains,
 )
 from trace_lib.envs.domains import Domain, copy_db, db_hash, get_domain, invoke, is_error
+from trace_lib.envs.splits import DEFAULT_SPLIT, DEMO_TASKS, SPLITS, get_split, split_of
 from trace_lib.errors import UserInputError
 from trace_lib.registry import ENTRY_POINT_GROUPS, Registry
 
-# trace_lib.demo builds ceil(300 trajectories / (3 agents x 2 trials)) = 50 tasks; the
-# constant is repeated here because a job must not import the demo module (it imports the
-# store). tests/evaluate checks that the two agree.
-DEMO_TASKS = 50
 TOOLS_MODES = ("all", "capability")
 
 
-@dataclass(frozen=True)
-class Split:
-    """A named slice of a domain's target tasks: the task-set seed and how many tasks."""
-
-    name: str
-    seed: int
-    size: int
-    purpose: str
-
-
-SPLITS: dict[str, Split] = {s.name: s for s in (
-    Split("demo", 0, DEMO_TASKS, "the tasks the demo's scripted agents played"),
-    Split("dev", 1, 100, "diagnosis, settings and checkpoints are chosen here"),
-    Split("test", 2, 150, "held out: each final configuration runs here once"),
-)}
-DEFAULT_SPLIT = "demo"
 
 
 TASKS_FORMS = ("a positive number N (the first N), START:END (that slice of the split) "
@@ -116,15 +97,6 @@ def parse_task_slice(text: str | int | None) -> tuple[int, int | None]:
     return a, b - a
 
 
-def get_split(name: str) -> Split:
-    if name not in SPLITS:
-        raise UserInputError(f"--split {name!r}: expected one of {', '.join(SPLITS)}")
-    return SPLITS[name]
-
-
-def split_of(seed: int) -> str:
-    """The split a task-set seed belongs to ("custom" for a seed no split uses)."""
-    return next((s.name for s in SPLITS.values() if s.seed == seed), "custom")
 
 
 @dataclass

@@ -191,7 +191,7 @@ def task_set_domains() -> list[str]:
 
 def task_splits() -> list[dict[str, Any]]:
     """The target-task splits a policy can be evaluated on (name, size, what it is for)."""
-    from trace_lib.evaluate.tasks import SPLITS
+    from trace_lib.envs.splits import SPLITS
 
     return [{"name": s.name, "size": s.size, "purpose": s.purpose} for s in SPLITS.values()]
 

@@ -12,8 +12,9 @@ from trace_lib.envs.capabilities import target_shaped as ts
 from trace_lib.envs.domains import get_domain
 from trace_lib.envs.domains.airline.tasks import OP_KINDS, generate_tasks
 from trace_lib.envs.policies import TRIVIAL_POLICIES, make_policy, run_episode
+from trace_lib.envs.splits import SPLITS
 from trace_lib.envs.validate import ValidationConfig, validate_environment
-from trace_lib.evaluate.tasks import SPLITS, load_task_set
+from trace_lib.evaluate.tasks import load_task_set
 
 CAPS = ("multi_step_task_completion", "precondition_verification",
         "structured_data_reasoning", "tool_calling_precision")
@@ -168,7 +169,7 @@ def test_the_generators_phrasing_is_one_of_the_templates():
 
 
 def test_several_request_templates():
-    from trace_lib.envs.distance import request_template
+    from trace_lib.evaluate.env_distance import request_template
 
     env = make_capability_env("airline", "tool_calling_precision", difficulty=5)
     templates = set()

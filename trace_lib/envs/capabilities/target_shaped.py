@@ -12,7 +12,7 @@ task's own code verdict.
 Design decisions
 - Training databases are the airline database at its default size (the target tasks'
   size) for seed `TRAIN_SEED_BASE + instance seed`. Every split's task-set seed is < 10
-  (`evaluate.tasks.SPLITS`: demo 0, dev 1, test 2) and instance seeds are >= 0, so no
+  (`envs.splits.SPLITS`: demo 0, dev 1, test 2) and instance seeds are >= 0, so no
   instance ever builds a split's database. Ids are random strings, so two databases can
   still share one by chance: a draw whose user, or any reservation of that user, has an
   id present in a split's database is drawn again (`held_out_ids`; the split databases
@@ -137,7 +137,7 @@ def held_out_ids() -> frozenset[str]:
     """Every user and reservation id of every split's database: ids no training draw uses."""
     global _HELD_OUT
     if _HELD_OUT is None:
-        from trace_lib.evaluate.tasks import SPLITS
+        from trace_lib.envs.splits import SPLITS
 
         ids: set[str] = set()
         for split in SPLITS.values():

@@ -7,7 +7,7 @@ import pytest
 
 from trace_lib.envs.capabilities import make_capability_env
 from trace_lib.envs.curriculum import CURRICULUM
-from trace_lib.envs.distance import FIGURES, curriculum_distance, request_template
+from trace_lib.evaluate.env_distance import FIGURES, curriculum_distance, request_template
 
 CAPS = ("multi_step_task_completion", "precondition_verification",
         "structured_data_reasoning", "tool_calling_precision")
