@@ -52,7 +52,7 @@ from typing import Any
 
 from trace_lib import jobs, store
 from trace_lib.errors import UserInputError
-from trace_lib.jobs.registries import EVALUATE, LABEL, TRAIN_ADAPTER, TRAIN_GATES
+from trace_lib.jobs.registries import EVALUATE, LABEL, ROUTING_DEMO, TRAIN_ADAPTER, TRAIN_GATES
 from trace_lib.scope import Scope
 from trace_lib.store import jobs as job_rows
 from trace_lib.workbench import composition, environments, job_progress, training
@@ -106,13 +106,22 @@ def _prepare_evaluation(db: Db, spec: jobs.JobSpec, where: str,
     spec.config = cfg.to_dict()
 
 
+def _prepare_routing_demo(db: Db, spec: jobs.JobSpec, where: str,
+                          allow_unreviewed_builtin: bool) -> None:
+    """The demo's settings are checked before it starts; its environments are built-ins."""
+    from trace_lib.compose.demo import DemoConfig
+
+    spec.config = DemoConfig.from_dict(spec.config, where=where).to_dict()
+
+
 def _prepare_nothing(db: Db, spec: jobs.JobSpec, where: str,
                      allow_unreviewed_builtin: bool) -> None:
     """A label job's inputs are staged by `submit_labeling` before it is submitted."""
 
 
 _PREPARE = {TRAIN_ADAPTER: _prepare_training, TRAIN_GATES: _prepare_gates,
-            EVALUATE: _prepare_evaluation, LABEL: _prepare_nothing}
+            EVALUATE: _prepare_evaluation, LABEL: _prepare_nothing,
+            ROUTING_DEMO: _prepare_routing_demo}
 
 
 def submit(db: Db, spec: jobs.JobSpec, *, where: str = "job config",
@@ -154,6 +163,13 @@ def submit_evaluation(db: Db, config: Any, backend: str = "local",
     spec = jobs.JobSpec(kind=EVALUATE, config=evaluation.make_config(config).to_dict(),
                         backend=backend, backend_options=options)
     return submit(db, spec, where="evaluate")
+
+
+def submit_routing_demo(db: Db, cfg: Any, backend: str = "local") -> jobs.JobSpec:
+    """Build the routing demo in the background (`demo adapters --background`, the "Build
+    the routing demo" button); `cfg` is `routing_demo.demo_config`'s."""
+    spec = jobs.JobSpec(kind=ROUTING_DEMO, config=cfg.to_dict(), backend=backend)
+    return submit(db, spec, where="routing demo")
 
 
 def submit_label_job(db: Db, labeler: str = "heuristic", *,
@@ -308,7 +324,7 @@ def sync(db: Db) -> Synced:
             out.labels.append(record_label_job(db, st.id, status=st))
         if st.state != "succeeded":
             continue
-        if st.kind == TRAIN_GATES:
+        if st.kind in (TRAIN_GATES, ROUTING_DEMO):  # a demo build ends in a composed model
             moe = _record_moe(db, st, moe_paths)
             if moe:
                 out.moe_models.append(moe)
