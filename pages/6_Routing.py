@@ -159,9 +159,8 @@ with st.container(border=True, key="routing_demo"):
         examples = demo["examples"]
         names = [f"{e['capability']} · seed {e['seed']} · {e['request'][:70]}…"
                  for e in examples]
-        pick = st.selectbox("Example request (held-out seed)", range(len(examples)),
-                            format_func=lambda i: names[i], key="demo_example")
-        ex = examples[pick]
+        pick = st.selectbox("Example request (held-out seed)", names, key="demo_example")
+        ex = examples[names.index(pick)]
         st.markdown(f"**Request** ({ex['env']}, seed {ex['seed']}): {ex['request']}")
         own = sum(1 for s in ex["choice"] if s == demo["slots"].index(ex["routed_to"]))
         verdict = "its own skill ✅" if ex["right"] else f"not {ex['capability']} ❌"
