@@ -43,6 +43,9 @@ def _moe(path: str, mode: str | None):
     return _load(path, mode, gates.stat().st_mtime if gates.exists() else 0.0)
 
 
+# The one job sync first: a demo build that just ended has its composed model recorded
+# before the picker lists the models.
+demo_statuses = jobs.sync(DB).statuses if data.db_exists(DB) else jobs.run_dir_statuses()
 models = composition.list_moe_models(DB)
 labels = {f"{Path(m['path']).name} · {m['mode']} · {len(m['adapters'])} experts ({m['id']})":
           m["path"] for m in models}
@@ -142,7 +145,6 @@ def _demo_build_controls(statuses) -> None:
 
 with st.container(border=True, key="routing_demo"):
     st.subheader("Routing demo: two skills and their router")
-    demo_statuses = jobs.sync(DB).statuses if data.db_exists(DB) else jobs.run_dir_statuses()
     finished = [s for s in demo_statuses if s.kind == jobs.ROUTING_DEMO
                 and s.state in ("failed", "cancelled")]
     if demo is None:
