@@ -17,6 +17,7 @@ def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Complet
            "TRACE_RUNS_DIR": str(tmp_path / "runs"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TRACE_DB", None)
+    env.pop("TRACE_ROUTING_DEMO_DIR", None)  # under the models folder
     proc = subprocess.run([sys.executable, "-m", "trace_lib", *args, "--db",
                            str(tmp_path / "trace.duckdb")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

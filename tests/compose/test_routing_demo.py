@@ -17,6 +17,7 @@ from trace_lib.workbench import composition, routing_demo
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TRACE_ROUTING_DEMO_DIR", raising=False)  # under the models folder
     monkeypatch.setenv("TRACE_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     previous = torch.get_num_threads()

@@ -33,6 +33,7 @@ def _selectbox(page, label: str):
 @pytest.fixture
 def fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # the server (and the job it starts) inherit these
+    monkeypatch.delenv("TRACE_ROUTING_DEMO_DIR", raising=False)  # under the models folder
     monkeypatch.setenv("TRACE_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

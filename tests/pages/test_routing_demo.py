@@ -16,6 +16,7 @@ HOME = str(Path(__file__).resolve().parents[2] / "app.py")
 
 @pytest.fixture
 def empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("TRACE_ROUTING_DEMO_DIR", raising=False)  # under the models folder
     monkeypatch.setenv("TRACE_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("TRACE_DB", str(tmp_path / "trace.duckdb"))
@@ -39,6 +40,7 @@ def test_with_nothing_built_the_page_says_what_the_button_does(empty: Path):
 def built(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("routing_demo_page")
     mp = pytest.MonkeyPatch()
+    mp.delenv("TRACE_ROUTING_DEMO_DIR", raising=False)
     mp.setenv("TRACE_MODELS_DIR", str(root / "models"))
     mp.setenv("TRACE_RUNS_DIR", str(root / "runs"))
     mp.setenv("TRACE_DB", str(root / "trace.duckdb"))

@@ -24,6 +24,7 @@ Design decisions
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from trace_lib.compose.demo import DemoConfig
 
 Db = str | Path | None
 DEFAULT_MODEL = "smollm2-135m"
+DEMO_DIR_ENV = "TRACE_ROUTING_DEMO_DIR"
 MODELS = ("smollm2-135m", "tiny")
 
 # `tiny` is random-initialised: the flow in seconds, nothing learned (tests, a first look).
@@ -41,11 +43,19 @@ _TINY = {"sft_steps": 2, "sft_seeds": 4, "sft_batch": 2, "warm_seeds": 1, "warm_
          "max_turns": {"tool_calling_precision": 1, "precondition_verification": 1}}
 
 
-def demo_dir(model: str = DEFAULT_MODEL) -> Path:
-    """Where the demo of `model` is kept: under the models folder (`TRACE_MODELS_DIR`)."""
+def demo_root() -> Path:
+    """Where demos are kept: `$TRACE_ROUTING_DEMO_DIR`, else `<models folder>/routing-demo`
+    (the test suite points the variable at an empty folder, so a demo built on the machine
+    never changes what another test's Routing page shows)."""
     from trace_lib.runtime.base_models import models_dir
 
-    return models_dir() / "routing-demo" / re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+    env = os.environ.get(DEMO_DIR_ENV)
+    return Path(env) if env else models_dir() / "routing-demo"
+
+
+def demo_dir(model: str = DEFAULT_MODEL) -> Path:
+    """Where the demo of `model` is kept: `demo_root()/<model>`."""
+    return demo_root() / re.sub(r"[^A-Za-z0-9._-]+", "_", model)
 
 
 def demo_config(model: str = DEFAULT_MODEL, out: str | Path | None = None,
@@ -67,7 +77,7 @@ def find(model: str | None = None) -> dict[str, Any] | None:
         if found is not None:
             return found
     if model is None:
-        root = demo_dir(DEFAULT_MODEL).parent
+        root = demo_root()
         for folder in sorted(root.iterdir()) if root.is_dir() else []:
             found = read(folder)
             if found is not None:
