@@ -5,8 +5,8 @@
     jobs.job_status(db, spec.id).state; jobs.cancel(db, spec.id)
 
 Design decisions
-- One home for jobs. Every kind (`train_adapter`, `train_gates`, `evaluate`, `label`)
-  starts through `submit`: the kind's preparation (the approval rule and the
+- One home for jobs. Every kind (`train_adapter`, `train_gates`, `evaluate`, `label`,
+  `routing_demo`) starts through `submit`: the kind's preparation (the approval rule and the
   environment's serialised spec for training and gates, the store's provenance for an
   evaluation), `trace_lib.jobs.submit`, then the job's row in the store. The typed
   entries (`submit_training`, `submit_gates`, `submit_evaluation`, `submit_labeling`)
@@ -15,9 +15,9 @@ Design decisions
 - One sync, `sync`: it reads every run directory once, mirrors each job's state into its
   `jobs` row (a run directory the store has not seen, submitted from a notebook without
   a database or another machine's CLI, is picked up) and records what each ended job
-  produced, once: a training job's adapter row, a gate job's composed model, an
-  evaluation's episodes as a dataset, a label job's labels (or its label run marked
-  failed). Every page and verb that shows a job's state shows the statuses this call
+  produced, once: a training job's adapter row, a gate job's (or a routing demo
+  build's) composed model, an evaluation's episodes as a dataset, a label job's labels
+  (or its label run marked failed). Every page and verb that shows a job's state shows the statuses this call
   returns, so the store and the screen never disagree (issue 34). Each kind's record
   is idempotent (adapter ids derive from the job id, a composed model's id from its
   folder, an evaluation is found by its episodes file, a label run by its status), so
