@@ -415,8 +415,15 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
                     note("warm rewards", f"{cap} seed {seed} {pol}: reward {ep['reward']:.2f}")
                 table[cap][str(seed)] = row
         t = spent("warm rewards", t)
+        # One target per capability: its environment's mean reward per slot over the warm
+        # seeds. A seed where every slot scored the same (often 0 at this size) says
+        # nothing by itself; fitted alone its uniform target taught the gates "no
+        # preference" on that request, and the first SmolLM2 build exported the same
+        # pattern for both capabilities from it.
+        pooled = {cap: [sum(table[cap][str(s)][i] for s in warm_seeds) / len(warm_seeds)
+                        for i in range(moe.k + 1)] for cap in caps}
         prompts = [(_prompt_ids(moe, makers[cap], seed),
-                    soft_targets(table[cap][str(seed)], cfg.warm_temperature))
+                    soft_targets(pooled[cap], cfg.warm_temperature))
                    for cap in caps for seed in warm_seeds]
         kl = warm_start(moe, prompts, cfg.warm_steps, cfg.warm_lr)
         moe.save(moe_dir, extra={"trained_by": "routing demo"})
@@ -501,6 +508,10 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
         "format": FORMAT, "model": cfg.model, "capabilities": caps, "slots": moe.slots,
         "layers": moe.layers, "policies": policies,
         "routing": {"right": right, "total": len(examples)},
+        "patterns": {c: e["layer_slots"] for c, e in meta["routes"].items()},
+        "same_patterns": sorted(c for c in caps if any(
+            meta["routes"][c]["layer_slots"] == meta["routes"][o]["layer_slots"]
+            for o in caps if o != c)),
         "passes": passes, "per_env": len(examples) // len(caps), "mean_reward": rewards,
         "max_tokens": budgets, "adapters": adapters,
         "warm": {"seeds": warm_seeds, "rewards": warm["rewards"], "kl_first":
@@ -523,6 +534,11 @@ def what_you_see(summary: dict[str, Any]) -> str:
     r = summary["routing"]
     lines = [f"The router sent {r['right']} of {r['total']} held-out requests to the adapter "
              f"of their own skill ({n} per environment)."]
+    same = summary.get("same_patterns") or []
+    if same:
+        lines.append("Caution: the exported routes of " + " and ".join(same) + " are the "
+                     "same layer pattern, so the router cannot tell them apart (the warm "
+                     "start had no reward difference to learn from).")
     for p in summary["policies"]:
         cells = ", ".join(f"{summary['passes'][p][c]}/{n} {c}" for c in caps)
         lines.append(f"{p}: passed {cells} requests.")
