@@ -416,12 +416,20 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
                 table[cap][str(seed)] = row
         t = spent("warm rewards", t)
         # One target per capability: its environment's mean reward per slot over the warm
-        # seeds. A seed where every slot scored the same (often 0 at this size) says
-        # nothing by itself; fitted alone its uniform target taught the gates "no
-        # preference" on that request, and the first SmolLM2 build exported the same
-        # pattern for both capabilities from it.
-        pooled = {cap: [sum(table[cap][str(s)][i] for s in warm_seeds) / len(warm_seeds)
-                        for i in range(moe.k + 1)] for cap in caps}
+        # seeds, scaled so that the environment's best slot is 1. A seed where every slot
+        # scored the same (often 0 at this size) says nothing by itself: fitted alone, its
+        # uniform target taught the gates "no preference" on that request. Unscaled, a
+        # low-reward environment (precondition: best mean 0.125) got a soft target beside
+        # the other's sharp one, block 0 (which sees single tokens) leaned to the sharp
+        # one's slot and the later blocks followed: the first SmolLM2 build exported the
+        # same pattern for both capabilities. Scaled, every held-out request of both chose
+        # its own adapter at all 30 layers.
+        pooled = {}
+        for cap in caps:
+            mean = [sum(table[cap][str(s)][i] for s in warm_seeds) / len(warm_seeds)
+                    for i in range(moe.k + 1)]
+            top = max(mean)
+            pooled[cap] = [m / top for m in mean] if top > 0 else mean
         prompts = [(_prompt_ids(moe, makers[cap], seed),
                     soft_targets(pooled[cap], cfg.warm_temperature))
                    for cap in caps for seed in warm_seeds]
