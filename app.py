@@ -122,7 +122,7 @@ def _routing_demo(db: Path) -> None:
         c1, c2, c3 = st.columns([5, 1, 2], vertical_alignment="bottom")
         c1.markdown("**Routing demo**: two conflicting skills (two LoRA adapters of "
                     "SmolLM2-135M), their per-request router, and the replies that show each "
-                    "skill winning its own requests (a background job, ~15 CPU-minutes).")
+                    "skill winning its own requests (a background job, ~25 CPU-minutes).")
         model = c2.selectbox("Base model", list(routing_demo.MODELS), key="home_demo_model")
         if c3.button("Build the routing demo", key="home_demo_build", type="primary"):
             try:

@@ -19,8 +19,9 @@ Design decisions
   `episodes.jsonl` is not rolled out again. Running the job again (or a new job on the
   same folder) continues where the last one stopped; `should_stop` is polled between
   episodes and SFT steps.
-- The settings are the benches' (bench/README.md, "Composition", sessions 10-14) cut to
-  fit ~15 CPU-minutes: SFT on each environment's reference actions (the warm start that
+- The settings are the benches' (bench/README.md, "Composition", sessions 10-14), cut
+  toward 15 CPU-minutes (measured: ~25 on the 2-core box, bench/README.md "Routing demo
+  build"): SFT on each environment's reference actions (the warm start that
   taught SmolLM2 `tool_calling_precision`; `precondition_verification`'s SFT adapter
   reads, then refuses, so the two conflict), the small built-in environments
   (difficulty 1, the capability's tools, the policy excerpt), gates warm-started on a
