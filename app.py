@@ -28,7 +28,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from trace_lib.workbench import data, explore, jobs, store_admin
+from trace_lib.workbench import data, explore, jobs, routing_demo, store_admin
 from trace_lib.workbench.errors import ActionError, DatabaseError, StoreError
 
 HERE = Path(__file__).resolve().parent
@@ -111,6 +111,36 @@ def _follow_jobs(running: list) -> None:
     follow()
 
 
+def _routing_demo(db: Path) -> None:
+    """Build the routing demo from Home (the same job as the Routing page's button)."""
+    with st.container(border=True, key="home_routing_demo"):
+        demo = routing_demo.find()
+        if demo is not None:
+            st.markdown(f"**Routing demo** (base `{demo['model']}`): "
+                        f"{demo['what_you_see'].splitlines()[0]}")
+            st.page_link("pages/6_Routing.py", label="See it on Routing →")
+            return
+        running = routing_demo.active_job(db)
+        if running is not None:
+            st.markdown(f"**Routing demo**: building (job `{running.id}`); the Routing page "
+                        "follows it.")
+            st.page_link("pages/6_Routing.py", label="Routing →")
+            return
+        c1, c2, c3 = st.columns([5, 1, 2], vertical_alignment="bottom")
+        c1.markdown("**Routing demo**: two conflicting skills (two LoRA adapters of "
+                    "SmolLM2-135M), their per-request router, and the replies that show each "
+                    "skill winning its own requests (a background job, ~25 CPU-minutes).")
+        model = c2.selectbox("Base model", list(routing_demo.MODELS), key="home_demo_model")
+        if c3.button("Build the routing demo", key="home_demo_build", type="primary"):
+            try:
+                report = routing_demo.build(db, model, background=True)
+            except ActionError as exc:
+                st.error(str(exc))
+            else:
+                st.success(f"Routing demo: {report['state']}"
+                           + (f" (job {report['job']})" if report.get("job") else ""))
+
+
 def home() -> None:
     st.title("TRACE Workbench")
     st.caption(
@@ -140,6 +170,8 @@ def home() -> None:
         st.markdown(f"**Next:** {sentence}")
         if (HERE / page).exists():
             st.page_link(page, label=f"Open {Path(page).stem.split('_', 1)[1]}")
+
+    _routing_demo(db)
 
     cols = st.columns(len(STAGES))
     for col, stage in zip(cols, STAGES, strict=True):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from trace_lib.workbench import composition, data, job_progress, jobs, training
+from trace_lib.workbench import composition, data, job_progress, jobs, routing_demo, training
 from trace_lib.workbench.composition import views
 from trace_lib.workbench.errors import StoreError, UserInputError
 
@@ -57,9 +57,22 @@ def _moe(path: str, mode: str | None):
     return _load(path, mode, gates.stat().st_mtime if gates.exists() else 0.0)
 
 
+# The one job sync first: a demo build that just ended has its composed model recorded
+# before the picker lists the models.
+demo_statuses = jobs.sync(DB).statuses if data.db_exists(DB) else jobs.run_dir_statuses()
 models = composition.list_moe_models(DB)
 labels = {f"{Path(m['path']).name} · {m['mode']} · {len(m['adapters'])} experts ({m['id']})":
           m["path"] for m in models}
+# The routing demo's composed model: the page opens on it (issue 36).
+demo = routing_demo.find()
+if demo is not None:
+    demo_moe = Path(demo["moe_path"]).resolve()
+    demo_label = next((lab for lab, p in labels.items() if Path(p).resolve() == demo_moe),
+                      None)
+    if demo_label is None:  # built by a CLI run against another store: offer it anyway
+        demo_label = f"routing demo · {demo['model']} · {len(demo['capabilities'])} experts"
+        labels = {demo_label: str(demo_moe), **labels}
+    st.session_state.setdefault("moe_pick", demo_label)
 # Compose just made a model: select it (widget state may only be set before the widget).
 if made_path := st.session_state.pop("composed_path", None):
     st.session_state["moe_pick"] = next(
@@ -70,13 +83,130 @@ if made_path := st.session_state.pop("composed_path", None):
 st.session_state.setdefault("compose_out", str(composition.default_compose_dir()))
 with st.sidebar:
     st.header("Composed model")
-    picked = st.selectbox("Model", list(labels) or ["(none yet)"], key="moe_pick")
+    if labels:
+        picked = st.selectbox("Model", list(labels), key="moe_pick")
+    else:  # nothing to pick: say how to get a model instead of an empty picker
+        picked = ""
+        st.caption("No composed model yet: **Build the routing demo** (on this page) makes "
+                   "one, or compose your own adapters in the Compose tab.")
     folder = st.text_input("…or a folder", key="moe_folder",
                            placeholder="a composed model's folder (overrides the pick)")
     moe_path = folder.strip() or labels.get(picked, "")
     mode = st.selectbox("Routing mode", ["(as saved)", "top1", "soft", "trajectory"],
                         key="mode")
     mode_arg = None if mode == "(as saved)" else mode
+
+# ------------------------------------------------------------------------- the demo
+BUILD_HELP = (
+    "**Build the routing demo** trains two conflicting skills on the airline domain "
+    "(`tool_calling_precision`: write the exact call at once; `precondition_verification`: "
+    "read first, refuse what the policy forbids), each as a LoRA adapter by SFT on the "
+    "environment's reference actions; composes them with one gate per layer; warm-starts "
+    "the gates from a small table of rewards; exports the per-request router; and replays "
+    "held-out requests of both environments through the base model, each adapter, their "
+    "linear merge and the composed model, each judged by the environment. It runs as a "
+    "background job (about 25 CPU-minutes with SmolLM2-135M on a CPU, measured in "
+    "bench/README.md; seconds with `tiny`, which learns nothing), is kept under the "
+    "models folder and is reused afterwards. The same build: "
+    "`python -m trace_lib demo adapters [--model smollm2-135m] [--background]`.")
+
+
+def _reply_text(messages: list[dict]) -> str:
+    """The assistant turns and the tools' answers after the request, as plain text."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"),
+                 len(messages))
+    parts = []
+    for m in messages[first:]:
+        if m["role"] == "assistant":
+            for call in m.get("tool_calls") or []:
+                fn = call.get("function", {})
+                parts.append(f"→ {fn.get('name')}({fn.get('arguments')})")
+            if m.get("content"):
+                parts.append(str(m["content"]))
+        elif m["role"] == "tool":
+            parts.append(f"  ⤷ {str(m.get('content'))[:200]}")
+    return "\n".join(parts) or "(no reply)"
+
+
+def _demo_build_controls(statuses) -> None:
+    running = routing_demo.active_job(DB, statuses=statuses)
+    if running is not None:
+        @st.fragment(run_every="2s")
+        def follow() -> None:
+            if jobs.any_ended([running]):
+                st.rerun(scope="app")
+            prog = routing_demo.progress(running)
+            total = max(prog["total"], 1)
+            st.progress(min(1.0, prog["done"] / total),
+                        text=f"building the routing demo (job {running.id}): "
+                             f"{prog['done']}/{prog['total']} · {prog['phase']}: "
+                             f"{prog['message']}")
+
+        follow()
+        return
+    c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
+    model = c1.selectbox("Base model", list(routing_demo.MODELS), key="demo_model")
+    if c2.button("Build the routing demo", key="demo_build", type="primary"):
+        try:
+            report = routing_demo.build(DB, model, background=True)
+        except UserInputError as exc:
+            st.error(str(exc))
+        else:
+            if report["state"] == "built":
+                st.success(f"The routing demo is already built in {report['path']}.")
+            else:
+                st.rerun()
+
+
+with st.container(border=True, key="routing_demo"):
+    st.subheader("Routing demo: two skills and their router")
+    finished = [s for s in demo_statuses if s.kind == jobs.ROUTING_DEMO
+                and s.state in ("failed", "cancelled")]
+    if demo is None:
+        st.info(BUILD_HELP)
+        if finished and routing_demo.active_job(DB, statuses=demo_statuses) is None:
+            st.warning(f"The last build (job {finished[0].id}) ended {finished[0].state}: "
+                       f"{finished[0].error or 'see its log'}; building again continues "
+                       "from what it saved.")
+        _demo_build_controls(demo_statuses)
+    else:
+        st.markdown("**What you are seeing** (measured by the last build, "
+                    f"{demo['built_at']}, base `{demo['model']}`)")
+        st.markdown("\n".join(f"- {line}" for line in demo["what_you_see"].splitlines()))
+        examples = demo["examples"]
+        names = [f"{e['capability']} · seed {e['seed']} · {e['request'][:70]}…"
+                 for e in examples]
+        pick = st.selectbox("Example request (held-out seed)", names, key="demo_example")
+        ex = examples[names.index(pick)]
+        st.markdown(f"**Request** ({ex['env']}, seed {ex['seed']}): {ex['request']}")
+        own = sum(1 for s in ex["choice"] if s == demo["slots"].index(ex["routed_to"]))
+        verdict = "its own skill ✅" if ex["right"] else f"not {ex['capability']} ❌"
+        st.markdown(f"**The router sends it to `{ex['routed_to']}`** ({verdict}): the "
+                    f"gates' per-request choice picks that adapter at {own} of "
+                    f"{len(ex['choice'])} layers.", help="Per-request (trajectory) routing: "
+                    "one choice per request and layer, pooled over the request's tokens, "
+                    "matched to the nearest exported adapter.")
+        trace = routing_demo.load_trace(demo, ex)
+        with st.expander("Per-token routing of the composed reply (token-level top-1 "
+                         "gates, majority over layers)", expanded=True):
+            st.html(views.legend_html(trace.slots))
+            start = next((i for i, r in enumerate(trace.roles) if r == "user"), 0)
+            st.html(views.token_html(trace, start=start))
+        cols = st.columns(len(demo["policies"]))
+        for col, policy in zip(cols, demo["policies"], strict=True):
+            reply = ex["replies"][policy]
+            with col.container(border=True, key=f"demo_reply_{demo['policies'].index(policy)}"):
+                st.markdown(f"**{policy}**")
+                mark = "✅ passed" if reply["passed"] else "❌ failed"
+                st.markdown(f"{mark} · reward {reply['reward']:.2f}")
+                if reply.get("reused_from"):
+                    st.caption(f"= {reply['reused_from']}: the router's adapter for this "
+                               "request is that adapter at every layer")
+                st.code(_reply_text(reply["messages"]), language=None, wrap_lines=True)
+                if reply.get("reasons"):
+                    st.caption("Checks: " + "; ".join(str(r) for r in reply["reasons"]))
+        st.caption(f"Kept in `{demo['path']}`; `python -m trace_lib demo adapters` finds it "
+                   "and does nothing.")
 
 tab_route, tab_compose, tab_gates, tab_eval = st.tabs(
     ["Route", "Compose", "Train gates", "Evaluate"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ from skip_groups import (  # noqa: E402, F401
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The routing demo's folder (`workbench.routing_demo.demo_root`): an empty one for the
+# suite, so a demo built on this machine does not change the Routing page other tests see.
+os.environ["TRACE_ROUTING_DEMO_DIR"] = tempfile.mkdtemp(prefix="trace-routing-demo-")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ def test_the_table_lists_every_kind_without_importing_them():
     assert out[1] == "[]"
 
 
-@pytest.mark.parametrize("kind", ["train_adapter", "train_gates"])
+@pytest.mark.parametrize("kind", ["train_adapter", "train_gates", "routing_demo"])
 def test_each_kind_resolves_to_its_stage_function(kind):
     fn = kinds.job_function(kind)
     assert callable(fn)

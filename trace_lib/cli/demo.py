@@ -1,8 +1,9 @@
-"""CLI verb of the demo data set: `demo build`.
+"""CLI verbs of the demos: `demo build` (the data set), `demo adapters` (the routing demo).
 
 Design decisions
 - The generation lives in `trace_lib.demo`; this verb only parses and prints the report
-  of the data use case `trace_lib.workbench.data.build_demo`.
+  of the data use case `trace_lib.workbench.data.build_demo`; `demo adapters` prints
+  `trace_lib.workbench.routing_demo.build`'s.
 """
 
 from __future__ import annotations
@@ -37,6 +38,33 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_adapters(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import routing_demo
+
+    overrides = {"examples": args.examples, "sft_steps": args.sft_steps,
+                 "torch_threads": args.threads}
+    report = routing_demo.build(args.db, args.model, background=args.background,
+                                progress=True, out=args.out, **overrides)
+    if args.json:
+        print_json(report)
+        return 0
+    state = report["state"]
+    if state == "built" and report["skipped"]:
+        print(f"routing demo already built in {report['path']}; nothing to do")
+        print(report.get("what_you_see", ""))
+    elif state == "running":
+        print(f"a build of the routing demo is running: job {report['job']} "
+              f"(python -m trace_lib job status {report['job']})")
+    elif state == "submitted":
+        print(f"started job {report['job']} -> {report['run_dir']}; follow it with "
+              f"`python -m trace_lib job logs {report['job']} --follow`")
+    else:
+        print(f"routing demo built in {report['path']} "
+              f"({report['cpu_s']['total_this_run']:.0f} CPU-s)")
+        print(report["what_you_see"])
+    return 0
+
+
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the `demo` verb to the CLI."""
     demo = sub.add_parser("demo", help="the project's demo data set")
@@ -55,3 +83,26 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     build.add_argument("--no-import", action="store_true", help="only write the JSONL file")
     build.add_argument("--json", action="store_true", help="print the report as JSON")
     build.set_defaults(func=_cmd_build)
+    adapters = demo_sub.add_parser(
+        "adapters", parents=[common],
+        help="build the routing demo: two conflicting skills, their router, the replies",
+        description="SFT two conflicting capability adapters, compose them, warm-start the "
+                    "gates from a small reward table, export the per-request router, and "
+                    "roll out held-out example requests with base, each adapter, the linear "
+                    "merge and the composed model (the Routing page's demo). Kept under the "
+                    "models folder: a second run finds it and does nothing; an interrupted "
+                    "one continues.")
+    adapters.add_argument("--model", default="smollm2-135m",
+                          help="base model (smollm2-135m; tiny: seconds, learns nothing)")
+    adapters.add_argument("--background", action="store_true",
+                          help="run as a job (see `job status`)")
+    adapters.add_argument("--out", default=None,
+                          help="demo folder (default: <models folder>/routing-demo/MODEL)")
+    adapters.add_argument("--examples", type=int, default=None,
+                          help="held-out example requests per environment (default 5)")
+    adapters.add_argument("--sft-steps", type=int, default=None,
+                          help="SFT steps per adapter (default 16)")
+    adapters.add_argument("--threads", type=int, default=None,
+                          help="torch threads (default 1)")
+    adapters.add_argument("--json", action="store_true", help="print the report as JSON")
+    adapters.set_defaults(func=_cmd_adapters)

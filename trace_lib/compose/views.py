@@ -53,12 +53,16 @@ def _hover(trace: RoutingTrace, t: int) -> str:
     return "\n".join(lines)
 
 
-def token_html(trace: RoutingTrace, layer: int | None = None, max_tokens: int = 4000) -> str:
-    """Tokens coloured by the chosen slot at `layer` (None = majority over layers)."""
+def token_html(trace: RoutingTrace, layer: int | None = None, max_tokens: int = 4000,
+               start: int = 0) -> str:
+    """Tokens coloured by the chosen slot at `layer` (None = majority over layers), from
+    token `start` on (e.g. the request, past a long shared system prompt)."""
     slots = majority(trace) if layer is None else trace.chosen[:, layer]
     parts = ['<div class="trace-tokens" style="font-family:monospace;line-height:1.9;'
              'white-space:pre-wrap">']
-    for t in range(min(trace.n_tokens, max_tokens)):
+    if start > 0:
+        parts.append(f"<em>({start} tokens of system prompt and tools not shown) </em>")
+    for t in range(start, min(trace.n_tokens, start + max_tokens)):
         slot = int(slots[t])
         text = trace.tokens[t]
         shown = html.escape(text.replace("\n", "⏎"), quote=True)
@@ -72,8 +76,8 @@ def token_html(trace: RoutingTrace, layer: int | None = None, max_tokens: int = 
             f'<span title="{html.escape(_hover(trace, t), quote=True)}" '
             f'style="background:{slot_color(slot)}88;border-bottom:2px solid {border}">'
             f"{shown}</span>")
-    if trace.n_tokens > max_tokens:
-        parts.append(f"<em> … {trace.n_tokens - max_tokens} more tokens</em>")
+    if trace.n_tokens > start + max_tokens:
+        parts.append(f"<em> … {trace.n_tokens - start - max_tokens} more tokens</em>")
     parts.append("</div>")
     return "".join(parts)
 

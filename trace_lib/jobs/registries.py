@@ -28,12 +28,14 @@ TRAIN_ADAPTER = "train_adapter"
 TRAIN_GATES = "train_gates"
 EVALUATE = "evaluate"
 LABEL = "label"
+ROUTING_DEMO = "routing_demo"
 
 JOB_KINDS: Registry[Callable[..., dict[str, Any]]] = Registry("job kind", builtins={
     TRAIN_ADAPTER: "trace_lib.train.trainer:run_job",
     TRAIN_GATES: "trace_lib.compose.gate_training:run_job",
     EVALUATE: "trace_lib.evaluate.runner:run_job",
     LABEL: "trace_lib.diagnose.label_job:run_job",
+    ROUTING_DEMO: "trace_lib.compose.demo:run_job",
 })
 
 BACKENDS: Registry[Callable[[], Any]] = Registry(

@@ -13,6 +13,7 @@ ends cannot drift apart.
     training       the one place a training config is assembled; a foreground run; adapters
     models         base models (list, prepare) and the CPU policy server
     composition    compose, train gates here, route (one routing-source dispatch), moe-eval
+    routing_demo   the routing demo: build it (here or as a job), find the last build
     evaluation     evaluate policies on task sets, compare runs
     jobs           every job kind: submit, record, the one sync (run directories -> store),
                    status, cancel, wait, list

@@ -5,8 +5,8 @@
     jobs.job_status(db, spec.id).state; jobs.cancel(db, spec.id)
 
 Design decisions
-- One home for jobs. Every kind (`train_adapter`, `train_gates`, `evaluate`, `label`)
-  starts through `submit`: the kind's preparation (the approval rule and the
+- One home for jobs. Every kind (`train_adapter`, `train_gates`, `evaluate`, `label`,
+  `routing_demo`) starts through `submit`: the kind's preparation (the approval rule and the
   environment's serialised spec for training and gates, the store's provenance for an
   evaluation), `trace_lib.jobs.submit`, then the job's row in the store. The typed
   entries (`submit_training`, `submit_gates`, `submit_evaluation`, `submit_labeling`)
@@ -15,9 +15,9 @@ Design decisions
 - One sync, `sync`: it reads every run directory once, mirrors each job's state into its
   `jobs` row (a run directory the store has not seen, submitted from a notebook without
   a database or another machine's CLI, is picked up) and records what each ended job
-  produced, once: a training job's adapter row, a gate job's composed model, an
-  evaluation's episodes as a dataset, a label job's labels (or its label run marked
-  failed). Every page and verb that shows a job's state shows the statuses this call
+  produced, once: a training job's adapter row, a gate job's (or a routing demo
+  build's) composed model, an evaluation's episodes as a dataset, a label job's labels
+  (or its label run marked failed). Every page and verb that shows a job's state shows the statuses this call
   returns, so the store and the screen never disagree (issue 34). Each kind's record
   is idempotent (adapter ids derive from the job id, a composed model's id from its
   folder, an evaluation is found by its episodes file, a label run by its status), so
@@ -52,7 +52,7 @@ from typing import Any
 
 from trace_lib import jobs, store
 from trace_lib.errors import UserInputError
-from trace_lib.jobs.registries import EVALUATE, LABEL, TRAIN_ADAPTER, TRAIN_GATES
+from trace_lib.jobs.registries import EVALUATE, LABEL, ROUTING_DEMO, TRAIN_ADAPTER, TRAIN_GATES
 from trace_lib.scope import Scope
 from trace_lib.store import jobs as job_rows
 from trace_lib.workbench import composition, environments, job_progress, training
@@ -106,13 +106,22 @@ def _prepare_evaluation(db: Db, spec: jobs.JobSpec, where: str,
     spec.config = cfg.to_dict()
 
 
+def _prepare_routing_demo(db: Db, spec: jobs.JobSpec, where: str,
+                          allow_unreviewed_builtin: bool) -> None:
+    """The demo's settings are checked before it starts; its environments are built-ins."""
+    from trace_lib.compose.demo import DemoConfig
+
+    spec.config = DemoConfig.from_dict(spec.config, where=where).to_dict()
+
+
 def _prepare_nothing(db: Db, spec: jobs.JobSpec, where: str,
                      allow_unreviewed_builtin: bool) -> None:
     """A label job's inputs are staged by `submit_labeling` before it is submitted."""
 
 
 _PREPARE = {TRAIN_ADAPTER: _prepare_training, TRAIN_GATES: _prepare_gates,
-            EVALUATE: _prepare_evaluation, LABEL: _prepare_nothing}
+            EVALUATE: _prepare_evaluation, LABEL: _prepare_nothing,
+            ROUTING_DEMO: _prepare_routing_demo}
 
 
 def submit(db: Db, spec: jobs.JobSpec, *, where: str = "job config",
@@ -154,6 +163,13 @@ def submit_evaluation(db: Db, config: Any, backend: str = "local",
     spec = jobs.JobSpec(kind=EVALUATE, config=evaluation.make_config(config).to_dict(),
                         backend=backend, backend_options=options)
     return submit(db, spec, where="evaluate")
+
+
+def submit_routing_demo(db: Db, cfg: Any, backend: str = "local") -> jobs.JobSpec:
+    """Build the routing demo in the background (`demo adapters --background`, the "Build
+    the routing demo" button); `cfg` is `routing_demo.demo_config`'s."""
+    spec = jobs.JobSpec(kind=ROUTING_DEMO, config=cfg.to_dict(), backend=backend)
+    return submit(db, spec, where="routing demo")
 
 
 def submit_label_job(db: Db, labeler: str = "heuristic", *,
@@ -308,7 +324,7 @@ def sync(db: Db) -> Synced:
             out.labels.append(record_label_job(db, st.id, status=st))
         if st.state != "succeeded":
             continue
-        if st.kind == TRAIN_GATES:
+        if st.kind in (TRAIN_GATES, ROUTING_DEMO):  # a demo build ends in a composed model
             moe = _record_moe(db, st, moe_paths)
             if moe:
                 out.moe_models.append(moe)
