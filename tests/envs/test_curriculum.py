@@ -39,7 +39,7 @@ def test_retail_keeps_the_levels_it_has():
 def test_every_level_builds_and_its_reference_solves(level: Level):
     from trace_lib.envs.policies import make_policy, run_episode
 
-    env = level.env("airline", "precondition_verification")
+    env = make_capability_env("airline", "precondition_verification", **level.options)
     assert isinstance(env, TargetShapedEnvironment) == (level.difficulty >= 4)
     summary = run_episode(env, 1, make_policy("reference"))
     assert summary["passed"] and summary["reward"] == 1.0

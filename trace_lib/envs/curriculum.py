@@ -2,7 +2,7 @@
 capability environment to instances that ARE target tasks (issue 29, item 4).
 
     for level in CURRICULUM.levels:
-        env = level.env("airline", "precondition_verification")
+        env = make_capability_env("airline", "precondition_verification", **level.options)
     # training: --env airline/precondition_verification --difficulty 5 --tools all --policy full
 
 Design decisions
@@ -63,11 +63,6 @@ class Level:
     def options(self) -> dict[str, Any]:
         """What `make_capability_env`, `registry.build_env(options=)` and TrainConfig take."""
         return {"difficulty": self.difficulty, "tools": self.tools, "policy": self.policy}
-
-    def env(self, domain: str, capability: str) -> Any:
-        from trace_lib.envs.capabilities import make_capability_env
-
-        return make_capability_env(domain, capability, **self.options)
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ def curriculum_distance(domain: str = "airline", seeds: int = 200,
     """Every curriculum level of every capability of `domain`, and the `split` target
     tasks (the first `target_n`; all by default): the figures and each level's gaps to the
     target."""
-    from trace_lib.envs.capabilities import builtin_pairs
+    from trace_lib.envs.capabilities import builtin_pairs, make_capability_env
     from trace_lib.envs.curriculum import CURRICULUM, DIFFICULTY_NAMES
 
     tok = tokenizer or default_tokenizer()
@@ -154,7 +154,7 @@ def curriculum_distance(domain: str = "airline", seeds: int = 200,
     rows = []
     for cap in caps:
         for i, level in enumerate(CURRICULUM.for_domain(domain)):
-            figures = env_distance(level.env(domain, cap),
+            figures = env_distance(make_capability_env(domain, cap, **level.options),
                                    range(seed_start, seed_start + seeds), tok)
             rows.append({"capability": cap, "step": i + 1, "level": level.name,
                          **level.options, "kind": DIFFICULTY_NAMES[level.difficulty],
