@@ -45,14 +45,9 @@ ENV_MODEL = "TRACE_ANTHROPIC_MODEL"
 class AnthropicProvider:
     name = "anthropic"
 
-    def __init__(
-        self,
-        model: str | None = None,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        max_retries: int = 4,
-        timeout: float = 120.0,
-    ) -> None:
+    def __init__(self, model: str | None = None, api_key: str | None = None,
+                 base_url: str | None = None, max_retries: int = 4,
+                 timeout: float = 120.0) -> None:
         import anthropic
 
         key = api_key or os.environ.get("ANTHROPIC_API_KEY")

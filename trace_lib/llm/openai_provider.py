@@ -38,14 +38,9 @@ from trace_lib.llm.protocol import (
 class OpenAIProvider:
     name = "openai"
 
-    def __init__(
-        self,
-        model: str | None = None,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        max_retries: int = 4,
-        timeout: float = 120.0,
-    ) -> None:
+    def __init__(self, model: str | None = None, base_url: str | None = None,
+                 api_key: str | None = None, max_retries: int = 4,
+                 timeout: float = 120.0) -> None:
         import openai
 
         self.base_url = (base_url or os.environ.get("TRACE_OPENAI_BASE_URL")
