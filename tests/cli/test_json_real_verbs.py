@@ -36,6 +36,8 @@ ELSEWHERE = {
     "moe-merge": "needs trained adapters",
     "evaluate": "rolls a policy out on the target tasks (a served model)",
     "loop": "the whole loop: evaluation, labeling, training, composition",
+    "demo adapters": "tests/cli/test_demo_adapters.py (a real tiny build started with "
+                     "--background --json, then job wait --json)",
     "job submit": "starts a background job",
     "job status": "needs a job",
     "job cancel": "needs a running job",
@@ -101,12 +103,15 @@ def test_real_verbs_print_one_json_document(tmp_path: Path, capfd, monkeypatch) 
     verb("env", "list")
     verb("env", "sample", env)
     verb("env", "play", env, "--reference")
-    verb("env", "validate", env, "--seeds", "5")  # fewer than its 5 determinism seeds fail
+    verb("env", "validate", env, "--seeds", "3")  # fewer seeds than the determinism check's 5
     verb("env", "approve", env, "--force", "--note", "test")
     verb("env", "reject", env, "--note", "test")
     verb("job", "list")
     verb("model", "list")
     verb("loops")
+    verb("store", "check")
+    verb("store", "backup", str(tmp_path / "backup"))
+    verb("store", "restore", str(tmp_path / "backup"))
     pair = verb("compare", f"{demo['name']}@scripted-careful", f"{demo['name']}@scripted-hasty")
     assert "floor" in pair
     verb("datasets", "delete", "more.jsonl", "--yes")
