@@ -294,7 +294,7 @@ def test_browser_tokens_flow_inline_and_forcing_is_apart(store_with_moe, streaml
     composition.save_and_index(db, moe_dir, trace, "prompt")
     page = browser_page
     page.goto(streamlit_server(db, "pages/6_Routing.py").url)
-    expect(page.get_by_role("heading", name="Routing")).to_be_visible(timeout=120_000)
+    expect(page.get_by_role("heading", name="Routing", exact=True)).to_be_visible(timeout=120_000)
     wait_for_app(page)
     page.get_by_text("Saved trace", exact=True).click()
     wait_for_app(page)
@@ -337,7 +337,7 @@ def test_browser_gate_training_follows_the_job_without_refresh(
     (spec.path / "metrics.jsonl").write_text(grpo_row(1))
     page = browser_page
     page.goto(streamlit_server(db, "pages/6_Routing.py").url)
-    expect(page.get_by_role("heading", name="Routing")).to_be_visible(timeout=120_000)
+    expect(page.get_by_role("heading", name="Routing", exact=True)).to_be_visible(timeout=120_000)
     wait_for_app(page)
     page.get_by_role("tab", name="Train gates").click()
     signal = page.get_by_test_id("stMetric").filter(has_text="GRPO steps with signal")
