@@ -477,22 +477,9 @@ class VLLMRollouts:
 
 
 def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its live descendants."""
-    import psutil
+    from trace_lib.workbench.loop_serving import tree_cpu_s
 
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-        except psutil.NoSuchProcess:
-            pass
-    return total
+    return tree_cpu_s(pid)
 
 
 def _local_lora_model(args: argparse.Namespace) -> Any:
