@@ -82,7 +82,7 @@ def test_the_cli_offers_every_difficulty():
     from trace_lib.cli import envs as cli_envs
     from trace_lib.cli import train as cli_train
 
-    assert cli_envs.DIFFICULTIES == cli_train.DIFFICULTIES == DIFFICULTIES
+    assert cli_envs.DIFFICULTIES is cli_train.DIFFICULTIES == DIFFICULTIES  # one home in cli
     args = build_parser().parse_args(["train", "--env", "airline/tool_calling_precision",
                                       "--difficulty", "5", "--max-turns", "10"])
     assert args.difficulty == 5

@@ -41,3 +41,19 @@ def test_vllm_gets_the_request_as_launch_flags(tmp_path):
     assert cmd[cmd.index("--max-lora-rank") + 1] == "32"  # a power of two, as vLLM takes
     assert cmd[cmd.index("--dtype") + 1] == "float32" and server.model_name == "m"
     assert server.process is None  # not started
+
+
+def test_vllm_cpu_engine_gets_every_core_unless_the_caller_binds(tmp_path, monkeypatch):
+    import os
+
+    python = tmp_path / "python"
+    python.write_text("")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    server = make_policy_server("vllm", str(model), vllm_python=str(python))
+    every = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert server.config.environment()["VLLM_CPU_OMP_THREADS_BIND"] == every
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")  # the caller's choice wins
+    assert server.config.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0"

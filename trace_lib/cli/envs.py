@@ -20,10 +20,7 @@ import sys
 from typing import Any
 
 from trace_lib.cli.output import print_json
-
-# trace_lib.envs.curriculum.DIFFICULTIES (a CLI verb reaches the library only through the
-# use cases; tests/envs/test_curriculum.py holds that the two agree).
-DIFFICULTIES = (1, 2, 3, 4, 5)
+from trace_lib.cli.train import DIFFICULTIES
 
 
 def _bar(total: int, desc: str):

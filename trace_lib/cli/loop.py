@@ -19,6 +19,7 @@ import argparse
 from typing import Any
 
 from trace_lib.cli.output import print_json
+from trace_lib.cli.train import DIFFICULTIES
 
 STOPPED_FOR_A_PERSON = ("succeeded", "awaiting approval", "nothing to train", "over budget",
                         "environment rejected")
@@ -54,6 +55,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-max-turns", type=int, default=None)
     p.add_argument("--train-max-tokens", type=int, default=None)
     p.add_argument("--train-sft-seeds", type=int, default=None)
+    p.add_argument("--train-difficulty", type=int, choices=DIFFICULTIES, default=None,
+                   help="the built-in environments' difficulty (4, 5: target-shaped, the "
+                        "target tasks' templates over training-seed databases)")
     p.add_argument("--train-server", choices=("ours", "vllm"), default=None,
                    help="rollout server for the adapters (vllm: .venv-vllm)")
     p.add_argument("--engine", choices=("local", "vllm"), default="local",
