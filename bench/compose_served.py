@@ -74,10 +74,10 @@ class ServedPolicy:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from learning import _tree_cpu_s
+        from trace_lib.workbench.loop_serving import tree_cpu_s
 
         if self.server is not None:
-            self.cpu_s = _tree_cpu_s(self.server.process.pid)
+            self.cpu_s = tree_cpu_s(self.server.process.pid)
             self.client.close()
             self.server.stop()
 

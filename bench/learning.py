@@ -476,12 +476,6 @@ class VLLMRollouts:
         return [slots[s] for s in seeds]
 
 
-def _tree_cpu_s(pid: int) -> float:
-    from trace_lib.workbench.loop_serving import tree_cpu_s
-
-    return tree_cpu_s(pid)
-
-
 def _local_lora_model(args: argparse.Namespace) -> Any:
     """The in-process model with a (zero) LoRA attached, as the bench trains it: what a
     served adapter's log-probs are checked against (`load_adapter_weights` fills it)."""
@@ -615,11 +609,13 @@ def _measure_served(server: Any, reparsed: Any, model_name: str, label: str, key
                     res: dict[str, Any], eng: dict[str, Any]) -> None:
     """`measure` one condition served as `model_name` by `server`, with its CPU seconds
     (the server's process tree and this client) under `eng["cpu_s"][key]`."""
+    from trace_lib.workbench.loop_serving import tree_cpu_s
+
     engine = VLLMRollouts(reparsed, model_name, args.max_tokens, args.max_turns, args.workers)
-    cpu0, own0 = _tree_cpu_s(server.process.pid), time.process_time()
+    cpu0, own0 = tree_cpu_s(server.process.pid), time.process_time()
     res[key] = measure(engine, make_env, eval_seeds, args.samples, args.temperature, label,
                        _transcripts(args))
-    eng["cpu_s"][key] = {"server": round(_tree_cpu_s(server.process.pid) - cpu0, 1),
+    eng["cpu_s"][key] = {"server": round(tree_cpu_s(server.process.pid) - cpu0, 1),
                          "client": round(time.process_time() - own0, 1)}
 
 

@@ -362,12 +362,12 @@ def record(args: argparse.Namespace) -> None:
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from learning import _tree_cpu_s
     from loop import vllm_server
 
     from trace_lib.evaluate.policy import EvalConfig, adapter_provenance
     from trace_lib.runtime.policy_client import OpenAIPolicyClient
     from trace_lib.workbench import evaluation
+    from trace_lib.workbench.loop_serving import tree_cpu_s
 
     res_path = Path(args.out)
     res = load_results(res_path)
@@ -416,14 +416,14 @@ def evaluate(args: argparse.Namespace) -> None:
             key = config_key({**common, "policy": p, "adapter": a})
             cfg["run_id"] = f"selftrace-{args.split}-{key}" + (
                 time.strftime("-again-%Y%m%d%H%M%S") if args.again else "")
-            t0, c0 = time.perf_counter(), (_tree_cpu_s(server.process.pid) if server.process else 0.0)
+            t0, c0 = time.perf_counter(), (tree_cpu_s(server.process.pid) if server.process else 0.0)
             out = evaluation.evaluate(db, cfg, out_dir=work / "runs" / cfg["run_id"],
                                       on_progress=lambda d, n, _p=p: print(
                 f"\r{_p} on {args.split}: {d}/{n}", end="", file=sys.stderr, flush=True))
             print(file=sys.stderr)
             record_row(args, p, a, common, Path(out["episodes_path"]),
                        wall_s=time.perf_counter() - t0,
-                       server_cpu_s=(_tree_cpu_s(server.process.pid) if server.process
+                       server_cpu_s=(tree_cpu_s(server.process.pid) if server.process
                                      else 0.0) - c0)
     finally:
         server.stop()
