@@ -192,3 +192,19 @@ def test_a_turn_budget_below_the_reference_call_is_said(capsys):
     assert f"--max-tokens {derived}: from the longest reference turn" in out
     assert TrainConfig(env="x").max_tokens is None
     assert derived_max_tokens(0) == 64 and derived_max_tokens(10) == 64
+
+
+def test_zero_grpo_steps_is_sft_alone_and_needs_sft(tmp_path):
+    """`steps` 0 with `sft_steps` is the SFT-only baseline: the warm start is the adapter,
+    no rollout runs (no metrics row, no server); 0 steps without SFT is refused."""
+    with pytest.raises(UserInputError, match=r"steps.*0 only with sft_steps >= 1"):
+        TrainConfig.from_dict({**TOY, "steps": 0})
+    result = train(TrainConfig.from_dict({**TOY, "steps": 0, "sft_steps": 3, "sft_seeds": 4}),
+                   tmp_path / "sft_only", resume=False)
+    assert result.steps == 0 and result.final_reward is None
+    assert len((tmp_path / "sft_only" / "sft.jsonl").read_text().splitlines()) == 3
+    assert not (tmp_path / "sft_only" / "metrics.jsonl").exists()
+    weights = load_file(str(Path(result.adapter_path) / "adapter_model.safetensors"))
+    # LoRA's B starts at zero: a nonzero B is the SFT's update, saved as the adapter
+    assert any(k.endswith("lora_B.weight") and v.abs().max().item() > 0
+               for k, v in weights.items())

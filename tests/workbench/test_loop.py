@@ -128,6 +128,31 @@ def test_approve_kill_resume_and_the_provenance_chain(db_path, tmp_path):
     listed = _cli("loops", "--json", db=db_path, runs=runs)
     assert [r["state"] for r in json.loads(listed.stdout)] == ["succeeded"]
 
+    # 4. Another recipe on the same diagnosis (SFT alone: 0 GRPO steps), sharing the first
+    # loop's dev evaluation, labels and base test run; a setting that would make them not
+    # this loop's is refused before anything is written.
+    refused = _cli("loop", *SMALL, "--eval-max-turns", "3", "--reuse-from", loop_id,
+                   db=db_path, runs=runs)
+    assert refused.returncode == 1 and "eval" in refused.stderr and "differ" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    proc = _cli("loop", *SMALL, "--train-steps", "0", "--reuse-from", loop_id, "--json",
+                db=db_path, runs=runs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sft = json.loads(proc.stdout)
+    assert sft["state"] == "succeeded", sft["message"]
+    for name in ("evaluate_dev", "label"):
+        assert sft["stages"][name]["reused_from"] == loop_id
+        assert sft["stages"][name]["artefact"] == final["stages"][name]["artefact"]
+        assert sft["stages"][name]["cpu_s"] == 0.0
+    ev = sft["stages"]["evaluate_test"]["artefact"]
+    assert ev["base"]["dataset_id"] == art["evaluate_test"]["base"]["dataset_id"]
+    assert ev["base"]["reused_from"] == loop_id
+    assert sft["stages"]["train"]["artefact"]["adapters"]["tool_calling_precision"][
+        "steps"] == 0
+    with store.connect(db_path, read_only=True) as con:
+        after = {r[0] for r in con.execute("SELECT id FROM datasets").fetchall()}
+    assert after == set(datasets) | {ev["final"]["dataset_id"]}  # one new run: the final
+
 
 @pytest.mark.parametrize("args, message", [
     (["--model", "nope"], "unknown model 'nope'"),

@@ -55,6 +55,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-max-turns", type=int, default=None)
     p.add_argument("--train-max-tokens", type=int, default=None)
     p.add_argument("--train-sft-seeds", type=int, default=None)
+    p.add_argument("--train-seed", type=int, default=None,
+                   help="the adapters' training seed (GRPO's sampling, the SFT batches)")
     p.add_argument("--train-difficulty", type=int, choices=DIFFICULTIES, default=None,
                    help="the built-in environments' difficulty (4, 5: target-shaped, the "
                         "target tasks' templates over training-seed databases)")
@@ -71,6 +73,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--gate-warm-steps", type=int, default=None)
     p.add_argument("--gate-max-turns", type=int, default=None)
     p.add_argument("--gate-max-tokens", type=int, default=None)
+    p.add_argument("--reuse-from", default=None, metavar="LOOP_ID",
+                   help="share that loop's dev evaluation, labels and base test evaluation "
+                        "(same store and settings): compare training recipes on one diagnosis")
     p.add_argument("--resume", default=None, metavar="LOOP_ID",
                    help="go on with a loop from its last finished stage")
     p.add_argument("--background", action="store_true",
@@ -101,6 +106,7 @@ def config_from_args(args: argparse.Namespace):
         "top_k": args.top_k, "budget_cpu_hours": args.budget_cpu_hours,
         "approve_all": args.approve_all, "dev_tasks": args.dev_tasks,
         "test_tasks": args.test_tasks, "labeler": args.labeler, "engine": args.engine,
+        "reuse_from": args.reuse_from,
         "eval": {**base.eval, **_prefixed(args, "eval_")},
         "train": {**base.train, **_prefixed(args, "train_")},
         "gates": {**base.gates, **_prefixed(args, "gate_")}}

@@ -127,7 +127,9 @@ class TrainConfig:
 
     def validate(self, where: str = "config") -> None:
         checks = [
-            (self.steps >= 1, "steps", "an integer >= 1"),
+            # 0 GRPO steps is the SFT-only baseline: the warm start is the whole run.
+            (self.steps >= 1 or (self.steps == 0 and self.sft_steps >= 1), "steps",
+             "an integer >= 1 (0 only with sft_steps >= 1: SFT alone)"),
             (self.group >= 2, "group", "an integer >= 2 (GRPO compares rollouts of a seed)"),
             (self.groups_per_step >= 1, "groups_per_step", "an integer >= 1"),
             (self.max_turns >= 1, "max_turns", "an integer >= 1"),

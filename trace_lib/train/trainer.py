@@ -21,6 +21,8 @@ Design decisions
 - `sft_steps` > 0: a supervised warm start on the environment's reference actions before
   the first GRPO step (RL cannot start from zero reward); its losses go to `sft.jsonl`.
   `init_adapter`: start from a saved adapter instead (e.g. a longer SFT run kept apart).
+  `steps` 0 with `sft_steps` is SFT alone (the SFT-only baseline at equal compute): the
+  warm start is the adapter, and no policy server is started, as nothing is rolled out.
   Either way the warm-started adapter is published before step 1, so step 1 samples from
   it (each metrics row names the policy its rollouts came from).
 - Built-in environments are built with `tools`/`policy`/`difficulty`/`distractors` from
@@ -346,6 +348,13 @@ def train(
     # requests: its samples are independent but not replayable. Ours and a remote
     # (GPU) vLLM keep the per-request seeds.
     unseeded = cfg.server == "vllm" and not cfg.server_url
+    if cfg.steps == 0 and not eval_seeds:  # SFT alone: no rollout, so no policy server
+        adapter = save_adapter(model, run_dir / "adapter", model_path)
+        return TrainResult(
+            adapter_path=str(adapter), metrics_path=str(metrics_path), steps=0,
+            final_reward=None, run_dir=str(run_dir), env=cfg.env, capability=capability,
+            base_model=cfg.model, eval_before=None, eval_after=None,
+            wall_s=time.perf_counter() - t_start)
     with policy_endpoint(cfg, model_path, str(run_dir / "vllm.log")) as ep:
         client = OpenAIPolicyClient(ep.url, api_key=ep.api_key, timeout=cfg.request_timeout_s)
         served = ep.base_model

@@ -27,6 +27,11 @@ Design decisions
   with it, what the loop approved is recorded in the stage's artefact and printed.
 - Splits: everything the loop chooses (diagnosis, capabilities, the adapters' settings)
   comes from `dev`; `test` is run once, at the end, for base and the final model.
+- `reuse_from`: a second loop on the same model, domain, splits and evaluation settings
+  (another GRPO seed, the SFT-only baseline) shares the first loop's dev evaluation, label
+  run and base test evaluation instead of running them again: their artefacts are copied
+  into the new state, marked `reused_from`, and their CPU is not counted again (a
+  different store, model or setting is refused: the shared runs would not be this loop's).
 - Budget: CPU seconds of this process and its finished children (`resource.getrusage`),
   summed over stages across resumes. The preflight, before anything is written, times one
   forward pass of the model over the first environment's prompt: a budget below one GRPO
@@ -90,6 +95,11 @@ class LoopConfig:
     # and the token-gated final model; "vllm", one vLLM server for the loop and the final
     # model as its per-request export (what vLLM can serve).
     engine: str = "local"
+    # A loop whose diagnosis this one shares: its dev evaluation and label run (the rank
+    # and environments stages run again, on this loop's capability choice) and its base
+    # test evaluation. Only training, composition and the final evaluation are new: the
+    # way to compare training recipes (seeds, SFT-only at equal compute) on one diagnosis.
+    reuse_from: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "loop") -> LoopConfig:
@@ -480,14 +490,52 @@ def new_loop(db: Db, cfg: LoopConfig) -> dict[str, Any]:
     from trace_lib.jobs.spec import now_iso
 
     checks = preflight(db, cfg)
+    source = _reusable(db, cfg) if cfg.reuse_from else None
     loop_id = jobs.new_job_id("loop")
     state = {"id": loop_id, "config": dataclasses.asdict(cfg), "db": str(db) if db else None,
              "state": "created", "stage": None, "cpu_s": 0.0, "created_at": now_iso(),
              "preflight": checks, "pid": None, "message": None,
              "stages": {s: {"state": "pending", "artefact": None, "cpu_s": 0.0}
                         for s in STAGES}}
+    if source is not None:
+        for name in REUSED_STAGES:
+            state["stages"][name] = {"state": "done", "cpu_s": 0.0,
+                                     "artefact": source["stages"][name]["artefact"],
+                                     "reused_from": source["id"]}
+        base = (source["stages"]["evaluate_test"].get("artefact") or {}).get("base")
+        if base:  # stage_evaluate_test runs only what its artefact lacks
+            state["stages"]["evaluate_test"]["artefact"] = {
+                "base": {**base, "reused_from": source["id"]}}
     _write_state(state)
     return state
+
+
+REUSED_STAGES = ("evaluate_dev", "label")
+# What must agree for another loop's evaluations to be this loop's.
+_SHARED_SETTINGS = ("model", "domain", "dev_tasks", "test_tasks", "labeler", "eval", "engine")
+
+
+def _reusable(db: Db, cfg: LoopConfig) -> dict[str, Any]:
+    """The loop `cfg.reuse_from` names, checked: same store and settings, diagnosis done."""
+    source = read_state(str(cfg.reuse_from))
+    ours = dataclasses.asdict(cfg)
+    differ = [k for k in _SHARED_SETTINGS if source["config"].get(k) != ours[k]]
+    if differ:
+        raise UserInputError(
+            f"loop: --reuse-from {source['id']}: its " + ", ".join(
+                f"{k} ({source['config'].get(k)!r}, here {ours[k]!r})" for k in differ)
+            + " differ; its evaluations would not be this loop's")
+    here = str(Path(db).resolve()) if db else None
+    there = str(Path(source["db"]).resolve()) if source.get("db") else None
+    if here != there:
+        raise UserInputError(f"loop: --reuse-from {source['id']}: it ran on the store "
+                             f"{there or 'the default'}, this loop on {here or 'the default'}; "
+                             "its datasets and label runs are in that store")
+    missing = [n for n in REUSED_STAGES if source["stages"][n]["state"] != "done"]
+    if missing:
+        raise UserInputError(f"loop: --reuse-from {source['id']}: its {', '.join(missing)} "
+                             "stage has not finished; resume that loop first")
+    return source
 
 
 def run_loop(db: Db, cfg: LoopConfig | None = None, *, resume: str | None = None,
