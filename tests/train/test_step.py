@@ -134,3 +134,14 @@ def test_prefix_forward_equals_the_full_forward_and_rollouts_keep_their_tokens(t
     seq, m = reference_episode(make_env(), 5, tok)
     text = tok.decode([t for t, k in zip(seq, m, strict=True) if k])
     assert "get_reservation_details" in text and "<tool_response>" not in text
+
+
+def test_a_pass_is_bounded_by_rows_and_padded_tokens():
+    from trace_lib.train.step import micro_batches
+
+    assert micro_batches([10, 10, 10, 10, 10], rows=2) == [[0, 1], [2, 3], [4]]
+    # long episodes: 3 x 3000 padded would be 9000 > 6144, so two passes
+    assert micro_batches([3000, 2000, 3000], rows=4, tokens=6144) == [[0, 1], [2]]
+    # a row longer than the cap still gets its own pass; short ones regroup after it
+    assert micro_batches([100, 9000, 100, 100], rows=4, tokens=6144) == [[0], [1], [2, 3]]
+    assert micro_batches([], rows=4) == []

@@ -47,7 +47,7 @@ from trace_lib.envs.protocol import Environment
 from trace_lib.runtime.chat_format import IM_END, format_assistant, parse_assistant, render_prompt
 from trace_lib.runtime.rollout import Rollout, _apply_turn
 from trace_lib.runtime.turn_budget import RULE, derived_max_tokens
-from trace_lib.train.step import ForwardOut
+from trace_lib.train.step import ForwardOut, micro_batches
 
 
 @dataclass
@@ -387,9 +387,10 @@ def sft(
     """`steps` AdamW steps of token cross-entropy on the demos' assistant tokens.
 
     `micro_batch` (default: the whole batch) splits each step's batch into forward and
-    backward passes of that many demos, accumulating gradients: the same update (the loss
-    is normalised by the batch's assistant tokens, not each micro-batch's) at a fraction
-    of the activation memory. Target-task demos run to ~5k tokens: at 4 a pass a SmolLM2
+    backward passes of at most that many demos and `step.PASS_TOKENS` padded tokens
+    (`step.micro_batches`), accumulating gradients: the same update (the loss is
+    normalised by the batch's assistant tokens, not each micro-batch's) at a fraction of
+    the activation memory. Target-task demos run to ~5k tokens: at 4 a pass a SmolLM2
     step held 23 GiB, past this machine's memory."""
     rng = random.Random(seed)
     losses = []
@@ -406,8 +407,8 @@ def sft(
             tokens = sum(sum(m[1:]) for _, m in rows)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for k in range(0, len(rows), size):
-                part = rows[k:k + size]
+            for chunk in micro_batches([len(seq) for seq, _ in rows], size):
+                part = [rows[j] for j in chunk]
                 width = max(len(s) for s, _ in part)
                 ids = torch.tensor([s + [pad_id] * (width - len(s)) for s, _ in part])
                 att = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in part])

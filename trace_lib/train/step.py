@@ -31,6 +31,11 @@ Design decisions
   the sampler's log-prob). Tokens the plain prompt already finds as likely keep full weight;
   tokens only the hint made likely are down-weighted instead of pushed blindly. Plain
   rollouts have weight 1. (Truncated IS, as in IMPALA/V-trace's rho-bar.)
+- A forward/backward pass holds at most `micro_batch` rows and `PASS_TOKENS` padded tokens
+  (`micro_batches`; one row always fits): activation memory grows with a pass's tokens,
+  not its rows. Target-task episodes run to 5-8k tokens, and 4 of them in one pass held
+  15-23 GiB (a loop's SFT warm start at difficulty 5 was OOM-killed on this 24 GiB box).
+  The update is the same (the loss is normalised by the whole batch's tokens).
 """
 
 from __future__ import annotations
@@ -45,6 +50,26 @@ import torch
 from trace_lib.runtime.rollout import Rollout
 from trace_lib.train.config import LossConfig
 from trace_lib.train.grpo import group_advantages, grpo_loss, token_logprobs
+
+PASS_TOKENS = 6144  # padded tokens per forward/backward pass (~7 GiB for SmolLM2 in fp32)
+
+
+def micro_batches(lengths: list[int], rows: int, tokens: int = PASS_TOKENS) -> list[list[int]]:
+    """Consecutive index chunks of at most `rows` rows whose padded size (rows x longest)
+    stays within `tokens`; a row longer than `tokens` gets a pass of its own."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    width = 0
+    for i, n in enumerate(lengths):
+        wider = max(width, n)
+        if cur and (len(cur) >= rows or wider * (len(cur) + 1) > tokens):
+            chunks.append(cur)
+            cur, wider = [], n
+        cur.append(i)
+        width = wider
+    if cur:
+        chunks.append(cur)
+    return chunks
 
 
 class NoSignalError(RuntimeError):
@@ -196,8 +221,7 @@ class GRPOStep:
         total_tokens = sum(r.n_sampled for r in batch)
         if total_tokens == 0:
             return {}
-        chunks = [list(range(i, min(i + s.micro_batch, len(batch))))
-                  for i in range(0, len(batch), s.micro_batch)]
+        chunks = micro_batches([len(r.token_ids) for r in batch], s.micro_batch)
         dev = self.params[0].device  # the model's device (CPU or CUDA); batches move there
         tensors = []
         for idx in chunks:

@@ -587,15 +587,19 @@ def _run_stages(db: Db, cfg: LoopConfig, state: dict[str, Any], say: Say) -> dic
         try:
             artefact = STAGE_FUNCTIONS[name](db, cfg, state, say)
         except BaseException as exc:
+            spent = _cpu_s() - c0 + _engine().take_cpu_s()
             stage["state"] = "failed"
-            stage["cpu_s"] += _cpu_s() - c0
-            state["cpu_s"] += _cpu_s() - c0
+            stage["cpu_s"] += spent
+            state["cpu_s"] += spent
             _stop(state, "failed", f"{name}: {exc}")
             raise
-        spent = _cpu_s() - c0
+        server = _engine().take_cpu_s()  # the vLLM tree's CPU, which getrusage never sees
+        spent = _cpu_s() - c0 + server
         stage.update(state="done", artefact=artefact, finished_at=time.time())
         stage["cpu_s"] += spent
         state["cpu_s"] += spent
+        if server:
+            state["server_cpu_s"] = state.get("server_cpu_s", 0.0) + server
         _write_state(state)
         if name == "rank" and not artefact["capabilities"]:
             return _stop(state, "nothing to train", _nothing_to_train(artefact))

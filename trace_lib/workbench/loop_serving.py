@@ -24,7 +24,9 @@ Design decisions
 - The server's CPU is the loop's: vLLM runs in its own process group (an API server, an
   engine core, workers), whose grandchildren this process never reaps, so
   `resource.getrusage` would miss them. The process tree's CPU time is read with psutil
-  before the server stops and handed to the loop's budget (`cpu_s`).
+  and charged to the stage that used it (`take_cpu_s`, after every stage), so a driver
+  killed later (a loop was OOM-killed in its training stage) has already recorded what
+  its evaluations cost; `close` returns what no stage took.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class LoopServing:
             raise UserInputError(f"loop: engine {engine!r}: expected one of {', '.join(ENGINES)}")
         self.engine, self.model = engine, model
         self.log_dir, self.vllm_python = Path(log_dir), vllm_python
-        self.cpu_s = 0.0  # the server tree's CPU, read when it stopped
+        self.cpu_s = 0.0  # the stopped servers' tree CPU
+        self._taken = 0.0  # what `take_cpu_s` has handed out
         self._server: Any = None
         self._loaded: dict[str, str] = {}  # served name -> adapter folder
 
@@ -94,16 +97,25 @@ class LoopServing:
             self._server = server
         return self._server
 
+    def _total_cpu_s(self) -> float:
+        proc = getattr(self._server, "process", None) if self._server is not None else None
+        return self.cpu_s + (tree_cpu_s(proc.pid) if proc is not None else 0.0)
+
+    def take_cpu_s(self) -> float:
+        """The server CPU spent since the last take (0 when no server runs)."""
+        now = self._total_cpu_s()
+        spent, self._taken = max(0.0, now - self._taken), max(now, self._taken)
+        return spent
+
     def close(self) -> float:
-        """Stop the server (if one was started); returns its tree's CPU seconds."""
-        server, self._server = self._server, None
+        """Stop the server (if one was started); returns its CPU no `take_cpu_s` took."""
+        server = self._server
         if server is not None:
-            proc = getattr(server, "process", None)
-            if proc is not None:
-                self.cpu_s += tree_cpu_s(proc.pid)
+            self.cpu_s = self._total_cpu_s()
+            self._server = None
             server.stop()
         self._loaded.clear()
-        return self.cpu_s
+        return self.take_cpu_s()
 
     # --------------------------------------------------------------- the policies
 
