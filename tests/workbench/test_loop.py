@@ -67,6 +67,11 @@ def test_approve_kill_resume_and_the_provenance_chain(db_path, tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"the loop never reached training: {_state(runs, loop_id)}")
+    # A second driver on a live loop is refused, in the background or not.
+    for extra in (["--background"], []):
+        twin = _cli("loop", "--resume", loop_id, *extra, db=db_path, runs=runs)
+        assert twin.returncode == 1 and "already running" in twin.stderr, twin.stderr[-2000:]
+        assert "Traceback" not in twin.stderr
     os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-max-turns", type=int, default=None)
     p.add_argument("--train-max-tokens", type=int, default=None)
     p.add_argument("--train-sft-seeds", type=int, default=None)
+    p.add_argument("--train-gradient-checkpointing", action="store_true", default=None,
+                   help="recompute activations in the backward pass: target-shaped episodes "
+                        "(5-8k tokens) need it to fit a 24 GiB machine")
     p.add_argument("--train-seed", type=int, default=None,
                    help="the adapters' training seed (GRPO's sampling, the SFT batches)")
     p.add_argument("--train-difficulty", type=int, choices=DIFFICULTIES, default=None,

@@ -22,6 +22,8 @@ Design decisions
 - The loop is a front end's process, not a job: it labels, ranks and records, and a job
   never opens the store. `--background` starts the same driver detached, logging to the
   loop's folder; `loop_status` says "interrupted" when the pid the state names is gone.
+  A resume while another driver of the loop is alive is refused (two drivers once ran one
+  loop's training at once after a stop signal was slow to land).
 - Approval stays a person's step: without `approve_all` the loop stops at `environments`
   as "awaiting approval", naming what to approve (Environments page or `env approve`);
   with it, what the loop approved is recorded in the stage's artefact and printed.
@@ -149,6 +151,29 @@ def _pid_alive(pid: int | None) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def _running_driver(state: dict[str, Any]) -> int | None:
+    """The pid of another live driver of this loop, or None. A pid is taken as the loop's
+    only while its command line is a `trace_lib` process (a reused pid is not a driver)."""
+    import psutil
+
+    pid = state.get("pid")
+    if state.get("state") not in ("running", "starting") or not pid or pid == os.getpid():
+        return None
+    try:
+        cmdline = " ".join(psutil.Process(int(pid)).cmdline())
+    except (psutil.Error, ValueError):
+        return None
+    return int(pid) if "trace_lib" in cmdline else None
+
+
+def _refuse_a_second_driver(state: dict[str, Any]) -> None:
+    pid = _running_driver(state)
+    if pid is not None:
+        raise UserInputError(f"loop {state['id']} is already running (pid {pid}); two "
+                             "drivers would train and write its state at once. Wait for it, "
+                             f"or stop it (kill {pid}) and resume")
 
 
 def loop_status(loop_id: str) -> dict[str, Any]:
@@ -546,6 +571,7 @@ def run_loop(db: Db, cfg: LoopConfig | None = None, *, resume: str | None = None
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     if resume:
         state = read_state(resume)
+        _refuse_a_second_driver(state)
         cfg = LoopConfig.from_dict(state["config"])
         if budget_cpu_hours is not None:
             cfg.budget_cpu_hours = budget_cpu_hours
@@ -636,7 +662,11 @@ def start_background(db: Db, cfg: LoopConfig | None = None, *, resume: str | Non
                      budget_cpu_hours: float | None = None) -> dict[str, Any]:
     """The loop as a detached process (`loop --background`): checks and the first state
     here (a refusal is an error now, not in a log), the stages there."""
-    state = read_state(resume) if resume else new_loop(db, cfg or LoopConfig())
+    if resume:
+        state = read_state(resume)
+        _refuse_a_second_driver(state)
+    else:
+        state = new_loop(db, cfg or LoopConfig())
     cmd = [sys.executable, "-m", "trace_lib", "loop", "--resume", state["id"]]
     if db is not None:
         cmd += ["--db", str(db)]
