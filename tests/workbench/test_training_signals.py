@@ -94,3 +94,18 @@ def test_context_check_warns_when_the_prompt_does_not_fit(tmp_path):
                                  {"tools": "all", "policy": "full", "difficulty": 1}, 64)
     assert fit["context"] == 512 and fit["prompt_tokens"] > 512
     assert "longer than the model's context of 512 tokens" in fit["warning"]
+
+
+def test_the_sft_warm_start_has_its_own_progress(tmp_path, monkeypatch):
+    st = _job(tmp_path, monkeypatch, "succeeded", [],
+              log="[train] SFT step 1/20 loss 0.4565\n[train] SFT step 2/20 loss 0.5324\n")
+    st = dataclasses.replace(st, state="running",
+                             config={**st.config, "sft_steps": 20, "eval_seeds": 4})
+    ph = job_progress.phase(st, [], jobs.read_log(st.run_dir))
+    assert (ph["name"], ph["done"], ph["total"]) == ("sft", 2, 20)
+    assert ph["text"] == "SFT warm start: 2/20 steps"
+    done = "".join(f"[train] SFT step {i}/20 loss 0.1\n" for i in range(1, 21))
+    after = job_progress.phase(st, [], done + "[train] SFT warm start: 20 steps on 32 "
+                                      "reference episodes, loss 0.4 -> 0.1\n"
+                                      "[eval before] 1/4 held-out seeds\n")
+    assert after["name"] == "eval before"  # the warm start is over

@@ -211,9 +211,17 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
                              "(`reference_action()`), and this environment gives none")
     opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
     rows: list[dict[str, Any]] = []
+
+    def logged(row: dict[str, Any]) -> None:
+        # One line a step: a warm start on long episodes runs for CPU-hours, and the job's
+        # log and live panel would otherwise say nothing until it ends.
+        rows.append(row)
+        print(f"[train] SFT step {row['sft_step']}/{cfg.sft_steps} loss {row['loss']:.4f}",
+              flush=True)
+
     sft(params, opt, demos, TokenForward(model, 1.0), steps=cfg.sft_steps,
         batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
-        train_mode=lambda on: model.train(on), log=rows.append)
+        train_mode=lambda on: model.train(on), log=logged)
     (run_dir / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"[train] SFT warm start: {cfg.sft_steps} steps on {len(demos)} reference "
           f"episodes, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}", flush=True)

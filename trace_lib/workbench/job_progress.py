@@ -28,6 +28,7 @@ from trace_lib import jobs
 
 NO_SIGNAL_STATE = "succeeded — no learning signal"
 _EVAL_LINE = re.compile(r"\[eval (before|after)\] (\d+)/(\d+) held-out seeds")
+_SFT_LINE = re.compile(r"\[train\] SFT step (\d+)/(\d+)")
 
 
 def is_active(state: str) -> bool:
@@ -129,14 +130,22 @@ def learning_signal(status: jobs.JobStatus, rows: list[dict[str, Any]]) -> dict[
 
 
 def phase(status: jobs.JobStatus, rows: list[dict[str, Any]], log: str) -> dict[str, Any]:
-    """Where an active training job is: `name` (starting | eval before | training | eval
-    after | ended), `done`/`total` for a progress bar and a `text` for it."""
+    """Where an active training job is: `name` (starting | sft | eval before | training |
+    eval after | ended), `done`/`total` for a progress bar and a `text` for it."""
     total_steps = int(status.config.get("steps") or 0)
     eval_seeds = int(status.config.get("eval_seeds") or 0)
     if status.state in jobs.TERMINAL:
         return {"name": "ended", "done": status.steps_done, "total": total_steps,
                 "text": f"{status.steps_done}/{total_steps} steps"}
     grpo = [r for r in rows if "no_signal" in r]
+    sft_steps = int(status.config.get("sft_steps") or 0)
+    if sft_steps and not grpo and status.state != "queued":
+        # The warm start comes first and, on long episodes, takes most of the run.
+        seen = [int(m.group(1)) for m in _SFT_LINE.finditer(log)]
+        done = max(seen, default=0)
+        if done < sft_steps and "SFT warm start:" not in log:
+            return {"name": "sft", "done": done, "total": sft_steps,
+                    "text": f"SFT warm start: {done}/{sft_steps} steps"}
     evals = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in _EVAL_LINE.finditer(log)}
     if eval_seeds and not grpo:
         if "before" not in evals and status.state == "queued":
