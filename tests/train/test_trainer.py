@@ -208,3 +208,34 @@ def test_zero_grpo_steps_is_sft_alone_and_needs_sft(tmp_path):
     # LoRA's B starts at zero: a nonzero B is the SFT's update, saved as the adapter
     assert any(k.endswith("lora_B.weight") and v.abs().max().item() > 0
                for k, v in weights.items())
+
+
+def test_a_killed_sft_warm_start_resumes_from_its_checkpoint(tmp_path, capsys):
+    """The warm start checkpoints every `checkpoint_every` steps and a rerun in the same
+    folder continues from there with the batches an uninterrupted run draws: the same
+    losses and the same adapter as one run straight through (no LoRA dropout here)."""
+    sft_only = {**TOY, "steps": 0, "sft_seeds": 4, "checkpoint_every": 2}
+    straight = train(TrainConfig.from_dict({**sft_only, "sft_steps": 4}), tmp_path / "a",
+                     resume=True)
+    # the same run stopped after its step-2 checkpoint, then run again to 4 steps
+    train(TrainConfig.from_dict({**sft_only, "sft_steps": 2}), tmp_path / "b", resume=True)
+    assert (tmp_path / "b" / "sft_state.pt").is_file()
+    capsys.readouterr()
+    resumed = train(TrainConfig.from_dict({**sft_only, "sft_steps": 4}), tmp_path / "b",
+                    resume=True)
+    out = capsys.readouterr().out
+    assert "SFT warm start resumed at step 2/4" in out
+    assert "SFT step 1/4" not in out and "SFT step 3/4" in out  # steps 1-2 not trained again
+
+    def losses(run: str) -> list[float]:
+        return [json.loads(x)["loss"] for x in (tmp_path / run / "sft.jsonl").read_text()
+                .splitlines()]
+
+    assert losses("b") == pytest.approx(losses("a"), abs=1e-6)
+    a = load_file(str(Path(straight.adapter_path) / "adapter_model.safetensors"))
+    b = load_file(str(Path(resumed.adapter_path) / "adapter_model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    # resume=False starts over: the checkpoint is not trusted
+    capsys.readouterr()
+    train(TrainConfig.from_dict({**sft_only, "sft_steps": 2}), tmp_path / "b", resume=False)
+    assert "resumed" not in capsys.readouterr().out

@@ -383,6 +383,8 @@ def sft(
     seed: int = 0,
     train_mode: Callable[[bool], None] | None = None,
     log: Callable[[dict[str, Any]], None] | None = None,
+    start_step: int = 0,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[float]:
     """`steps` AdamW steps of token cross-entropy on the demos' assistant tokens.
 
@@ -391,7 +393,11 @@ def sft(
     (`step.micro_batches`), accumulating gradients: the same update (the loss is
     normalised by the batch's assistant tokens, not each micro-batch's) at a fraction of
     the activation memory. Target-task demos run to ~5k tokens: at 4 a pass a SmolLM2
-    step held 23 GiB, past this machine's memory."""
+    step held 23 GiB, past this machine's memory.
+
+    `start_step` resumes: the batches of the steps before it are drawn (the order is a
+    function of the seed) but not trained on, so step k trains on what an uninterrupted
+    run's step k would. `on_step(k)` runs after step k's update (the caller checkpoints)."""
     rng = random.Random(seed)
     losses = []
     order: list[int] = []
@@ -403,6 +409,8 @@ def sft(
             if len(order) < batch:
                 order += rng.sample(range(len(demos)), len(demos))
             idx, order = order[:batch], order[batch:]
+            if step < start_step:
+                continue  # trained before the resume; its batch is drawn all the same
             rows = [demos[i] for i in idx]
             tokens = sum(sum(m[1:]) for _, m in rows)
             optimizer.zero_grad(set_to_none=True)
@@ -424,6 +432,8 @@ def sft(
             losses.append(total)
             if log:
                 log({"phase": "sft", "sft_step": step + 1, "loss": losses[-1]})
+            if on_step:
+                on_step(step + 1)
     finally:
         if train_mode:
             train_mode(False)

@@ -192,10 +192,18 @@ def _truncate_metrics(path: Path, upto_step: int) -> None:
     path.write_text("".join(k + "\n" for k in keep))
 
 
+SFT_STATE = "sft_state.pt"  # the warm start's checkpoint in the run folder
+
+
 def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
-               cfg: TrainConfig, params: list[Any], pad_id: int, run_dir: Path) -> None:
+               cfg: TrainConfig, params: list[Any], pad_id: int, run_dir: Path,
+               resume: bool = True) -> None:
     """`cfg.sft_steps` of SFT on the env's reference actions (own optimizer, `sft_lr`);
-    seeds `10**6 - sft_seeds ..` are disjoint from training (0..) and eval seeds."""
+    seeds `10**6 - sft_seeds ..` are disjoint from training (0..) and eval seeds.
+
+    Checkpointed every `checkpoint_every` steps (`sft_state.pt`: the LoRA weights, the
+    optimizer, the losses so far), and resumed from it: on target-task episodes a warm
+    start is CPU-hours, and a killed run used to start it again from step 0."""
     from trace_lib.train.local_rollouts import reference_episode, sft
 
     demos = []
@@ -211,6 +219,27 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
                              "(`reference_action()`), and this environment gives none")
     opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
     rows: list[dict[str, Any]] = []
+    saved = run_dir / SFT_STATE
+    start = 0
+    if resume and saved.exists():
+        state = torch.load(saved, weights_only=False)
+        with torch.no_grad():
+            for p, w in zip(params, state["params"], strict=True):
+                p.copy_(w)
+        opt.load_state_dict(state["optimizer"])
+        rows, start = list(state["rows"]), int(state["step"])
+        print(f"[train] SFT warm start resumed at step {start}/{cfg.sft_steps}", flush=True)
+    elif saved.exists():
+        saved.unlink()
+
+    def checkpoint(step: int) -> None:
+        every = cfg.checkpoint_every
+        if not every or (step % every and step != cfg.sft_steps):
+            return
+        tmp = saved.with_suffix(".tmp")
+        torch.save({"step": step, "params": [p.detach().clone() for p in params],
+                    "optimizer": opt.state_dict(), "rows": rows}, tmp)
+        os.replace(tmp, saved)  # a kill mid-save leaves the previous checkpoint whole
 
     def logged(row: dict[str, Any]) -> None:
         # One line a step: a warm start on long episodes runs for CPU-hours, and the job's
@@ -219,9 +248,11 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
         print(f"[train] SFT step {row['sft_step']}/{cfg.sft_steps} loss {row['loss']:.4f}",
               flush=True)
 
-    sft(params, opt, demos, TokenForward(model, 1.0), steps=cfg.sft_steps,
-        batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
-        train_mode=lambda on: model.train(on), log=logged)
+    if start < cfg.sft_steps:
+        sft(params, opt, demos, TokenForward(model, 1.0), steps=cfg.sft_steps,
+            batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
+            train_mode=lambda on: model.train(on), log=logged, start_step=start,
+            on_step=checkpoint)
     (run_dir / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"[train] SFT warm start: {cfg.sft_steps} steps on {len(demos)} reference "
           f"episodes, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}", flush=True)
@@ -334,7 +365,7 @@ def train(
             load_adapter_weights(model, cfg.init_adapter)
             print(f"[train] starting from adapter {cfg.init_adapter}", flush=True)
         if cfg.sft_steps > 0:
-            warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir)
+            warm_start(model, tokenizer, make_env, cfg, params, pad_id, run_dir, resume)
 
     cfg = dataclasses.replace(cfg, max_tokens=turn_budget(cfg, make_env, tokenizer))
     (run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
