@@ -186,12 +186,14 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
     ctx.success = success
+    ctx.bulk = True  # this writer takes JSONL lines in batches (ingest/bulk_route.py)
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
     target = store.LazyWriteTransaction(db, ctx.limits.store_memory_bytes)
     with _gc_paused(), third_party_warnings() as caught:
         try:
-            writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size)
+            writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size,
+                            ctx)
             for src in sources:
                 parsed = _prepare(src, fmt, ctx)
                 report.add(parsed, writer.write_file(parsed))
