@@ -181,12 +181,16 @@ def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
 
 
 def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: SuccessMap | None,
-            progress: bool | ProgressFn, ctx: ParseContext, batch_size: int) -> IngestReport:
+            progress: bool | ProgressFn, ctx: ParseContext, batch_size: int,
+            bulk: bool = True) -> IngestReport:
     if not sources:
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
     ctx.success = success
-    ctx.bulk = True  # this writer takes JSONL lines in batches (ingest/bulk_route.py)
+    # This writer takes JSONL lines in batches for DuckDB (ingest/bulk_route.py); False
+    # sends every record through the Python importer (the reference the route is tested
+    # against).
+    ctx.bulk = bulk
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
     target = store.LazyWriteTransaction(db, ctx.limits.store_memory_bytes)
@@ -278,6 +282,7 @@ def ingest_paths(
     domain: str | None = None,
     agent_model: str | None = None,
     batch_size: int = BATCH_SIZE,
+    bulk: bool = True,
 ) -> IngestReport:
     """Import trajectory files into the store, all or nothing. Raises UserInputError."""
     if isinstance(paths, str | Path):
@@ -286,7 +291,7 @@ def ingest_paths(
     sources = [Source.from_path(p) for p in paths]
     success = load_success_file(success_file) if success_file else None
     return _ingest(sources, db=db, fmt=fmt, success=success, progress=progress, ctx=ctx,
-                   batch_size=batch_size)
+                   batch_size=batch_size, bulk=bulk)
 
 
 def ingest_bytes(
@@ -302,11 +307,12 @@ def ingest_bytes(
     require_outcome: bool = False,
     domain: str | None = None,
     agent_model: str | None = None,
+    bulk: bool = True,
 ) -> IngestReport:
     """Import one uploaded file (the Streamlit upload widget). `name` gives the suffix."""
     ctx = _context(skip_invalid, limits, reward_range, require_outcome, domain, agent_model)
     return _ingest([Source(name=name, data=data)], db=db, fmt=fmt, success=None,
-                   progress=progress, ctx=ctx, batch_size=BATCH_SIZE)
+                   progress=progress, ctx=ctx, batch_size=BATCH_SIZE, bulk=bulk)
 
 
 def store_stats(db: str | Path | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ Design decisions
 - Same rule as the fast route: DuckDB only takes a record it can *prove* plain, and
   proves it narrowly (`_PLAIN`'s conditions: exact JSON types for every field the
   importer reads, no duplicate keys in any object it reads (Python keeps the last,
-  DuckDB the first), no `\\u0000` or surrogate escapes, no `meta`/`tools`/
+  DuckDB the first), no `\\u0000` (lone surrogates DuckDB refuses to parse), no `meta`/`tools`/
   `expected_actions`/`outcome`, content as a string or null, calls only on assistant
   messages, arguments a JSON string already in the exact text Python's encoder writes
   for it (a flat object of escape-free strings, small integers, booleans and nulls:
@@ -68,7 +68,7 @@ WITH p AS MATERIALIZED (
            "outcome":"JSON","termination":"JSON","meta":"JSON","tools":"JSON",
            "expected_actions":"JSON","messages":"JSON"}}')) AS j
   FROM {LINES}
-  WHERE NOT contains(line, '\\u') OR NOT regexp_matches(line, '\\\\u(0000|[dD][89a-fA-F])')
+  WHERE NOT contains(line, '\\u0000')
 ), q AS MATERIALIZED (
   SELECT record, keys, j, _bk(j.reward) AS rk, _bk(j.id) AS ik, _bk(j.task_id) AS tk,
          _bk(j.trial) AS trk,
