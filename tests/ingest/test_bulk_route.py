@@ -83,6 +83,15 @@ def mixed_lines() -> list[str]:
         json.dumps(rec(reward=1e-05)),  # repr and DuckDB write it differently
         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reward\": NaN}",
         "not json at all",
+        # What DuckDB's reader takes and Python's refuses: the Python route decides.
+        '{"messages": [{"role": "user", "content": "x"}], "extra": [1, 2, ]}',
+        '{"messages": [{"role": "user", "content": "x"}], "extra": nan}',
+        '{"messages": [{"role": "user", "content": "x"}], "extra": ' + "1" * 5000 + "}",
+        '{"messages": [{"role": "user", "content": "x"}], "extra": ' + "[" * 3000
+        + "]" * 3000 + "}",
+        '{"messages": [{"role": "user", "content": "x"}], "extra": ' + "[" * 300
+        + "]" * 300 + "}",  # accepted by both, read by Python
+        json.dumps({**synth(90), "id": 12345678901234567890123}),  # a big integer id
         json.dumps(synth(60))[:-5],  # truncated
     ]
     lines += [json.dumps(synth(i)) for i in range(61, 80)]

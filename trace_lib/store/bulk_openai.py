@@ -32,6 +32,7 @@ Design decisions
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -48,142 +49,154 @@ _KEY = r'"[^"\\\x00-\x1f]*"'
 ARGS_CANONICAL = rf"^\{{({_KEY}: {_SIMPLE}(, {_KEY}: {_SIMPLE})*)?\}}$"
 # repr(float) and DuckDB's double text agree on these (shortest round trip, no exponent).
 _REWARD_TEXT = r"^-?(0|[1-9][0-9]{0,6})\.[0-9]{1,8}$"
+MAX_DEPTH = 200
+# What DuckDB's JSON reader accepts and Python's `json` refuses (trailing commas, `nan`
+# and `inf` in any case), or reads otherwise (integers of 19+ digits: `fast_loads` hands
+# those to `json.loads`, whose 4,300-digit limit refuses some): such lines go to the
+# Python route. The patterns may also match inside strings; that only costs speed.
+_LENIENT = r",\s*[\]}]|[:,\[]\s*[-+]?(?i:nan|inf)|[0-9]{19}"
 
 _MACROS = [
-    # the JSON kind of a fragment; absent and null are the same to the importer (`get`)
-    "CREATE OR REPLACE TEMP MACRO _bk(x) AS coalesce(json_type(x), 'NULL')",
-    "CREATE OR REPLACE TEMP MACRO _bs(x) AS "
-    "CASE WHEN _bk(x) = 'VARCHAR' THEN json_extract_string(x, '$') END",
     "CREATE OR REPLACE TEMP MACRO _buniq(k) AS len(k) = len(list_distinct(k))",
+    "CREATE OR REPLACE TEMP MACRO _ball_uniq(ks) AS "
+    "coalesce(list_bool_and(list_transform(ks, lambda k: len(k) = len(list_distinct(k)))), true)",
     # Python's `x or '\\0'` of the hash (None and '' alike)
     "CREATE OR REPLACE TEMP MACRO _bor(x) AS coalesce(nullif(x, ''), chr(0))",
 ]
 
+# What the importer reads, typed. A value of another JSON type would be cast (5 -> '5'),
+# so a record is only read this way when its `json_structure` says every field has the
+# exact type (`accepted`); NULL merges with any type there, so per-row checks remain.
+_TYPED = ('{"id":"VARCHAR","task_id":"VARCHAR","trial":"BIGINT","agent_model":"VARCHAR",'
+          '"domain":"VARCHAR","reward":"DOUBLE","success":"BOOLEAN","termination":"VARCHAR",'
+          '"messages":[{"role":"VARCHAR","content":"VARCHAR","tool_call_id":"VARCHAR",'
+          '"name":"VARCHAR","error":"VARCHAR","tool_calls":[{"id":"VARCHAR",'
+          '"requestor":"VARCHAR","function":{"name":"VARCHAR","arguments":"VARCHAR"}}]}]}')
+_ID = frozenset({"VARCHAR", "UBIGINT", "BIGINT", "NULL"})
+_INT = frozenset({"UBIGINT", "BIGINT", "NULL"})
+_STR = frozenset({"VARCHAR", "NULL"})
+_TOP = {"id": _ID, "task_id": _ID, "trial": _INT, "agent_model": _STR, "domain": _STR,
+        "termination": _STR, "reward": frozenset({"DOUBLE", "UBIGINT", "BIGINT", "NULL"}),
+        "success": frozenset({"BOOLEAN", "NULL"}), "outcome": frozenset({"NULL"}),
+        "meta": frozenset({"NULL"}), "tools": frozenset({"NULL"}),
+        "expected_actions": frozenset({"NULL"})}  # fmt: skip
+_MESSAGE = {"role": _STR, "content": _STR, "tool_call_id": _STR, "name": _STR,
+            "error": frozenset({"VARCHAR", "BOOLEAN", "NULL"})}
+_CALL_KEYS = {"id": _STR, "requestor": _STR}
+_FUNCTION = {"name": _STR, "arguments": _STR}
+
+
+def _fits(obj: Any, spec: dict[str, frozenset[str]]) -> bool:
+    return isinstance(obj, dict) and all(
+        k not in obj or (isinstance(obj[k], str) and obj[k] in kinds) for k, kinds in spec.items())
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: a shape may be deep)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def accepted(structure: str) -> tuple[bool, bool] | None:
+    """Whether a record of this `json_structure` can be read typed: None if not, else
+    (its tool messages' `error` is a boolean, not a string or null; it has a `trial`,
+    which must then read as a 32-bit integer: the typed read gives NULL past 64 bits)."""
+    try:
+        s = json.loads(structure)
+    except RecursionError:
+        return None
+    # Python refuses a record nested past its recursion limit (~1,000), in any field;
+    # DuckDB reads it: far below that limit, or the Python route decides.
+    if _depth(s) > MAX_DEPTH or not _fits(s, _TOP):
+        return None
+    msgs = s.get("messages")
+    if not (isinstance(msgs, list) and len(msgs) == 1 and _fits(msgs[0], _MESSAGE)):
+        return None
+    calls = msgs[0].get("tool_calls", "NULL")
+    if calls not in ("NULL", ["NULL"]):
+        if not (isinstance(calls, list) and len(calls) == 1 and _fits(calls[0], _CALL_KEYS)
+                and _fits(calls[0].get("function"), _FUNCTION)):
+            return None
+    return msgs[0].get("error") == "BOOLEAN", s.get("trial", "NULL") != "NULL"
+
+
 _REC_SQL = f"""
 CREATE OR REPLACE TEMP TABLE {_REC} AS
-WITH p AS MATERIALIZED (
-  SELECT record, try(json_keys(line)) AS keys,
-         try(json_transform(line, '{{"id":"JSON","task_id":"JSON","trial":"JSON",
-           "agent_model":"JSON","domain":"JSON","reward":"JSON","success":"JSON",
-           "outcome":"JSON","termination":"JSON","meta":"JSON","tools":"JSON",
-           "expected_actions":"JSON","messages":"JSON"}}')) AS j
-  FROM {LINES}
-  WHERE NOT contains(line, '\\u0000')
-), q AS MATERIALIZED (
-  SELECT record, keys, j, _bk(j.reward) AS rk, _bk(j.id) AS ik, _bk(j.task_id) AS tk,
-         _bk(j.trial) AS trk,
-         CASE WHEN _bk(j.reward) IN ('UBIGINT', 'BIGINT', 'DOUBLE')
-              THEN TRY_CAST(j.reward AS DOUBLE) END AS reward,
-         CASE WHEN _bk(j.success) = 'BOOLEAN' THEN j.success::BOOLEAN END AS success0,
-         try(json_transform(j.messages, '["JSON"]')) AS msgs
-  FROM p WHERE j IS NOT NULL AND keys IS NOT NULL
-)
-SELECT record, msgs,
-       CASE WHEN ik = 'VARCHAR' THEN _bs(j.id)
-            WHEN ik IN ('BIGINT', 'UBIGINT') THEN CAST(CAST(j.id AS HUGEINT) AS VARCHAR) END
-         AS source_id,
-       CASE WHEN tk = 'VARCHAR' THEN _bs(j.task_id)
-            WHEN tk IN ('BIGINT', 'UBIGINT') THEN CAST(CAST(j.task_id AS HUGEINT) AS VARCHAR)
-       END AS task_id,
-       CASE WHEN trk <> 'NULL' THEN TRY_CAST(j.trial AS INTEGER) END AS trial,
-       coalesce($agent_model, _bs(j.agent_model)) AS agent_model,
-       coalesce($domain, _bs(j.domain)) AS domain,
-       reward,
-       coalesce(success0, CASE WHEN reward IS NOT NULL THEN reward >= $hi END) AS success,
-       _bs(j.termination) AS termination
-FROM q
-WHERE _buniq(keys)
-  AND rk IN ('NULL', 'UBIGINT', 'BIGINT', 'DOUBLE')
-  AND (reward IS NULL OR (isfinite(reward) AND reward BETWEEN $lo AND $hi
-       AND abs(reward) < 1e15 AND (reward = 0 OR abs(reward) >= 1e-4)
-       AND regexp_matches(CAST(reward AS VARCHAR), '{_REWARD_TEXT}')))
-  AND _bk(j.success) IN ('NULL', 'BOOLEAN')
-  AND _bk(j.outcome) = 'NULL' AND _bk(j.meta) = 'NULL' AND _bk(j.tools) = 'NULL'
-  AND _bk(j.expected_actions) = 'NULL'
-  AND NOT (reward IS NULL AND success0 IS NULL AND $require_outcome)
-  AND _bk(j.messages) = 'ARRAY' AND len(msgs) > 0
-  AND ik IN ('NULL', 'VARCHAR', 'BIGINT', 'UBIGINT')
-  AND tk IN ('NULL', 'VARCHAR', 'BIGINT', 'UBIGINT')
-  AND (ik <> 'VARCHAR' OR strlen(_bs(j.id)) <= 1000)
-  AND (tk <> 'VARCHAR' OR strlen(_bs(j.task_id)) <= 1000)
-  AND (trk = 'NULL' OR (trk IN ('BIGINT', 'UBIGINT')
-       AND TRY_CAST(j.trial AS INTEGER) IS NOT NULL))
-  AND _bk(j.agent_model) IN ('NULL', 'VARCHAR') AND _bk(j.domain) IN ('NULL', 'VARCHAR')
-  AND _bk(j.termination) IN ('NULL', 'VARCHAR')
+SELECT record, h.s, json_transform(l.line, '{_TYPED}') AS j,
+       json_keys(l.line) AS k0, json_keys(l.line, '$.messages[*]') AS k1,
+       json_keys(l.line, '$.messages[*].tool_calls[*]') AS k2,
+       json_keys(l.line, '$.messages[*].tool_calls[*].function') AS k3
+FROM {LINES} l JOIN _bulk_shape h USING (record) SEMI JOIN _bulk_ok o ON o.s = h.s
+WHERE NOT contains(l.line, '\\u0000')
+"""
+
+# The records whose shape is accepted, with their top-level fields checked and read.
+_TOP_SQL = f"""
+CREATE OR REPLACE TEMP TABLE _bulk_top AS
+SELECT r.record, o.err_bool, j.messages AS msgs, j.id AS source_id, j.task_id,
+       j.trial::INTEGER AS trial, coalesce($agent_model, j.agent_model) AS agent_model,
+       coalesce($domain, j.domain) AS domain, j.reward,
+       coalesce(j.success, CASE WHEN j.reward IS NOT NULL THEN j.reward >= $hi END) AS success,
+       j.termination
+FROM {_REC} r JOIN _bulk_ok o USING (s)
+WHERE _buniq(k0) AND k1 IS NOT NULL AND k2 IS NOT NULL AND k3 IS NOT NULL
+  AND _ball_uniq(k1) AND _ball_uniq(k2) AND _ball_uniq(k3)
+  AND o.has_trial = (j.trial IS NOT NULL)
+  AND (j.reward IS NULL OR (isfinite(j.reward) AND j.reward BETWEEN $lo AND $hi
+       AND abs(j.reward) < 1e15 AND (j.reward = 0 OR abs(j.reward) >= 1e-4)
+       AND regexp_matches(CAST(j.reward AS VARCHAR), '{_REWARD_TEXT}')))
+  AND NOT (j.reward IS NULL AND j.success IS NULL AND $require_outcome)
+  AND len(j.messages) > 0
+  AND (j.trial IS NULL OR j.trial BETWEEN -2147483648 AND 2147483647)
+  AND coalesce(strlen(j.id), 0) <= 1000 AND coalesce(strlen(j.task_id), 0) <= 1000
 """
 
 _MSG_SQL = f"""
 CREATE OR REPLACE TEMP TABLE {_MSG} AS
-WITH u AS MATERIALIZED (
-  SELECT record, unnest(msgs) AS m, generate_subscripts(msgs, 1) - 1 AS idx FROM {_REC}
-), t AS MATERIALIZED (
-  SELECT record, idx, try(json_keys(m)) AS keys,
-         try(json_transform(m, '{{"role":"JSON","content":"JSON","tool_call_id":"JSON",
-           "name":"JSON","error":"JSON","tool_calls":"JSON"}}')) AS j
-  FROM u WHERE json_type(m) = 'OBJECT'
-), v AS MATERIALIZED (
-  SELECT record, idx, keys, j,
-         CASE _bs(j.role) WHEN 'developer' THEN 'system' WHEN 'function' THEN 'tool'
-              ELSE _bs(j.role) END AS role,
-         _bs(j.content) AS content, _bk(j.error) AS ek
-  FROM t WHERE j IS NOT NULL AND keys IS NOT NULL
+WITH u AS (
+  SELECT record, err_bool, unnest(msgs) AS m, generate_subscripts(msgs, 1) - 1 AS idx
+  FROM _bulk_top
+), v AS (
+  SELECT record, idx, err_bool, m.content, m.tool_call_id, m.name, m.error AS err,
+         m.tool_calls AS calls,
+         CASE m.role WHEN 'developer' THEN 'system' WHEN 'function' THEN 'tool'
+              ELSE m.role END AS role
+  FROM u
 )
-SELECT record, idx, role, content, _bs(j.tool_call_id) AS tool_call_id, _bs(j.name) AS name,
-       CASE WHEN _bk(j.tool_calls) = 'ARRAY' THEN try(json_transform(j.tool_calls, '["JSON"]'))
-       END AS calls,
+SELECT record, idx, role, content, tool_call_id, name, calls,
        CASE WHEN role <> 'tool' THEN NULL
-            WHEN ek = 'VARCHAR' AND _bs(j.error) <> '' THEN _bs(j.error)
-            WHEN ek = 'BOOLEAN' AND j.error::BOOLEAN THEN coalesce(nullif(content, ''), 'error')
-            WHEN ek = 'NULL' AND starts_with(content, 'Error:') THEN content END AS error,
+            WHEN err_bool AND err = 'true' THEN coalesce(nullif(content, ''), 'error')
+            WHEN NOT err_bool AND err <> '' THEN err
+            WHEN err IS NULL AND starts_with(content, 'Error:') THEN content END AS error,
        sum(CASE WHEN role = 'user' THEN 1 ELSE 0 END)
          OVER (PARTITION BY record ORDER BY idx ROWS UNBOUNDED PRECEDING)::INTEGER AS turn_idx,
-       coalesce(_buniq(keys)
-         AND role IN ('system', 'user', 'assistant', 'tool')
-         AND _bk(j.content) IN ('NULL', 'VARCHAR')
-         AND _bk(j.tool_call_id) IN ('NULL', 'VARCHAR') AND _bk(j.name) IN ('NULL', 'VARCHAR')
-         AND _bk(j.tool_calls) IN ('NULL', 'ARRAY')
-         AND (role <> 'tool' OR ek IN ('NULL', 'BOOLEAN', 'VARCHAR'))
-         AND (role = 'assistant' OR coalesce(len(calls), 0) = 0), false) AS ok
+       coalesce(role IN ('system', 'user', 'assistant', 'tool')
+                AND (role = 'assistant' OR coalesce(len(calls), 0) = 0), false) AS ok
 FROM v
 """
 
 _CALL_SQL = f"""
 CREATE OR REPLACE TEMP TABLE {_CALL} AS
-WITH u AS MATERIALIZED (
+WITH u AS (
   SELECT record, idx AS message_idx, unnest(calls) AS c,
          generate_subscripts(calls, 1) - 1 AS call_idx
   FROM {_MSG} WHERE ok AND len(calls) > 0
-), t AS MATERIALIZED (
-  SELECT record, message_idx, call_idx, try(json_keys(c)) AS keys,
-         try(json_transform(c, '{{"id":"JSON","requestor":"JSON","function":"JSON",
-           "name":"JSON","arguments":"JSON"}}')) AS j
-  FROM u WHERE json_type(c) = 'OBJECT'
-), f AS MATERIALIZED (
-  SELECT record, message_idx, call_idx, keys, j,
-         list_contains(keys, 'function') AS wire,
-         CASE WHEN list_contains(keys, 'function') AND _bk(j.function) = 'OBJECT'
-              THEN try(json_keys(j.function)) END AS fkeys,
-         CASE WHEN list_contains(keys, 'function') AND _bk(j.function) = 'OBJECT'
-              THEN try(json_transform(j.function, '{{"name":"JSON","arguments":"JSON"}}')) END AS fn
-  FROM t WHERE j IS NOT NULL AND keys IS NOT NULL
-), g AS MATERIALIZED (
-  SELECT record, message_idx, call_idx, keys, j, wire, fkeys,
-         CASE WHEN wire THEN fn.name ELSE j.name END AS name_j,
-         CASE WHEN wire THEN fn.arguments ELSE j.arguments END AS args_j
-  FROM f
 )
-SELECT record, message_idx, call_idx, _bs(j.id) AS call_id, _bs(name_j) AS name,
-       CASE WHEN _bk(args_j) = 'NULL' OR _bs(args_j) = '' THEN '{{}}' ELSE _bs(args_j) END
-         AS arguments,
-       coalesce(nullif(_bs(j.requestor), ''), 'assistant') AS requestor,
-       coalesce(_buniq(keys) AND (NOT wire OR _buniq(fkeys))
-         AND _bk(name_j) = 'VARCHAR'
-         AND _bk(j.id) IN ('NULL', 'VARCHAR') AND _bk(j.requestor) IN ('NULL', 'VARCHAR')
-         AND (_bk(args_j) = 'NULL' OR (_bk(args_j) = 'VARCHAR' AND (_bs(args_j) = ''
-              OR (regexp_matches(_bs(args_j), '{ARGS_CANONICAL}')
-                  AND NOT contains(_bs(args_j), '"_unparsed"')
-                  AND _buniq(try(json_keys(_bs(args_j)))))))), false) AS ok
-FROM g
+SELECT record, message_idx, call_idx, c.id AS call_id, c.function.name AS name,
+       CASE WHEN coalesce(c.function.arguments, '') = '' THEN '{{}}'
+            ELSE c.function.arguments END AS arguments,
+       coalesce(nullif(c.requestor, ''), 'assistant') AS requestor,
+       coalesce(c.function IS NOT NULL AND c.function.name IS NOT NULL
+                AND (coalesce(c.function.arguments, '') = ''
+                     OR (regexp_matches(c.function.arguments, '{ARGS_CANONICAL}')
+                         AND NOT contains(c.function.arguments, '"_unparsed"')
+                         AND _buniq(try(json_keys(c.function.arguments))))), false) AS ok
+FROM u
 """
 
 # A record is plain when it, each message and each call is, and the calls and results
@@ -191,13 +204,12 @@ FROM g
 _PLAIN_SQL = f"""
 CREATE OR REPLACE TEMP TABLE {_PLAIN} AS
 WITH mc AS (
-  SELECT record, count(*) AS n_msg, bool_and(ok) AS ok FROM {_MSG} GROUP BY record
+  SELECT record, bool_and(ok) AS ok, sum(coalesce(len(calls), 0)) AS n_calls
+  FROM {_MSG} GROUP BY record
 ), cc AS (
   SELECT record, count(*) AS n_call, bool_and(ok AND nullif(call_id, '') IS NOT NULL) AS ok,
          count(DISTINCT call_id) = count(*) AS uniq
   FROM {_CALL} GROUP BY record
-), expected AS (
-  SELECT m.record, sum(coalesce(len(m.calls), 0)) AS n FROM {_MSG} m GROUP BY m.record
 ), answers AS (
   SELECT m.record,
          bool_and(c.call_id IS NOT NULL AND c.message_idx < m.idx) AS ok,
@@ -205,12 +217,11 @@ WITH mc AS (
   FROM {_MSG} m LEFT JOIN {_CALL} c ON c.record = m.record AND c.call_id = m.tool_call_id
   WHERE m.role = 'tool' GROUP BY m.record
 )
-SELECT r.record FROM {_REC} r
-JOIN mc ON mc.record = r.record AND mc.ok AND mc.n_msg = len(r.msgs)
-JOIN expected e ON e.record = r.record
+SELECT r.record FROM _bulk_top r
+JOIN mc ON mc.record = r.record AND mc.ok
 LEFT JOIN cc ON cc.record = r.record
 LEFT JOIN answers a ON a.record = r.record
-WHERE coalesce(cc.n_call, 0) = e.n AND coalesce(cc.ok AND cc.uniq, true)
+WHERE coalesce(cc.n_call, 0) = mc.n_calls AND coalesce(cc.ok AND cc.uniq, true)
   AND coalesce(a.ok AND a.uniq, true)
 """
 
@@ -228,7 +239,20 @@ def stage(con: Connection, records: list[int], lines: list[str], *, reward_range
         "_bulk_in", f"INSERT INTO {LINES} SELECT * FROM _bulk_in")
     params = {"lo": reward_range[0], "hi": reward_range[1],
               "require_outcome": require_outcome, "domain": domain, "agent_model": agent_model}
-    con.execute(_REC_SQL, params)
+    # Few shapes per file: each distinct one is judged once, here (`accepted`), and only
+    # lines of an accepted shape are read further (a shape is invalid JSON's NULL).
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _bulk_shape AS SELECT record, "
+                f"try(json_structure(line)) AS s FROM {LINES} "
+                f"WHERE NOT regexp_matches(line, '{_LENIENT}')")
+    shapes = [(s, accepted(s)) for (s,) in con.execute(
+        "SELECT DISTINCT s FROM _bulk_shape WHERE starts_with(s, '{')").fetchall()]
+    con.execute("CREATE OR REPLACE TEMP TABLE _bulk_ok (s VARCHAR, err_bool BOOLEAN, "
+                "has_trial BOOLEAN)")
+    ok = [(s, *e) for s, e in shapes if e is not None]
+    if ok:
+        con.executemany("INSERT INTO _bulk_ok VALUES (?, ?, ?)", ok)
+    con.execute(_REC_SQL)
+    con.execute(_TOP_SQL, params)
     con.execute(_MSG_SQL)
     con.execute(_CALL_SQL)
     con.execute(_PLAIN_SQL)
@@ -239,7 +263,7 @@ def stage(con: Connection, records: list[int], lines: list[str], *, reward_range
 _ROWS_SQL = f"""
 CREATE OR REPLACE TEMP TABLE _bulk_rows AS
 WITH sel AS (
-  SELECT r.* FROM {_REC} r JOIN {_PLAIN} p USING (record)
+  SELECT r.* FROM _bulk_top r JOIN {_PLAIN} p USING (record)
   WHERE r.record BETWEEN $first AND $last
 ), msg AS (
   SELECT m.record, m.idx, m.role, m.content, m.tool_call_id,
