@@ -116,14 +116,16 @@ def tables(db: Path) -> dict[str, list[tuple]]:
     return out
 
 
-def test_bulk_route_gives_the_python_routes_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [{}, {"domain": "other", "agent_model": "m2"}])
+def test_bulk_route_gives_the_python_routes_tables(tmp_path: Path, overrides: dict) -> None:
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(mixed_lines()) + "\n", encoding="utf-8")
     # A small batch, so runs of plain records alternate with the Python route's batches.
     reports = {}
     for bulk in (False, True):
         db = tmp_path / f"bulk_{bulk}.duckdb"
-        reports[bulk] = ingest_paths([path], db=db, skip_invalid=True, batch_size=7, bulk=bulk)
+        reports[bulk] = ingest_paths([path], db=db, skip_invalid=True, batch_size=7, bulk=bulk,
+                                     **overrides)
     assert reports[True].to_json() == reports[False].to_json()
     report = reports[True]
     assert report.skipped and report.duplicates >= 3

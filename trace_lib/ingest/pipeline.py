@@ -36,6 +36,7 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
+from trace_lib.ingest.bulk_route import LineBatch
 from trace_lib.ingest.formats import load
 from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
@@ -155,15 +156,33 @@ def _file_sha256(src: Source) -> str:
     return digest.hexdigest()
 
 
-def _overridden(records: Iterator[Trajectory | TrajectoryRows], ctx: ParseContext
-                ) -> Iterator[Trajectory | TrajectoryRows]:
+def _override(t: Trajectory | TrajectoryRows, ctx: ParseContext) -> None:
     # Both shapes name these fields alike (rows.py).
+    if ctx.domain is not None:
+        t.domain = ctx.domain
+    if ctx.agent_model is not None:
+        t.agent_model = ctx.agent_model
+
+
+def _overridden(records: Iterator[Any], ctx: ParseContext) -> Iterator[Any]:
     for t in records:
-        if ctx.domain is not None:
-            t.domain = ctx.domain
-        if ctx.agent_model is not None:
-            t.agent_model = ctx.agent_model
+        if type(t) is LineBatch:
+            # The bulk route's SQL applies the overrides itself (ParseContext); the records
+            # of the batch it leaves to the Python route get them here, as any record.
+            t.take = _overriding(t.take, ctx)
+        else:
+            _override(t, ctx)
         yield t
+
+
+def _overriding(take: Callable[[Any], Any], ctx: ParseContext) -> Callable[[Any], Any]:
+    def taken(line: Any) -> Any:
+        t = take(line)
+        if t is not None:
+            _override(t, ctx)
+        return t
+
+    return taken
 
 
 def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
