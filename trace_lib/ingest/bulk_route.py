@@ -2,6 +2,8 @@
 prove a record plain, by the Python importer otherwise.
 
 Design decisions
+- Opt-in (`ingest_paths(bulk=True)`): measured, it costs more CPU than the Python route
+  on the 2-core box (store/bulk_openai.py says where it goes).
 - The importer (openai_jsonl.py) splits the file into lines in Python (the limits, the
   file hash and the progress bar stay `source.iter_jsonl_raw`'s) and yields them as
   `LineBatch`es of `LINES` lines instead of records when the import asks for it

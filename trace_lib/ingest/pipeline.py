@@ -19,6 +19,9 @@ Design decisions
 - The cyclic garbage collector is paused during an import: parsing allocates millions of
   small acyclic objects, so every collection would re-scan them for nothing. It is
   re-enabled when the import ends, whatever happens.
+- `bulk=True` sends OpenAI-messages JSONL through the DuckDB route (ingest/bulk_route.py:
+  plainly valid lines parsed and written by SQL, the rest by the Python importer, tables
+  identical). Off by default: measured, it cost more CPU than the Python route here.
 - `progress`: True shows a tqdm bar on stderr (bytes read); a callable gets (fraction in
   [0, 1], text) — the Streamlit page passes one that drives st.progress.
 """
@@ -201,14 +204,14 @@ def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
 
 def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: SuccessMap | None,
             progress: bool | ProgressFn, ctx: ParseContext, batch_size: int,
-            bulk: bool = True) -> IngestReport:
+            bulk: bool = False) -> IngestReport:
     if not sources:
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
     ctx.success = success
-    # This writer takes JSONL lines in batches for DuckDB (ingest/bulk_route.py); False
-    # sends every record through the Python importer (the reference the route is tested
-    # against).
+    # True: this writer takes JSONL lines in batches for DuckDB (ingest/bulk_route.py).
+    # Off by default: on the 2-core box it cost more CPU than the Python route it is tested
+    # against (bench/README.md, issue 35), and used more memory.
     ctx.bulk = bulk
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
@@ -301,7 +304,7 @@ def ingest_paths(
     domain: str | None = None,
     agent_model: str | None = None,
     batch_size: int = BATCH_SIZE,
-    bulk: bool = True,
+    bulk: bool = False,
 ) -> IngestReport:
     """Import trajectory files into the store, all or nothing. Raises UserInputError."""
     if isinstance(paths, str | Path):
@@ -326,7 +329,7 @@ def ingest_bytes(
     require_outcome: bool = False,
     domain: str | None = None,
     agent_model: str | None = None,
-    bulk: bool = True,
+    bulk: bool = False,
 ) -> IngestReport:
     """Import one uploaded file (the Streamlit upload widget). `name` gives the suffix."""
     ctx = _context(skip_invalid, limits, reward_range, require_outcome, domain, agent_model)

@@ -2,21 +2,30 @@
 turned into trajectory / message / tool-call rows by DuckDB, not Python.
 
 Design decisions
-- Why. After the Python fast route (`ingest/openai_jsonl.fast_rows`) the import's CPU
-  was still ~9x DuckDB's own `read_json` of the file: the per-record Python (parse,
-  rows, hash, column lists) was over half of it. Here the importer hands DuckDB a batch
-  of raw lines (one Arrow string column) and DuckDB's C++ JSON reader does the rest on
-  every core.
+- Why, and why it is not the default. After the Python fast route
+  (`ingest/openai_jsonl.fast_rows`) the import's CPU was still ~9x DuckDB's own
+  `read_json` of the file, over half of it per-record Python (parse, rows, hash, column
+  lists). Here the importer hands DuckDB a batch of raw lines (one Arrow string column)
+  and DuckDB's JSON functions do the rest. Measured on the 2-core box (bench/README.md,
+  issue 35), it costs *more* CPU than the Python route (5.4 vs 4.5 s per 100k, DuckDB's
+  threads counted) and memory (838 vs 438 MiB at 100k): proving a record plain takes a
+  shape pass (`json_structure`), a typed read, four key-list passes for duplicate keys and
+  a regex, and the hash's string assembly and the joins of messages with calls cost
+  ~0.9 s per 100k alone. So `ingest_paths(bulk=True)` asks for it; the default stays
+  Python.
 - Same rule as the fast route: DuckDB only takes a record it can *prove* plain, and
-  proves it narrowly (`_PLAIN`'s conditions: exact JSON types for every field the
-  importer reads, no duplicate keys in any object it reads (Python keeps the last,
-  DuckDB the first), no `\\u0000` (lone surrogates DuckDB refuses to parse), no `meta`/`tools`/
-  `expected_actions`/`outcome`, content as a string or null, calls only on assistant
-  messages, arguments a JSON string already in the exact text Python's encoder writes
-  for it (a flat object of escape-free strings, small integers, booleans and nulls:
-  so the stored and hashed text is the file's own), and tool results answered by unique
-  call ids of earlier messages). Every other record goes to the Python route, which
-  accepts it or words the error, so this route never decides an error.
+  proves it narrowly (`accepted` on the record's `json_structure`, judged once per
+  distinct shape, then per-row SQL): exact JSON types for every field the importer
+  reads; nothing DuckDB reads more leniently than Python (`_LENIENT`: trailing commas,
+  nan/inf, long digit runs; nesting past `MAX_DEPTH`); no duplicate keys in any object
+  it reads (Python keeps the last, DuckDB the first); no `\\u0000` (a lone surrogate
+  DuckDB refuses, so Python reads it); no `meta`/`tools`/`expected_actions`/`outcome`; content a
+  string or null; calls only on assistant messages; arguments a JSON string already in
+  the exact text Python's encoder writes for it (a flat object of escape-free strings,
+  small integers, booleans and nulls, so the stored and hashed text is the file's own);
+  tool results answered by unique call ids of earlier messages. Every other record goes
+  to the Python route, which accepts it or words the error, so this route never decides
+  an error.
 - One hash. The content hash is the writer's (`ingest/writer._digest`): the same parts
   in the same order joined by U+001F, NULL and (where Python uses `or`) empty as
   U+0000, `repr(reward)` only where DuckDB's shortest double text is the same string
