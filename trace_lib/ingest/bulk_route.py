@@ -63,12 +63,12 @@ def plain_records(con: Any, lb: LineBatch, ctx: Any) -> set[int]:
     """The records of `lb` DuckDB takes (see the module docstring)."""
     records, lines = [], []
     for item in lb.items:
-        if type(item) is RawLine:
+        if type(item) is tuple:  # a RawLine; a JsonlLine is a line's error
             try:
-                lines.append(item.raw.decode("utf-8"))
+                lines.append(item[1].decode("utf-8"))
             except UnicodeDecodeError:
                 continue
-            records.append(item.record)
+            records.append(item[0])
     if not records:
         return set()
     return set(bulk_openai.stage(
@@ -95,7 +95,7 @@ def walk(lb: LineBatch, plain: set[int], on_run: Callable[[int, int], None],
     first = last = -1
     n_plain = 0
     for item in lb.items:
-        rec = item.record
+        rec = item[0] if type(item) is tuple else item.record
         if rec in plain:
             if first < 0:
                 first = rec

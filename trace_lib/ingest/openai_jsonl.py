@@ -76,6 +76,7 @@ from trace_lib.ingest.source import (
     Source,
     iter_jsonl,
     iter_jsonl_raw,
+    parse_raw,
 )
 
 # Newer and older OpenAI role names: "developer" is the system prompt of reasoning models,
@@ -468,8 +469,8 @@ class OpenAIJsonlImporter:
             return traj
 
         def take_line(line: RawLine | JsonlLine) -> Trajectory | TrajectoryRows | None:
-            if type(line) is RawLine:
-                line = line.parse()
+            if type(line) is tuple:
+                line = parse_raw(line)
             if line.error is not None:
                 if not ctx.skip_invalid:
                     raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
@@ -498,7 +499,10 @@ class OpenAIJsonlImporter:
                     yield LineBatch(items, take_line, counted)  # type: ignore[misc]
             else:
                 for line in iter_jsonl(src, ctx.limits, hashlib.sha256(), ctx.progress):
-                    traj = take_line(line)
+                    if line.error is not None:
+                        take_line(line)  # raises, or records the skip
+                        continue
+                    traj = take(line.record, line.value, line.record + 1)
                     if traj is not None:
                         yield traj
             if out.n_records == 0:
