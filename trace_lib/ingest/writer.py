@@ -378,8 +378,12 @@ class Writer:
             traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
         except ValueError:
             traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
-        if traj.source_id is not None:
-            st.same_source(traj.source_id, sha)
+        source_id = traj.source_id
+        if source_id is not None:  # `_FileState.same_source`, inline: it runs per record
+            key = hash(sha)
+            prior = st.by_source.setdefault(hash(source_id), key)
+            if prior != key and source_id not in st.dup_ids:
+                st.dup_ids.append(source_id)
         st.batch.pending.append((traj, sha, Trajectory.id_from_sha(sha), args_json, meta_json))
         if len(st.batch) >= self.batch_size:
             self._flush(st.batch, f, result)
