@@ -36,7 +36,9 @@ Design decisions
   store (which holds this transaction's earlier rows) and deduplicated by record order
   inside the run, so duplicates count and land exactly as on the Python route.
 - Everything lives in temporary tables of the import's transaction, replaced per
-  batch: memory is one batch, whatever the file's size.
+  batch: the importer holds one batch, and DuckDB's temporary tables count against the
+  import's memory limit (`IngestLimits.store_memory_bytes`); measured peak RSS 830 MiB at
+  100k, 1,271 MiB at 1M (the Python route: 436 and 1,094 MiB).
 """
 
 from __future__ import annotations
