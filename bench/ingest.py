@@ -2,7 +2,7 @@
 beside DuckDB's own `read_json` on the same file and a row-by-row executemany import.
 
 Run:  nice -n 10 python bench/ingest.py [--n 100000,300000,1000000] [--baseline-n 5000]
-      [--queries] [--core]
+      [--queries] [--core] [--bulk] [--compact] [--json bench/results/ingest.json]
 
 What it measures, on the same machine and the same synthetic JSONL file per size
 (N trajectories, ~3.5 messages each, 1-2 tool calls, ~10% tool errors, 4 domains):
@@ -27,7 +27,15 @@ What it measures, on the same machine and the same synthetic JSONL file per size
      in requests of up to 512 spans as the SDK's batch processor does): wall, CPU, peak
      RSS per size. Bounded memory shows as a peak that does not grow with the file
      (`--n ''` skips the trajectory sizes).
+  7. With `--bulk`: the same import through the DuckDB bulk route
+     (`ingest_paths(bulk=True)`, ingest/bulk_route.py), beside the default route.
+  8. With `--compact`: the store's size per trajectory beside the source file's, after a
+     second file is imported and deleted again (DuckDB keeps the file's size after a
+     DELETE) and after `store compact`.
+  9. With `--json PATH`: every figure above as one document (cpu_s, read_json_cpu_s,
+     ratio_to_read_json, peak_mib per size; the compaction's sizes).
 Goals (issue 10): CPU <= 10 s per 100k trajectories; peak memory <= 1.5 GiB at 300k and 1M.
+Goals (issue 35): CPU within 3x of read_json's at 100k; peak memory flat in the file size.
 """
 
 from __future__ import annotations
@@ -283,6 +291,39 @@ def write_otel(path: Path, n_spans: int) -> int:
     return n_traces
 
 
+def compaction(tmpdir: Path, n: int) -> dict[str, float]:
+    """Store bytes per trajectory beside the source's: after importing two files of `n`,
+    after deleting the second (DuckDB keeps the space), after `store compact`."""
+    from trace_lib.store import backup
+    from trace_lib.workbench import data as wb_data
+
+    a, b = tmpdir / "compact_a.jsonl", tmpdir / "compact_b.jsonl"
+    write_dataset(a, n, seed=2)
+    write_dataset(b, n, seed=3)
+    db = tmpdir / "compact.duckdb"
+    ingest_paths([a], db=db)
+    ingest_paths([b], db=db)
+    with store.connect(db, read_only=True) as con:
+        n_both = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    two = db.stat().st_size
+    wb_data.delete_dataset(b.name, db=db)
+    with store.connect(db, read_only=True) as con:
+        n_left = con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+    deleted = db.stat().st_size
+    t0 = time.process_time()
+    done = backup.compact(db)
+    cpu = time.process_time() - t0
+    out = {"n_per_file": n, "source_bytes_per_trajectory": a.stat().st_size / n,
+           "store_bytes_per_trajectory_two_files": two / n_both,
+           "store_bytes_per_trajectory_after_delete": deleted / n_left,
+           "store_bytes_per_trajectory_after_compact": done["bytes_after"] / n_left,
+           "store_mib_two_files": two / 2**20, "store_mib_after_delete": deleted / 2**20,
+           "store_mib_after_compact": done["bytes_after"] / 2**20, "compact_cpu_s": cpu}
+    for f in (a, b, db, db.with_name(db.name + ".search.sqlite")):
+        f.unlink(missing_ok=True)
+    return out
+
+
 def _usage() -> dict[str, float]:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"cpu": ru.ru_utime + ru.ru_stime, "peak_mib": ru.ru_maxrss / 1024}
@@ -296,14 +337,14 @@ def child(kind: str, data: Path, db: Path) -> int:
     t0 = time.perf_counter()
     if kind == "otel":
         n = ingest_paths([data], db=db, fmt="otel").trajectories
-    elif kind in ("ingest", "core"):
+    elif kind in ("ingest", "core", "bulk"):
         if kind == "core":
             import contextlib
 
             from trace_lib.ingest import pipeline
 
             pipeline.derived.on_import = lambda con, path: contextlib.nullcontext()
-        report = ingest_paths([data], db=db)
+        report = ingest_paths([data], db=db, bulk=kind == "bulk")
         n = report.trajectories
     else:
         import duckdb
@@ -337,6 +378,12 @@ def main() -> int:
     ap.add_argument("--queries", action="store_true", help="also time explore queries")
     ap.add_argument("--core", action="store_true",
                     help="also measure the import without the derived-columns hook")
+    ap.add_argument("--bulk", action="store_true",
+                    help="also measure the DuckDB bulk route (ingest_paths(bulk=True))")
+    ap.add_argument("--compact", type=int, default=0, metavar="N",
+                    help="measure store size per trajectory around a delete and `store "
+                         "compact`, with two files of N trajectories")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the figures here")
     ap.add_argument("--otel-spans", default="",
                     help="also import OTLP files of these span counts (e.g. 25000,100000)")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "DATA", "DB"), help=argparse.SUPPRESS)
@@ -347,6 +394,10 @@ def main() -> int:
     sizes = [int(x) for x in args.n.split(",") if x.strip()]
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           f"(wall times grow with load; CPU time much less)")
+    results: dict = {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "cores": os.cpu_count(), "load_average_start": os.getloadavg()[0],
+                     "cpu": "user + system of the importing child process (DuckDB's "
+                            "threads included)", "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmpdir = Path(tmp)
         for n_spans in [int(x) for x in args.otel_spans.split(",") if x.strip()]:
@@ -368,6 +419,19 @@ def main() -> int:
             ours = measure("ingest", data, tmpdir / f"ours_{n}.duckdb")
             ref = measure("read_json", data, tmpdir / f"ref_{n}.duckdb")
             runs = [("trace_lib ingest_paths", ours), ("DuckDB read_json (peer)", ref)]
+            row = {"cpu_s": ours["cpu"], "wall_s": ours["wall"], "peak_mib": ours["peak_mib"],
+                   "read_json_cpu_s": ref["cpu"], "read_json_wall_s": ref["wall"],
+                   "read_json_peak_mib": ref["peak_mib"],
+                   "ratio_to_read_json": ours["cpu"] / max(ref["cpu"], 1e-9),
+                   "file_mb": data.stat().st_size / 1e6}
+            if args.bulk:
+                bulk = measure("bulk", data, tmpdir / f"bulk_{n}.duckdb")
+                (tmpdir / f"bulk_{n}.duckdb").unlink(missing_ok=True)
+                runs.insert(1, ("  bulk route (DuckDB)", bulk))
+                row.update({"bulk_cpu_s": bulk["cpu"], "bulk_wall_s": bulk["wall"],
+                            "bulk_peak_mib": bulk["peak_mib"],
+                            "bulk_ratio_to_read_json": bulk["cpu"] / max(ref["cpu"], 1e-9)})
+            results["sizes"][str(n)] = row
             if args.core:
                 core = measure("core", data, tmpdir / f"core_{n}.duckdb")
                 (tmpdir / f"core_{n}.duckdb").unlink(missing_ok=True)
@@ -389,6 +453,20 @@ def main() -> int:
             if n != sizes[0] or not args.queries:
                 data.unlink()
 
+        if args.compact:
+            results["compaction"] = c = compaction(tmpdir, args.compact)
+            print(f"\nstore size per trajectory (two files of {args.compact:,}): source "
+                  f"{c['source_bytes_per_trajectory']:.0f} B; store "
+                  f"{c['store_bytes_per_trajectory_two_files']:.0f} B, after deleting one "
+                  f"file {c['store_bytes_per_trajectory_after_delete']:.0f} B "
+                  f"({c['store_mib_after_delete']:.1f} MiB), after compact "
+                  f"{c['store_bytes_per_trajectory_after_compact']:.0f} B "
+                  f"({c['store_mib_after_compact']:.1f} MiB, {c['compact_cpu_s']:.1f} s CPU)")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+            print(f"figures written to {args.json}")
+        if args.baseline_n <= 0:
+            return 0
         # Write step alone, both sides on the same parsed subset, then extrapolated.
         n0 = sizes[0]
         sub = tmpdir / "subset.jsonl"

@@ -115,5 +115,6 @@ def test_real_verbs_print_one_json_document(tmp_path: Path, capfd, monkeypatch) 
     pair = verb("compare", f"{demo['name']}@scripted-careful", f"{demo['name']}@scripted-hasty")
     assert "floor" in pair
     verb("datasets", "delete", "more.jsonl", "--yes")
+    assert verb("store", "compact")["bytes_after"] > 0
     assert not walked & set(ELSEWHERE)
     assert walked | set(ELSEWHERE) == all_verbs, sorted(all_verbs - walked - set(ELSEWHERE))

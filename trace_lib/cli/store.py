@@ -1,5 +1,5 @@
 """CLI verbs of the store itself: `store check [--repair]`, `store backup PATH`,
-`store restore PATH`.
+`store restore PATH`, `store compact`.
 
 Design decisions
 - Thin: each verb is one call of `trace_lib.workbench.store_admin` and prints its result.
@@ -70,10 +70,24 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from trace_lib.workbench import store_admin
+
+    done = store_admin.compact_store(args.db)
+    if args.json:
+        print_json(done)
+        return 0
+    mib = 1 << 20
+    print(f"Compacted {done['store']}: {done['bytes_before'] / mib:.1f} MiB -> "
+          f"{done['bytes_after'] / mib:.1f} MiB ({len(done['tables'])} tables, "
+          f"{sum(done['tables'].values())} rows, unchanged).")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add `store check|backup|restore` to the CLI."""
+    """Add `store check|backup|restore|compact` to the CLI."""
     st = sub.add_parser("store", parents=[common],
-                        help="the store file: check, back up, restore")
+                        help="the store file: check, back up, restore, compact")
     ssub = st.add_subparsers(dest="store_verb", metavar="ACTION")
     ssub.required = True
     s = ssub.add_parser("check", parents=[common],
@@ -96,3 +110,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     s.add_argument("path", help="a folder written by `store backup`")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_cmd_restore)
+    s = ssub.add_parser("compact", parents=[common],
+                        help="give back the space deletes left in the store file (a copy of "
+                             "the live rows, swapped in under the store's lock)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_compact)

@@ -32,6 +32,18 @@ Design decisions
   it is renamed `<store>.before-restore-<UTC time>` (with its WAL and index), and the
   result says where. A backup of an older schema is migrated by the first open, as any
   older store is.
+- `compact` gives back the space deletes leave: DuckDB does not shrink its file after a
+  DELETE (`datasets delete` of half a store left the file as large, measured in
+  bench/README.md). It is a copy too, in the other direction: under the store's write lock
+  (read-write connection, CHECKPOINT), `COPY FROM DATABASE` into a fresh file beside the
+  store, which rewrites only live rows and keeps the whole catalog (tables, views,
+  sequences at their current value, constraints). The copy is checked against the store
+  before anything is replaced (schema version, row counts of every table, every
+  sequence's value, the views); the connection is closed, the store file's lock taken
+  (as `restore` does), and the copy swapped in only if the store did not change in
+  between (size, modification time, no WAL): a writer that slipped in makes it refuse,
+  never lose that write. The search index is not touched: it is keyed by trajectory ids,
+  which a copy keeps.
 """
 
 from __future__ import annotations
@@ -287,6 +299,75 @@ def restore(src: str | Path, db: str | Path | None, *, timeout_s: float = 30.0
     return {"store": str(path), "backup": str(src), "kept": str(kept) if kept else None,
             "schema_version": version, "backup_schema_version": manifest["schema_version"],
             "tables": restored, "search_index": bool(index_name)}
+
+
+def _catalog(con: duckdb.DuckDBPyConnection, db: str) -> dict[str, Any]:
+    """What a compacted copy must keep of database `db`: schema version, row counts of
+    every table, sequence values, view names."""
+    tables = [r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1",
+        [db]).fetchall()]
+    return {
+        "tables": {t: con.execute(f'SELECT count(*) FROM "{db}".main."{t}"').fetchone()[0]
+                   for t in tables},
+        "sequences": con.execute(
+            "SELECT sequence_name, last_value FROM duckdb_sequences() WHERE database_name = ? "
+            "ORDER BY 1", [db]).fetchall(),
+        "views": con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal "
+            "ORDER BY 1", [db]).fetchall(),
+        "schema_version": con.execute(
+            f'SELECT max(version) FROM "{db}".main.schema_version').fetchone()[0],
+    }
+
+
+def compact(db: str | Path | None, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Rewrite the store into a fresh file holding only its live rows and swap it in (see
+    the module docstring). Returns the sizes before and after and the row counts."""
+    path = resolve_db_path(db)
+    if not path.exists():
+        raise StoreError(f"{path}: no database here, so there is nothing to compact.")
+    tmp = path.with_name(f".{path.name}.compacting-{os.getpid()}")
+    tmp_wal = tmp.with_name(tmp.name + ".wal")
+    before = path.stat().st_size
+    try:
+        for f in (tmp, tmp_wal):
+            f.unlink(missing_ok=True)
+        con = open_connection(path, timeout_s=timeout_s, migrate=False)
+        try:
+            try:
+                con.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                raise (damage_error(path, exc) or StoreError(
+                    f"{path}: could not checkpoint the store before compacting it: {exc}")
+                ) from exc
+            name = con.execute("SELECT current_database()").fetchone()[0]
+            quoted = str(tmp).replace("'", "''")
+            con.execute(f"ATTACH '{quoted}' AS _compact")
+            con.execute(f'COPY FROM DATABASE "{name}" TO _compact')
+            con.execute("CHECKPOINT _compact")
+            kept, copied = _catalog(con, name), _catalog(con, "_compact")
+            con.execute("DETACH _compact")
+        finally:
+            con.close()
+        if kept != copied:
+            raise StoreError(f"{path}: the compacted copy differs from the store ({kept} vs "
+                             f"{copied}); nothing was replaced.")
+        _fsync(tmp)
+        seen = path.stat()
+        with _file_lock(path, timeout_s):
+            now = path.stat()
+            if ((now.st_size, now.st_mtime_ns) != (seen.st_size, seen.st_mtime_ns)
+                    or path.with_name(path.name + ".wal").exists()):
+                raise StoreError(f"{path}: another process wrote to the store while it was "
+                                 "being compacted; nothing was replaced. Run it again.")
+            os.replace(tmp, path)
+    except BaseException:
+        for f in (tmp, tmp_wal):
+            f.unlink(missing_ok=True)
+        raise
+    return {"store": str(path), "bytes_before": before, "bytes_after": path.stat().st_size,
+            "tables": kept["tables"], "schema_version": kept["schema_version"]}
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ Design decisions
   shows it instead of a traceback); a missing, unreadable or stale search index is rebuilt
   on the spot and the notice says so. A store busy with another writer skips the rebuild
   and says it will be done later (searches meanwhile scan).
-- `backup_store` / `restore_store` are `store.backup` (a file copy under the store's lock;
+- `backup_store` / `restore_store` / `compact_store` are `store.backup` (a file copy under the store's lock;
   see that module for why not EXPORT DATABASE). `delete_dataset(..., backup=PATH)` in
   `workbench.data` takes one of these before it deletes.
 - `explain_error` turns a DuckDB error raised mid-query by a damaged file into the same
@@ -167,6 +167,12 @@ def backup_store(db: Db, dest: str | Path) -> dict[str, Any]:
             "tables": done.manifest["tables"], "files": done.manifest["files"],
             "restore": f"python -m trace_lib store restore {done.path} --db "
                        f"{done.manifest['source']}"}
+
+
+def compact_store(db: Db = None) -> dict[str, Any]:
+    """Give back the space deletes left in the store file (`store compact`): a copy of the
+    live rows swapped in under the store's lock (`store.backup.compact`)."""
+    return store_backup.compact(db)
 
 
 def restore_store(src: str | Path, db: Db = None) -> dict[str, Any]:
