@@ -2,7 +2,7 @@
 beside DuckDB's own `read_json` on the same file and a row-by-row executemany import.
 
 Run:  nice -n 10 python bench/ingest.py [--n 100000,300000,1000000] [--baseline-n 5000]
-      [--queries] [--core] [--bulk] [--compact] [--json bench/results/ingest.json]
+      [--queries] [--core] [--compact N] [--json bench/results/ingest.json]
 
 What it measures, on the same machine and the same synthetic JSONL file per size
 (N trajectories, ~3.5 messages each, 1-2 tool calls, ~10% tool errors, 4 domains):
@@ -27,12 +27,10 @@ What it measures, on the same machine and the same synthetic JSONL file per size
      in requests of up to 512 spans as the SDK's batch processor does): wall, CPU, peak
      RSS per size. Bounded memory shows as a peak that does not grow with the file
      (`--n ''` skips the trajectory sizes).
-  7. With `--bulk`: the same import through the DuckDB bulk route
-     (`ingest_paths(bulk=True)`, ingest/bulk_route.py), beside the default route.
-  8. With `--compact`: the store's size per trajectory beside the source file's, after a
+  7. With `--compact`: the store's size per trajectory beside the source file's, after a
      second file is imported and deleted again (DuckDB keeps the file's size after a
      DELETE) and after `store compact`.
-  9. With `--json PATH`: every figure above as one document (cpu_s, read_json_cpu_s,
+  8. With `--json PATH`: every figure above as one document (cpu_s, read_json_cpu_s,
      ratio_to_read_json, peak_mib per size; the compaction's sizes).
 Goals (issue 10): CPU <= 10 s per 100k trajectories; peak memory <= 1.5 GiB at 300k and 1M.
 Goals (issue 35): CPU within 3x of read_json's at 100k; peak memory flat in the file size.
@@ -337,14 +335,14 @@ def child(kind: str, data: Path, db: Path) -> int:
     t0 = time.perf_counter()
     if kind == "otel":
         n = ingest_paths([data], db=db, fmt="otel").trajectories
-    elif kind in ("ingest", "core", "bulk"):
+    elif kind in ("ingest", "core"):
         if kind == "core":
             import contextlib
 
             from trace_lib.ingest import pipeline
 
             pipeline.derived.on_import = lambda con, path: contextlib.nullcontext()
-        report = ingest_paths([data], db=db, bulk=kind == "bulk")
+        report = ingest_paths([data], db=db)
         n = report.trajectories
     else:
         import duckdb
@@ -378,8 +376,6 @@ def main() -> int:
     ap.add_argument("--queries", action="store_true", help="also time explore queries")
     ap.add_argument("--core", action="store_true",
                     help="also measure the import without the derived-columns hook")
-    ap.add_argument("--bulk", action="store_true",
-                    help="also measure the DuckDB bulk route (ingest_paths(bulk=True))")
     ap.add_argument("--compact", type=int, default=0, metavar="N",
                     help="measure store size per trajectory around a delete and `store "
                          "compact`, with two files of N trajectories")
@@ -424,13 +420,6 @@ def main() -> int:
                    "read_json_peak_mib": ref["peak_mib"],
                    "ratio_to_read_json": ours["cpu"] / max(ref["cpu"], 1e-9),
                    "file_mb": data.stat().st_size / 1e6}
-            if args.bulk:
-                bulk = measure("bulk", data, tmpdir / f"bulk_{n}.duckdb")
-                (tmpdir / f"bulk_{n}.duckdb").unlink(missing_ok=True)
-                runs.insert(1, ("  bulk route (DuckDB)", bulk))
-                row.update({"bulk_cpu_s": bulk["cpu"], "bulk_wall_s": bulk["wall"],
-                            "bulk_peak_mib": bulk["peak_mib"],
-                            "bulk_ratio_to_read_json": bulk["cpu"] / max(ref["cpu"], 1e-9)})
             results["sizes"][str(n)] = row
             if args.core:
                 core = measure("core", data, tmpdir / f"core_{n}.duckdb")

@@ -13,14 +13,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-sys.path.insert(0, str(Path(__file__).parents[1] / "ingest"))
 from journey_helpers import table_fingerprint  # noqa: E402
 from store_faults import cli, ok  # noqa: E402
-from test_bulk_route import synth  # noqa: E402
 
 from trace_lib import store  # noqa: E402
 from trace_lib.ingest import ingest_paths  # noqa: E402
 from trace_lib.store import backup  # noqa: E402
+
+
+def synth(i: int) -> dict:
+    """A bench-like record (bench/ingest.py's shape), with text the search index finds."""
+    call = {"id": f"call_{i}", "type": "function", "function": {
+        "name": ("lookup", "refund")[i % 2],
+        "arguments": json.dumps({"user_id": f"user_{i % 7}", "n": i % 5})}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": f"Where is my order {i}? I want a refund."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{i}",
+         "content": f"Error: order {i} not found" if i % 5 == 0 else "{\"status\": \"ok\"}"},
+        {"role": "assistant", "content": f"Done {i}."},
+    ]
+    return {"id": f"s{i}", "task_id": f"task_{i % 4}", "agent_model": "m",
+            "domain": ("airline", "retail")[i % 2], "messages": messages,
+            "reward": (1.0, 0.0, 0.25)[i % 3]}
 
 
 def test_compact_gives_back_deleted_space_and_keeps_every_row(store_copy: Path,

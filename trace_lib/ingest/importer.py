@@ -36,9 +36,6 @@ class ParseContext:
     require_outcome: bool = False  # OpenAI JSONL: refuse records without reward/success
     domain: str | None = None  # overrides what the file says or the name suggests
     agent_model: str | None = None
-    # JSONL importers may yield `bulk_route.LineBatch`es for the writer to hand to DuckDB
-    # (the pipeline's writer knows them; other callers of `load` get records only).
-    bulk: bool = False
 
 
 class Importer(Protocol):

@@ -44,7 +44,6 @@ from typing import Any
 
 from trace_lib.data_model import ExpectedAction, ToolSchema, Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.bulk_route import LINES, LineBatch
 from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import (
     INT32,
@@ -69,15 +68,7 @@ from trace_lib.ingest.normalise import (
 )
 from trace_lib.ingest.rows import CallRow, MessageRow, TrajectoryRows
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
-from trace_lib.ingest.source import (
-    JsonlLine,
-    RawLine,
-    RecordError,
-    Source,
-    iter_jsonl,
-    iter_jsonl_raw,
-    parse_raw,
-)
+from trace_lib.ingest.source import RecordError, Source, iter_jsonl
 
 # Newer and older OpenAI role names: "developer" is the system prompt of reasoning models,
 # "function" the pre-tools way of returning a function's result.
@@ -468,39 +459,20 @@ class OpenAIJsonlImporter:
                     out.given_schemas.append(schemas[(domain, name)])
             return traj
 
-        def take_line(line: RawLine | JsonlLine) -> Trajectory | TrajectoryRows | None:
-            if type(line) is tuple:
-                line = parse_raw(line)
-            if line.error is not None:
-                if not ctx.skip_invalid:
-                    raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
-                out.n_records += 1
-                out.skipped.append(Skipped(src.name, line.record, str(line.error)))
-                return None
-            return take(line.record, line.value, line.record + 1)
-
-        def counted(n: int) -> None:
-            out.n_records += n
-
         def records() -> Iterator[Trajectory | TrajectoryRows]:
             if doc is not None:
                 for i, raw in enumerate(doc if isinstance(doc, list) else [doc]):
                     traj = take(i, raw, None)
                     if traj is not None:
                         yield traj
-            elif ctx.bulk:
-                items: list[RawLine | JsonlLine] = []
-                for item in iter_jsonl_raw(src, ctx.limits, hashlib.sha256(), ctx.progress):
-                    items.append(item)
-                    if len(items) >= LINES:
-                        yield LineBatch(items, take_line, counted)  # type: ignore[misc]
-                        items = []
-                if items:
-                    yield LineBatch(items, take_line, counted)  # type: ignore[misc]
             else:
-                for line in iter_jsonl(src, ctx.limits, hashlib.sha256(), ctx.progress):
+                digest = hashlib.sha256()
+                for line in iter_jsonl(src, ctx.limits, digest, ctx.progress):
                     if line.error is not None:
-                        take_line(line)  # raises, or records the skip
+                        if not ctx.skip_invalid:
+                            raise UserInputError(f"{src.name}: {line.error}; nothing was imported")
+                        out.n_records += 1
+                        out.skipped.append(Skipped(src.name, line.record, str(line.error)))
                         continue
                     traj = take(line.record, line.value, line.record + 1)
                     if traj is not None:

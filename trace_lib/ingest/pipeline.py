@@ -19,9 +19,6 @@ Design decisions
 - The cyclic garbage collector is paused during an import: parsing allocates millions of
   small acyclic objects, so every collection would re-scan them for nothing. It is
   re-enabled when the import ends, whatever happens.
-- `bulk=True` sends OpenAI-messages JSONL through the DuckDB route (ingest/bulk_route.py:
-  plainly valid lines parsed and written by SQL, the rest by the Python importer, tables
-  identical). Off by default: measured, it cost more CPU than the Python route here.
 - `progress`: True shows a tqdm bar on stderr (bytes read); a callable gets (fraction in
   [0, 1], text) — the Streamlit page passes one that drives st.progress.
 """
@@ -39,7 +36,6 @@ from typing import Any
 from trace_lib import store
 from trace_lib.data_model import Trajectory
 from trace_lib.errors import UserInputError
-from trace_lib.ingest.bulk_route import LineBatch
 from trace_lib.ingest.formats import load
 from trace_lib.ingest.importer import ParseContext
 from trace_lib.ingest.normalise import DEFAULT_REWARD_RANGE, ParsedFile, Skipped, SuccessMap
@@ -159,33 +155,15 @@ def _file_sha256(src: Source) -> str:
     return digest.hexdigest()
 
 
-def _override(t: Trajectory | TrajectoryRows, ctx: ParseContext) -> None:
+def _overridden(records: Iterator[Trajectory | TrajectoryRows], ctx: ParseContext
+                ) -> Iterator[Trajectory | TrajectoryRows]:
     # Both shapes name these fields alike (rows.py).
-    if ctx.domain is not None:
-        t.domain = ctx.domain
-    if ctx.agent_model is not None:
-        t.agent_model = ctx.agent_model
-
-
-def _overridden(records: Iterator[Any], ctx: ParseContext) -> Iterator[Any]:
     for t in records:
-        if type(t) is LineBatch:
-            # The bulk route's SQL applies the overrides itself (ParseContext); the records
-            # of the batch it leaves to the Python route get them here, as any record.
-            t.take = _overriding(t.take, ctx)
-        else:
-            _override(t, ctx)
+        if ctx.domain is not None:
+            t.domain = ctx.domain
+        if ctx.agent_model is not None:
+            t.agent_model = ctx.agent_model
         yield t
-
-
-def _overriding(take: Callable[[Any], Any], ctx: ParseContext) -> Callable[[Any], Any]:
-    def taken(line: Any) -> Any:
-        t = take(line)
-        if t is not None:
-            _override(t, ctx)
-        return t
-
-    return taken
 
 
 def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
@@ -203,23 +181,17 @@ def _prepare(src: Source, fmt: str, ctx: ParseContext) -> ParsedFile:
 
 
 def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: SuccessMap | None,
-            progress: bool | ProgressFn, ctx: ParseContext, batch_size: int,
-            bulk: bool = False) -> IngestReport:
+            progress: bool | ProgressFn, ctx: ParseContext, batch_size: int) -> IngestReport:
     if not sources:
         raise UserInputError("no input files given; expected one or more paths")
     bar = _Progress(progress, sum(s.size() for s in sources))
     ctx.success = success
-    # True: this writer takes JSONL lines in batches for DuckDB (ingest/bulk_route.py).
-    # Off by default: on the 2-core box it cost more CPU than the Python route it is tested
-    # against (bench/README.md, issue 35), and used more memory.
-    ctx.bulk = bulk
     ctx.progress = bar.read if (bar.bar or bar.fn) else None
     report = IngestReport()
     target = store.LazyWriteTransaction(db, ctx.limits.store_memory_bytes)
     with _gc_paused(), third_party_warnings() as caught:
         try:
-            writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size,
-                            ctx)
+            writer = Writer(target.connect, {s.name: s.origin for s in sources}, batch_size)
             for src in sources:
                 parsed = _prepare(src, fmt, ctx)
                 report.add(parsed, writer.write_file(parsed))
@@ -304,7 +276,6 @@ def ingest_paths(
     domain: str | None = None,
     agent_model: str | None = None,
     batch_size: int = BATCH_SIZE,
-    bulk: bool = False,
 ) -> IngestReport:
     """Import trajectory files into the store, all or nothing. Raises UserInputError."""
     if isinstance(paths, str | Path):
@@ -313,7 +284,7 @@ def ingest_paths(
     sources = [Source.from_path(p) for p in paths]
     success = load_success_file(success_file) if success_file else None
     return _ingest(sources, db=db, fmt=fmt, success=success, progress=progress, ctx=ctx,
-                   batch_size=batch_size, bulk=bulk)
+                   batch_size=batch_size)
 
 
 def ingest_bytes(
@@ -329,12 +300,11 @@ def ingest_bytes(
     require_outcome: bool = False,
     domain: str | None = None,
     agent_model: str | None = None,
-    bulk: bool = False,
 ) -> IngestReport:
     """Import one uploaded file (the Streamlit upload widget). `name` gives the suffix."""
     ctx = _context(skip_invalid, limits, reward_range, require_outcome, domain, agent_model)
     return _ingest([Source(name=name, data=data)], db=db, fmt=fmt, success=None,
-                   progress=progress, ctx=ctx, batch_size=BATCH_SIZE, bulk=bulk)
+                   progress=progress, ctx=ctx, batch_size=BATCH_SIZE)
 
 
 def store_stats(db: str | Path | None = None) -> dict[str, Any]:

@@ -135,20 +135,6 @@ class SchemaObserver:
             obs = self.observed[key] = _Observed()
         obs.add(arguments)
 
-    def add_counted(self, calls: list[tuple[str, str, int]],
-                    keys: list[tuple[str, str, str, list[str], int]]) -> None:
-        """Calls counted elsewhere (the bulk route counts them in SQL): `calls` per
-        (domain, tool), and per argument key its JSON types and how many calls have it;
-        the same as `add_call` per call, for calls whose arguments were all read."""
-        for domain, tool, n in calls:
-            obs = self.observed.setdefault((domain, tool), _Observed())
-            obs.calls += n
-            obs.parsed += n
-        for domain, tool, key, types, n in keys:
-            obs = self.observed[(domain, tool)]
-            obs.types.setdefault(key, set()).update(types)
-            obs.present[key] = obs.present.get(key, 0) + n
-
     def schemas(
         self, skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset()
     ) -> list[ToolSchema]:

@@ -387,77 +387,13 @@ class JsonlLine:
     error: RecordError | None = None
 
 
-def _parse_line(raw: bytes, index: int, line_offset: int) -> JsonlLine:
-    """One non-blank JSONL line, parsed, or the error that words why it cannot be."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return JsonlLine(
-            index,
-            error=RecordError(
-                index,
-                None,
-                f"not valid UTF-8 at byte {line_offset + exc.start} of the file: byte "
-                f"{raw[exc.start : exc.start + 1]!r}; expected UTF-8 text",
-                line=index + 1,
-            ),
-        )
-    try:
-        return JsonlLine(index, value=fast_loads(raw, text))
-    except RecursionError:
-        return JsonlLine(
-            index,
-            error=RecordError(
-                index,
-                None,
-                f"JSON nested too deeply (over ~{_max_depth()} levels); expected one "
-                f"trajectory object per line",
-                line=index + 1,
-            ),
-        )
-    except json.JSONDecodeError as exc:
-        kind = "truncated JSON" if looks_truncated(exc) else "malformed JSON"
-        return JsonlLine(
-            index,
-            error=RecordError(
-                index,
-                None,
-                f"{kind} at column {exc.colno}: {json_problem(exc)}; expected one JSON object "
-                "per line",
-                line=index + 1,
-            ),
-        )
-    except ValueError as exc:  # an integer over the 4300-digit conversion limit
-        return JsonlLine(
-            index,
-            error=RecordError(
-                index,
-                None,
-                f"a number is too large to read ({exc}); expected ids and counts that "
-                f"fit in 64 bits",
-                line=index + 1,
-            ),
-        )
-
-
-# One non-blank JSONL line as bytes (BOM removed): (record, raw, file offset). A plain
-# tuple, not an object: one is made per line of every import (`iter_jsonl`'s hot loop).
-RawLine = tuple[int, bytes, int]
-
-
-def parse_raw(line: RawLine) -> JsonlLine:
-    """`iter_jsonl`'s item for a line `iter_jsonl_raw` gave."""
-    return _parse_line(line[1], line[0], line[2])
-
-
-def iter_jsonl_raw(
+def iter_jsonl(
     src: Source,
     limits: IngestLimits,
     digest: Any,
     progress: ProgressBytes | None = None,
-) -> Iterator[RawLine | JsonlLine]:
-    """`iter_jsonl` without the parsing: each non-blank line's bytes, or (a line over the
-    record limit) its error; the bulk route parses lines in DuckDB instead."""
+) -> Iterator[JsonlLine]:
+    """Stream a JSONL file line by line; `digest` (a hashlib object) sees every byte."""
     parts: list[bytes] = []
     held = 0  # bytes in `parts`
     oversize = 0  # > 0 while skipping past a line over the limit: its length so far
@@ -465,14 +401,62 @@ def iter_jsonl_raw(
     offset = 0  # file offset of the current line's first byte
     first = True
 
-    def finish(raw: bytes, line_offset: int) -> RawLine | None:
+    def finish(raw: bytes, line_offset: int) -> JsonlLine | None:
         nonlocal first
         if first:
             first = False
             raw = raw.removeprefix(_BOM)
         if not raw.strip():
             return None
-        return index, raw, line_offset
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"not valid UTF-8 at byte {line_offset + exc.start} of the file: byte "
+                    f"{raw[exc.start : exc.start + 1]!r}; expected UTF-8 text",
+                    line=index + 1,
+                ),
+            )
+        try:
+            return JsonlLine(index, value=fast_loads(raw, text))
+        except RecursionError:
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"JSON nested too deeply (over ~{_max_depth()} levels); expected one "
+                    f"trajectory object per line",
+                    line=index + 1,
+                ),
+            )
+        except json.JSONDecodeError as exc:
+            kind = "truncated JSON" if looks_truncated(exc) else "malformed JSON"
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"{kind} at column {exc.colno}: {json_problem(exc)}; expected one JSON object "
+                    "per line",
+                    line=index + 1,
+                ),
+            )
+        except ValueError as exc:  # an integer over the 4300-digit conversion limit
+            return JsonlLine(
+                index,
+                error=RecordError(
+                    index,
+                    None,
+                    f"a number is too large to read ({exc}); expected ids and counts that "
+                    f"fit in 64 bits",
+                    line=index + 1,
+                ),
+            )
 
     def too_big(length: int) -> JsonlLine:
         return JsonlLine(
@@ -520,17 +504,6 @@ def iter_jsonl_raw(
         out = finish(b"".join(parts), offset)
         if out is not None:
             yield out
-
-
-def iter_jsonl(
-    src: Source,
-    limits: IngestLimits,
-    digest: Any,
-    progress: ProgressBytes | None = None,
-) -> Iterator[JsonlLine]:
-    """Stream a JSONL file line by line; `digest` (a hashlib object) sees every byte."""
-    for item in iter_jsonl_raw(src, limits, digest, progress):
-        yield _parse_line(item[1], item[0], item[2]) if type(item) is tuple else item
 
 
 def env_path(name: str) -> Path | None:

@@ -57,9 +57,7 @@ import pyarrow as pa
 
 from trace_lib import store
 from trace_lib.data_model import ToolSchema, Trajectory
-from trace_lib.ingest import bulk_route
 from trace_lib.ingest import schemas as schema_mod
-from trace_lib.ingest.bulk_route import LineBatch
 from trace_lib.ingest.normalise import ParsedFile
 from trace_lib.ingest.rows import TrajectoryRows, as_rows
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
@@ -257,25 +255,6 @@ def _digest(traj: TrajectoryRows) -> tuple[str, list[str]]:
     return hashlib.sha256(blob).hexdigest(), args_json
 
 
-@dataclass
-class _FileState:
-    """What `write_file` keeps across one file's records."""
-
-    batch: _Batch = field(default_factory=lambda: _Batch())
-    index: int = 0  # records seen (the warnings' fallback name of a record)
-    # source id -> content, both as 64-bit hashes: what this check needs of 1M records
-    # is ~100 MiB of small ints, not every id string and digest (a collision can only
-    # miss a warning, at odds of ~1e-7 for 1M ids).
-    by_source: dict[int, int] = field(default_factory=dict)
-    dup_ids: list[str] = field(default_factory=list)
-
-    def same_source(self, source_id: str, sha: str) -> None:
-        key = hash(sha)
-        prior = self.by_source.setdefault(hash(source_id), key)
-        if prior != key and source_id not in self.dup_ids:
-            self.dup_ids.append(source_id)
-
-
 class Writer:
     """Writes parsed files into the store inside the caller's transaction."""
 
@@ -284,7 +263,6 @@ class Writer:
         connect: Callable[[], store.Connection],
         sources: dict[str, str],
         batch_size: int = BATCH_SIZE,
-        ctx: Any = None,
     ):
         # The connection is opened on first use: a file that fails before its first batch
         # is written never opens (or creates) the store.
@@ -293,7 +271,6 @@ class Writer:
         self._known: set[str] | None = None
         self.sources = sources
         self.batch_size = batch_size
-        self.ctx = ctx  # the import's ParseContext (the bulk route reads its options)
         self.observer = schema_mod.SchemaObserver()
         self.given: list[ToolSchema] = []
 
@@ -332,14 +309,39 @@ class Writer:
 
     def write_file(self, f: ParsedFile, on_batch: Any = None) -> FileResult:
         result = FileResult("", f.name, f.format, 0, True)
-        st = _FileState()
-        for record in f.records:
-            if type(record) is LineBatch:
-                self._write_lines(record, f, result, st, on_batch)
-            else:
-                self._add(as_rows(record), f, result, st, on_batch)
-        self._flush(st.batch, f, result)
-        dup_ids = st.dup_ids
+        # source id -> content, both as 64-bit hashes: what this check needs of 1M records
+        # is ~100 MiB of small ints, not every id string and digest (a collision can only
+        # miss a warning, at odds of ~1e-7 for 1M ids).
+        by_source: dict[int, int] = {}
+        dup_ids: list[str] = []
+        batch = _Batch()
+        for index, record in enumerate(f.records):
+            traj = as_rows(record)
+            try:
+                sha, args_json = _digest(traj)
+                meta_json = _dumps(traj.meta)
+            except UnicodeEncodeError:
+                traj = _rewritten(traj, _scrub)
+                result.warnings.append(
+                    f"{f.name}: record {traj.source_id or index}: lone UTF-16 surrogate(s) "
+                    f"replaced with U+FFFD"
+                )
+                traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
+            except ValueError:
+                traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
+            if traj.source_id is not None:
+                key = hash(sha)
+                prior = by_source.setdefault(hash(traj.source_id), key)
+                if prior != key and traj.source_id not in dup_ids:
+                    dup_ids.append(traj.source_id)
+            batch.pending.append((traj, sha, Trajectory.id_from_sha(sha), args_json, meta_json))
+            if len(batch) >= self.batch_size:
+                self._flush(batch, f, result)
+                batch = _Batch()
+                _release_freed_memory()
+                if on_batch is not None:
+                    on_batch()
+        self._flush(batch, f, result)
         result.records = f.n_records
         ds = result.dataset_id = dataset_id(f.sha256)
         result.new_dataset = ds not in self.known_datasets
@@ -360,63 +362,6 @@ class Writer:
             store_trajectories.add_imported(self.con, ds, result.new)
         self.given.extend(f.given_schemas)
         return result
-
-    def _add(self, traj: TrajectoryRows, f: ParsedFile, result: FileResult, st: _FileState,
-             on_batch: Any) -> None:
-        """One record of the Python route: hashed now, written with its batch."""
-        index = st.index
-        st.index += 1
-        try:
-            sha, args_json = _digest(traj)
-            meta_json = _dumps(traj.meta)
-        except UnicodeEncodeError:
-            traj = _rewritten(traj, _scrub)
-            result.warnings.append(
-                f"{f.name}: record {traj.source_id or index}: lone UTF-16 surrogate(s) "
-                f"replaced with U+FFFD"
-            )
-            traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
-        except ValueError:
-            traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
-        source_id = traj.source_id
-        if source_id is not None:  # `_FileState.same_source`, inline: it runs per record
-            key = hash(sha)
-            prior = st.by_source.setdefault(hash(source_id), key)
-            if prior != key and source_id not in st.dup_ids:
-                st.dup_ids.append(source_id)
-        st.batch.pending.append((traj, sha, Trajectory.id_from_sha(sha), args_json, meta_json))
-        if len(st.batch) >= self.batch_size:
-            self._flush(st.batch, f, result)
-            st.batch = _Batch()
-            _release_freed_memory()
-            if on_batch is not None:
-                on_batch()
-
-    def _write_lines(self, lb: LineBatch, f: ParsedFile, result: FileResult, st: _FileState,
-                     on_batch: Any) -> None:
-        """A batch of raw lines (bulk_route.py): plain runs by DuckDB, the rest as records,
-        in file order."""
-        plain = bulk_route.plain_records(self.con, lb, self.ctx)
-        ds = dataset_id(f.sha256)
-
-        def run(first: int, last: int) -> None:
-            self._flush(st.batch, f, result)  # earlier records first: the first one wins
-            st.batch = _Batch()
-            r = bulk_route.insert_run(self.con, first, last, ds, DEFAULT_DOMAIN)
-            new = sum(r.outcomes.values())
-            result.new += new
-            result.successes += r.outcomes.get("success", 0)
-            result.failures += r.outcomes.get("failure", 0)
-            result.unknown += r.outcomes.get("unknown", 0)
-            result.duplicates += r.records - new
-            st.index += r.records
-            for source_id, sha in r.ids:
-                if source_id is not None:
-                    st.same_source(source_id, sha)
-            self.observer.add_counted(r.calls, r.keys)
-
-        bulk_route.walk(lb, plain, run,
-                        lambda rec: self._add(as_rows(rec), f, result, st, on_batch))
 
     def _write_dataset(self, f: ParsedFile, ds: str, n_new: int) -> None:
         n_valid = f.n_records - len(f.skipped)
