@@ -31,6 +31,7 @@ from typing import Any
 
 import duckdb
 
+from trace_lib.errors import disk_full_error, writing
 from trace_lib.store import migrations
 
 # What a store function takes: callers outside `store/` name the type without importing
@@ -184,7 +185,8 @@ def open_connection(
             break
         except duckdb.Error as exc:
             if not _is_lock_error(exc):
-                raise (damage_error(path, exc) or StoreError(
+                raise (disk_full_error(exc, _store_words(path), path)
+                       or damage_error(path, exc) or StoreError(
                     f"{path}: cannot open the DuckDB file: {exc}. If the file is damaged, "
                     f"restore a backup (`python -m trace_lib store restore BACKUP --db "
                     f"{path}`); if it is not a store, point --db / TRACE_DB elsewhere.")
@@ -204,11 +206,16 @@ def open_connection(
             _migrate(con, path)
     except duckdb.Error as exc:
         con.close()
-        raise (damage_error(path, exc) or exc) from exc
+        raise (disk_full_error(exc, _store_words(path), path) or damage_error(path, exc)
+               or exc) from exc
     except Exception:
         con.close()
         raise
     return con
+
+
+def _store_words(path: Path) -> str:
+    return f"the store {path}"
 
 
 @contextlib.contextmanager
@@ -218,12 +225,16 @@ def connect(
     read_only: bool = False,
     timeout_s: float = 10.0,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection to the store, closed on exit."""
+    """A short-lived connection to the store, closed on exit. A write refused for want
+    of space (DuckDB's WAL or checkpoint, inside the block or at close) is a
+    `DiskFullError` naming the store; DuckDB rolls the open transaction back."""
     con = open_connection(db, read_only=read_only, timeout_s=timeout_s)
-    try:
-        yield con
-    finally:
-        con.close()
+    path = resolve_db_path(db)
+    with writing(_store_words(path), path):
+        try:
+            yield con
+        finally:
+            con.close()
 
 
 @contextlib.contextmanager
@@ -261,8 +272,9 @@ class LazyWriteTransaction:
 
     def commit(self) -> None:
         if self.con is not None:
-            self.con.execute("COMMIT")
-            self.con.close()
+            with writing(_store_words(self.path), self.path):
+                self.con.execute("COMMIT")
+                self.con.close()
             self.con = None
 
     def abort(self) -> None:
