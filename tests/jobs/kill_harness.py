@@ -140,6 +140,6 @@ def job(conn: Any, spec_path: str) -> None:
 
 
 def steps_done(run_dir: Path) -> Callable[[], int]:
-    from trace_lib.jobs import steps_done as done
+    from trace_lib.jobs.run_dir import steps_done as done
 
     return lambda: done(run_dir)

@@ -4,7 +4,8 @@ Design decisions
 - One file holds every decision and every imported record. One writer at a time
   (DuckDB's rule), so connections are short-lived: open, do the work, close. A file
   locked by another process is retried with exponential backoff, then fails with
-  `StoreLockedError` naming the file and the holder that DuckDB reports. Background jobs
+  `StoreLockedError` naming the file and the holder that DuckDB reports; a wait says
+  so once on stderr (the file, the holder, how long it may wait). Background jobs
   never call `connect`; they write into their run directory and the app records results
   when a job ends.
 - A writable open migrates the file (`migrations`); a file newer than this code is
@@ -24,6 +25,7 @@ import contextlib
 import os
 import random
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,6 +150,10 @@ _LOCK_PATTERNS = ("could not set lock", "conflicting lock",
                   "with a different configuration than existing connections")
 
 
+# A lock held for less than this is waited out silently (a reader's short connection).
+BUSY_NOTE_S = 0.5
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return any(p in text for p in _LOCK_PATTERNS)
@@ -179,6 +185,7 @@ def open_connection(
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     delay = 0.05
+    said = False
     while True:
         try:
             con = duckdb.connect(str(path), read_only=read_only)
@@ -197,6 +204,11 @@ def open_connection(
                     f"gave up after {timeout_s:.0f}s. Close the other writer "
                     f"(a notebook, a CLI command or another app) and retry."
                 ) from exc
+            if not said and time.monotonic() - (deadline - timeout_s) >= BUSY_NOTE_S:
+                # a wait that a person notices says what it waits for, once (issue 33)
+                said = True
+                print(f"{path}: the store is busy ({_lock_holder(exc)}); waiting up to "
+                      f"{timeout_s:.0f}s", file=sys.stderr, flush=True)
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     try:
