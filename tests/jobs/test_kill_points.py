@@ -202,24 +202,29 @@ def test_training_job_killed_between_checkpoints(tmp_path: Path) -> None:
     from trace_lib.jobs import read_metrics, read_result
     from trace_lib.train.trainer import latest_checkpoint
 
-    steps = N_POINTS + 2
+    steps = N_POINTS + 2  # each kill lands within a step of the last: 10 kills, then 2
     spec = _job_spec("train_adapter", {
         "env": TOY_ENV, "model": "tiny", "steps": steps, "group": 4, "groups_per_step": 1,
         "max_tokens": 3, "eval_seeds": 0, "checkpoint_every": 1,
         "lora": {"rank": 4, "targets": ["q_proj", "v_proj"]}}, tmp_path / "runs")
-    at = []
-    for i, kill in enumerate(kh.points(SEED + 3, N_POINTS, 1, 1, 1.5)):
+    at, last_ckpt = [], 0
+    for i, kill in enumerate(kh.points(SEED + 3, N_POINTS, 1, 1, 0.15)):
         where = f"training, seed {SEED + 3}, point {i}: {kill}"
         start = kh.steps_done(spec.path)()
         kh.run(kh.job, (str(spec.path / "spec.json"),), kill,
                poll=lambda s=start: kh.steps_done(spec.path)() - s, timeout_s=180)
-        assert kill.killed, where  # 12 steps: the run cannot finish inside 10 kills
+        if not kill.killed:
+            break  # it finished first (fast steps on a quiet machine)
         at.append(kh.steps_done(spec.path)())
         _interrupted(spec, where)
-        ckpt = latest_checkpoint(spec.path)  # what a resume reads: whole, and loadable
-        assert ckpt is not None, where
-        assert torch.load(ckpt / "trainer_state.pt", weights_only=False)["step"] >= start, where
-    print(f"training killed at {N_POINTS} points, after steps {at}")
+        # what a resume reads: whole, loadable, never behind the one before the kill
+        # (a kill after a step's metrics line but before its checkpoint finds the last)
+        ckpt = latest_checkpoint(spec.path)
+        step = torch.load(ckpt / "trainer_state.pt", weights_only=False)["step"] if ckpt else 0
+        assert last_ckpt <= step <= kh.steps_done(spec.path)(), (where, last_ckpt, step)
+        last_ckpt = step
+    print(f"training killed at {len(at)} points, after steps {at}")
+    assert len(at) >= N_POINTS // 2, at
     done = kh.run(kh.job, (str(spec.path / "spec.json"),), timeout_s=300)
     assert done.exitcode == 0, done
     assert read_result(spec.path)["steps"] == steps
