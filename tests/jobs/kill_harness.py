@@ -89,6 +89,7 @@ def run(target: Callable[..., None], args: tuple, kill: Kill | None = None, *,
             kill.acked.append(parent.recv())
         except EOFError:
             break
+    parent.close()
     if proc.is_alive():
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
