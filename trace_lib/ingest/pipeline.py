@@ -201,10 +201,13 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
             # Derived columns and search documents of the new rows, in the same
             # all-or-nothing import (the search index commits after DuckDB's commit).
             try:
+                # DuckDB's close (a checkpoint) waits until the index committed: a kill
+                # between the two commits, which leaves the index behind, is then rarer
                 with derived.on_import(target.con, target.path):
-                    target.commit()
+                    target.commit(close=False)
             except IndexBehind as exc:  # committed: only the side index lags, say so
                 report.notes.append(str(exc))
+            target.close()
             report.notes += caught.notes()
         except store.OutOfMemoryError as exc:
             target.abort()

@@ -282,14 +282,27 @@ class LazyWriteTransaction:
             self.con.execute("BEGIN TRANSACTION")
         return self.con
 
-    def commit(self) -> None:
+    committed = False
+
+    def commit(self, *, close: bool = True) -> None:
+        """COMMIT; `close=False` keeps the connection (closing checkpoints, which takes
+        time a caller may not want between this commit and its own, see `close`)."""
         if self.con is not None:
             with writing(_store_words(self.path), self.path):
                 self.con.execute("COMMIT")
-                self.con.close()
-            self.con = None
+                self.committed = True
+                if close:
+                    self.close()
+
+    def close(self) -> None:
+        if self.con is not None:
+            con, self.con = self.con, None
+            con.close()
 
     def abort(self) -> None:
+        if self.committed:  # nothing to undo, and the file holds committed rows
+            self.close()
+            return
         if self.con is not None:
             with contextlib.suppress(duckdb.Error):
                 self.con.execute("ROLLBACK")
