@@ -83,6 +83,13 @@ GROUPS: tuple[Group, ...] = (
           lambda m: "a GPU is present: the CPU-only check does not apply" if m.gpu else
           "no GPU",
           "a machine without a GPU"),
+    # Full-disk tests (tests/store/test_full_disk.py) mount a small tmpfs: Linux, as root
+    # (a container's root counts; the user is a fact of this process, not of the skip).
+    Group("tmpfs", r"mount a tmpfs",
+          lambda m: m.system == "Linux" and hasattr(os, "geteuid") and os.geteuid() == 0,
+          lambda m: (f"mount needs Linux, not {m.system}" if m.system != "Linux" else
+                     "running as root" if os.geteuid() == 0 else "not running as root"),
+          "run the tests as root on Linux (a container's root will do)"),
     Group("python package", r"could not import|is not importable|No module named",
           lambda m: True,
           lambda m: "the package is in requirements.txt / requirements-dev.txt",

@@ -100,7 +100,9 @@ def test_a_killed_run_is_left_out_and_resume_completes_it(demo_db: Path, tmp_pat
     assert [r["run"] for r in queue.attrs["left_out"]] == ["killed"]
     assert _export(demo_db, tmp_path / "during.csv") == export_before
     note = label_runs.left_out_note(label_runs.left_out_runs(demo_db))
-    assert note is not None and f"killed (running, {written} trajectories labeled" in note
+    # its writer is gone: shown as interrupted, with what to do (issue 33)
+    assert note is not None and f"killed (interrupted, {written} trajectories labeled" in note
+    assert "label --resume" in note
 
     # resume completes it: every trajectory labeled once, status finished, counted
     proc = _cli(demo_db, "label", "--resume", "killed", "--json")

@@ -49,7 +49,7 @@ from trace_lib.cli import (
     train,
 )
 from trace_lib.cli.output import common_parser, json_document, print_json
-from trace_lib.errors import UserInputError
+from trace_lib.errors import DiskFullError, UserInputError, disk_full_error
 from trace_lib.workbench.errors import DatabaseError, StoreError
 
 __all__ = ["VERB_MODULES", "build_parser", "main", "print_json"]
@@ -98,6 +98,11 @@ def join_range_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _store_words(args: argparse.Namespace) -> str:
+    db = getattr(args, "db", None)
+    return f"the store {db}" if db else "the store ($TRACE_DB, else data/trace.duckdb)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(join_range_values(sys.argv[1:] if argv is None else argv))
@@ -109,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with json_document():
                 return int(args.func(args) or 0)
         return int(args.func(args) or 0)
-    except (StoreError, UserInputError) as exc:
+    except (StoreError, UserInputError, DiskFullError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except DatabaseError as exc:
@@ -117,8 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         damaged = store_admin.explain_error(exc, getattr(args, "db", None))
         if damaged is None:
-            raise
+            full = disk_full_error(exc, _store_words(args))
+            if full is None:
+                raise
+            damaged = full
         print(f"error: {damaged}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # The last line of defence for a full device met where no boundary named the
+        # file (issue 33): one message, never a traceback.
+        full = disk_full_error(exc, "a file")
+        if full is None:
+            raise
+        print(f"error: {full}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

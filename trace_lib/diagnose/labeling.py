@@ -54,7 +54,7 @@ from trace_lib.data_model import Capability
 from trace_lib.diagnose import materialise
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
 from trace_lib.diagnose.label_grounds import Grounds
-from trace_lib.diagnose.label_runs import create_run
+from trace_lib.diagnose.label_runs import create_run, writer_tag
 from trace_lib.diagnose.labelers import (
     Labeler,
     LabelerUnavailable,
@@ -284,6 +284,8 @@ def run_labeling(
         with store.connect(db) as con:
             create_run(con, run_id, lab.name, model=lab.model,
                        prompt_sha256=lab.prompt_sha256(caps), params=params, status="running")
+            # who writes it: a listing tells a killed run (writer gone) from a live one
+            store_labels.set_run_status(con, run_id, "running", writer_tag(), None)
         summaries.append(_label_run(db, lab, run_id, caps, transcripts, seed=r, n_runs=runs,
                                     progress=progress, offset=r * len(transcripts),
                                     total=total))
@@ -310,7 +312,7 @@ def _resume(db: str | Path | None, run_id: str, labeler: str | Labeler | None,
     params = plan["params"]
     with store.connect(db) as con:
         transcripts = load_transcripts(con, plan["todo"])
-    set_run_status(db, run_id, "running", None)
+    set_run_status(db, run_id, "running", writer_tag())
     return _label_run(db, lab, run_id, caps, transcripts, seed=int(params.get("seed", 0)),
                       n_runs=int(params.get("n_runs", 1)), progress=progress, offset=0,
                       total=len(transcripts), already=plan["n_done"])

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, writing
 from trace_lib.evaluate.policy import EvalConfig, episode_record, policy_endpoint, slug
 from trace_lib.evaluate.tasks import load_task_set, passes_by_doing_nothing
 
@@ -117,9 +117,14 @@ class Episodes:
         out = self.path(s)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with tmp.open("w", encoding="utf-8", newline="\n") as fh:
-            fh.writelines(dump_line(rec) for rec in records)
-        os.replace(tmp, out)
+        try:
+            # a full device (issue 33): a DiskFullError naming the shard, and no temp file
+            with writing(f"evaluation shard {out}", out.parent), \
+                    tmp.open("w", encoding="utf-8", newline="\n") as fh:
+                fh.writelines(dump_line(rec) for rec in records)
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
         # which process ran it (a Ray worker on ray)
         return {"shard": shard_name(s), "episodes": len(records), "pid": os.getpid()}
 
@@ -127,12 +132,16 @@ class Episodes:
         """Every shard's lines, in order, into `path` (temp file, then rename)."""
         records = []
         tmp = path.with_suffix(".jsonl.tmp")
-        with tmp.open("w", encoding="utf-8", newline="\n") as fh:
-            for s in range(len(self.shards)):
-                for line, rec in self.read(s):
-                    fh.write(line)
-                    records.append(rec)
-        tmp.replace(path)
+        try:
+            with writing(f"the episodes file {path}", path.parent), \
+                    tmp.open("w", encoding="utf-8", newline="\n") as fh:
+                for s in range(len(self.shards)):
+                    for line, rec in self.read(s):
+                        fh.write(line)
+                        records.append(rec)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return records
 
     # ---------------------------------------------------------------------- episodes

@@ -46,6 +46,7 @@ from trace_lib.ingest.third_party_warnings import third_party_warnings
 from trace_lib.ingest.writer import BATCH_SIZE, FileResult, Writer
 from trace_lib.store import derived
 from trace_lib.store import trajectories as store_trajectories
+from trace_lib.store.search import IndexBehind
 
 ProgressFn = Callable[[float, str], None]
 
@@ -199,8 +200,14 @@ def _ingest(sources: list[Source], *, db: str | Path | None, fmt: str, success: 
             writer.finish()
             # Derived columns and search documents of the new rows, in the same
             # all-or-nothing import (the search index commits after DuckDB's commit).
-            with derived.on_import(target.con, target.path):
-                target.commit()
+            try:
+                # DuckDB's close (a checkpoint) waits until the index committed: a kill
+                # between the two commits, which leaves the index behind, is then rarer
+                with derived.on_import(target.con, target.path):
+                    target.commit(close=False)
+            except IndexBehind as exc:  # committed: only the side index lags, say so
+                report.notes.append(str(exc))
+            target.close()
             report.notes += caught.notes()
         except store.OutOfMemoryError as exc:
             target.abort()

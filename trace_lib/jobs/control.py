@@ -102,7 +102,8 @@ def job_status(job_id_or_spec: str | JobSpec, *, log_lines: int = 30) -> JobStat
             if status.get("state") in ACTIVE:
                 status = update_status(
                     spec.path, state="failed", finished_at=now_iso(),
-                    error="orphaned: the job's process ended without recording an end state "
+                    error="interrupted (orphaned): the job's process ended without recording "
+                    "an end state "
                     "(killed, out of memory, or the machine restarted)",
                 )
             state = status["state"]

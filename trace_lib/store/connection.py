@@ -4,7 +4,8 @@ Design decisions
 - One file holds every decision and every imported record. One writer at a time
   (DuckDB's rule), so connections are short-lived: open, do the work, close. A file
   locked by another process is retried with exponential backoff, then fails with
-  `StoreLockedError` naming the file and the holder that DuckDB reports. Background jobs
+  `StoreLockedError` naming the file and the holder that DuckDB reports; a wait says
+  so once on stderr (the file, the holder, how long it may wait). Background jobs
   never call `connect`; they write into their run directory and the app records results
   when a job ends.
 - A writable open migrates the file (`migrations`); a file newer than this code is
@@ -24,6 +25,7 @@ import contextlib
 import os
 import random
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 
 import duckdb
 
+from trace_lib.errors import disk_full_error, writing
 from trace_lib.store import migrations
 
 # What a store function takes: callers outside `store/` name the type without importing
@@ -147,6 +150,10 @@ _LOCK_PATTERNS = ("could not set lock", "conflicting lock",
                   "with a different configuration than existing connections")
 
 
+# A lock held for less than this is waited out silently (a reader's short connection).
+BUSY_NOTE_S = 0.5
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return any(p in text for p in _LOCK_PATTERNS)
@@ -178,13 +185,15 @@ def open_connection(
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout_s
     delay = 0.05
+    said = False
     while True:
         try:
             con = duckdb.connect(str(path), read_only=read_only)
             break
         except duckdb.Error as exc:
             if not _is_lock_error(exc):
-                raise (damage_error(path, exc) or StoreError(
+                raise (disk_full_error(exc, _store_words(path), path)
+                       or damage_error(path, exc) or StoreError(
                     f"{path}: cannot open the DuckDB file: {exc}. If the file is damaged, "
                     f"restore a backup (`python -m trace_lib store restore BACKUP --db "
                     f"{path}`); if it is not a store, point --db / TRACE_DB elsewhere.")
@@ -195,6 +204,11 @@ def open_connection(
                     f"gave up after {timeout_s:.0f}s. Close the other writer "
                     f"(a notebook, a CLI command or another app) and retry."
                 ) from exc
+            if not said and time.monotonic() - (deadline - timeout_s) >= BUSY_NOTE_S:
+                # a wait that a person notices says what it waits for, once (issue 33)
+                said = True
+                print(f"{path}: the store is busy ({_lock_holder(exc)}); waiting up to "
+                      f"{timeout_s:.0f}s", file=sys.stderr, flush=True)
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     try:
@@ -204,11 +218,16 @@ def open_connection(
             _migrate(con, path)
     except duckdb.Error as exc:
         con.close()
-        raise (damage_error(path, exc) or exc) from exc
+        raise (disk_full_error(exc, _store_words(path), path) or damage_error(path, exc)
+               or exc) from exc
     except Exception:
         con.close()
         raise
     return con
+
+
+def _store_words(path: Path) -> str:
+    return f"the store {path}"
 
 
 @contextlib.contextmanager
@@ -218,12 +237,16 @@ def connect(
     read_only: bool = False,
     timeout_s: float = 10.0,
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection to the store, closed on exit."""
+    """A short-lived connection to the store, closed on exit. A write refused for want
+    of space (DuckDB's WAL or checkpoint, inside the block or at close) is a
+    `DiskFullError` naming the store; DuckDB rolls the open transaction back."""
     con = open_connection(db, read_only=read_only, timeout_s=timeout_s)
-    try:
-        yield con
-    finally:
-        con.close()
+    path = resolve_db_path(db)
+    with writing(_store_words(path), path):
+        try:
+            yield con
+        finally:
+            con.close()
 
 
 @contextlib.contextmanager
@@ -259,13 +282,27 @@ class LazyWriteTransaction:
             self.con.execute("BEGIN TRANSACTION")
         return self.con
 
-    def commit(self) -> None:
+    committed = False
+
+    def commit(self, *, close: bool = True) -> None:
+        """COMMIT; `close=False` keeps the connection (closing checkpoints, which takes
+        time a caller may not want between this commit and its own, see `close`)."""
         if self.con is not None:
-            self.con.execute("COMMIT")
-            self.con.close()
-            self.con = None
+            with writing(_store_words(self.path), self.path):
+                self.con.execute("COMMIT")
+                self.committed = True
+                if close:
+                    self.close()
+
+    def close(self) -> None:
+        if self.con is not None:
+            con, self.con = self.con, None
+            con.close()
 
     def abort(self) -> None:
+        if self.committed:  # nothing to undo, and the file holds committed rows
+            self.close()
+            return
         if self.con is not None:
             with contextlib.suppress(duckdb.Error):
                 self.con.execute("ROLLBACK")

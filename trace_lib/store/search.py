@@ -35,7 +35,9 @@ Design decisions
   removes a side file it created) on any failure. A crash between the two commits leaves
   the index *behind* the store, never ahead: `index_state` compares the document count
   with the store's trajectories, and a stale index is not used (the scan answers, the
-  page says to run `explore reindex`, which rebuilds it from the store).
+  page says to run `explore reindex`, which rebuilds it from the store). A SQLite commit
+  that fails after DuckDB's (a full disk) is `IndexBehind`: the import stands, the
+  importer reports the lagging index as a note instead of failing a committed import.
 - Query semantics (mode `words`, the default): every word of the query must start a token
   somewhere in the trajectory's conversation (`"word"*`, AND), case- and accent-insensitive,
   tokens split at anything that is not a letter or digit (FTS5 `unicode61`); a "quoted
@@ -62,6 +64,8 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+
+from trace_lib.errors import is_disk_full, writing
 
 MODES: tuple[str, ...] = ("words", "substring")
 INDEX_SUFFIX = ".search.sqlite"
@@ -126,12 +130,18 @@ def _open(path: Path) -> sqlite3.Connection:
     `_add_missing`, which then finds every trajectory missing)."""
     # isolation_level=None: transactions are explicit (BEGIN/COMMIT below).
     con = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
-    con.execute("PRAGMA journal_mode=WAL")
-    if con.execute("PRAGMA user_version").fetchall()[0][0] != SCHEMA_VERSION:
-        con.execute("DROP TABLE IF EXISTS docs")
-        con.execute("DROP TABLE IF EXISTS fts")
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    con.executescript(_SCHEMA)
+    try:
+        # SQLite's WAL open on a full device is a bare "disk I/O error": say what it was.
+        with writing(f"the search index {path}", path):
+            con.execute("PRAGMA journal_mode=WAL")
+            if con.execute("PRAGMA user_version").fetchall()[0][0] != SCHEMA_VERSION:
+                con.execute("DROP TABLE IF EXISTS docs")
+                con.execute("DROP TABLE IF EXISTS fts")
+                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            con.executescript(_SCHEMA)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
@@ -177,6 +187,19 @@ def _add_missing(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> i
     return len(todo)
 
 
+class IndexBehind(Exception):  # noqa: N818 - a state, not a failure of the import
+    """The store committed, the search index's own commit failed: the index is behind
+    the store (not used until rebuilt); the caller reports it and carries on."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        reason = "no space left on the device" if is_disk_full(exc, path) else str(exc)
+        super().__init__(
+            f"the search index {path} could not be updated ({reason}); the store holds "
+            f"every imported row, and searches scan the store until the index is rebuilt: "
+            f"`python -m trace_lib store check --repair` (or the next import) once there is "
+            f"room")
+
+
 @contextlib.contextmanager
 def pending_index(duck: duckdb.DuckDBPyConnection, db: str | Path) -> Iterator[int]:
     """Index the store's unindexed trajectories (those of the open import transaction
@@ -188,12 +211,20 @@ def pending_index(duck: duckdb.DuckDBPyConnection, db: str | Path) -> Iterator[i
     try:
         lite.execute("BEGIN IMMEDIATE")
         try:
-            n = _add_missing(duck, lite)
+            with writing(f"the search index {path}", path):
+                n = _add_missing(duck, lite)
             yield n
         except BaseException:
             lite.execute("ROLLBACK")
             raise
-        lite.execute("COMMIT")
+        try:
+            lite.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # DuckDB committed: the store holds the import, only the index lags (issue
+            # 33: a full disk here once made a committed import read as failed).
+            with contextlib.suppress(sqlite3.Error):
+                lite.execute("ROLLBACK")
+            raise IndexBehind(path, exc) from exc
     except BaseException:
         lite.close()
         if not existed:

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from trace_lib.envs.protocol import Environment
-from trace_lib.errors import UserInputError
+from trace_lib.errors import UserInputError, writing
 from trace_lib.jobs import Cancelled
 from trace_lib.runtime.lora import (
     attach_lora,
@@ -163,8 +163,15 @@ def write_checkpoint(run_dir: Path, step: int, model: Any, model_path: str,
     final = run_dir / "checkpoints" / f"step_{step}"
     partial = final.with_name(f".partial-{final.name}")
     shutil.rmtree(partial, ignore_errors=True)  # left by an earlier kill
-    save_adapter(model, partial, model_path)
-    torch.save(trainer_state, partial / "trainer_state.pt")
+    try:
+        # a full device (issue 33) is a DiskFullError naming the checkpoint, not torch's
+        # or safetensors' own error; the half folder goes, the last whole one stays
+        with writing(f"checkpoint {final}", run_dir):
+            save_adapter(model, partial, model_path)
+            torch.save(trainer_state, partial / "trainer_state.pt")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)  # a resumed run saving this step again
     partial.rename(final)
     return final
