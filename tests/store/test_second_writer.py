@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
+
 sys.path.insert(0, str(Path(__file__).parent))
 from store_faults import REPO_ROOT, count  # noqa: E402
 
@@ -41,8 +43,6 @@ def _finish(proc: subprocess.Popen, what: str) -> str:
 
 def _until_locked(db: Path, timeout_s: float = 60.0) -> float:
     """Seconds until another process holds the store's write lock."""
-    import duckdb
-
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         try:
@@ -55,10 +55,41 @@ def _until_locked(db: Path, timeout_s: float = 60.0) -> float:
 
 
 def test_edits_while_an_import_and_a_label_run_write(store_copy: Path, tmp_path: Path,
-                                                     capfd) -> None:
+                                                     capfd, monkeypatch) -> None:
     from trace_lib import store
+    from trace_lib.store import connection
     from trace_lib.workbench import diagnose as wb
     from trace_lib.workbench.errors import ActionError
+
+    # The bound is on waiting for the lock, each time a save opens the store: from its
+    # first attempt to the start of the attempt that got the lock. What comes after (that
+    # attempt replaying a 30 MB write-ahead log the import left, the save's own work)
+    # grows with the machine's load: one whole save took 15.7 s at load 10.
+    opens: list[float] = []
+    attempts: list[tuple[float, bool]] = []
+    real_open, real_connect = connection.open_connection, duckdb.connect
+
+    def timed_connect(*args, **kwargs):
+        t = time.monotonic()
+        try:
+            con = real_connect(*args, **kwargs)
+        except duckdb.Error:
+            attempts.append((t, False))
+            raise
+        attempts.append((t, True))
+        return con
+
+    def timed_open(*args, **kwargs):
+        attempts.clear()
+        try:
+            return real_open(*args, **kwargs)
+        finally:
+            if attempts:
+                last = attempts[-1][0] if attempts[-1][1] else time.monotonic()
+                opens.append(last - attempts[0][0])
+
+    monkeypatch.setattr(connection, "open_connection", timed_open)
+    monkeypatch.setattr(connection.duckdb, "connect", timed_connect)
 
     sys.path.insert(0, str(REPO_ROOT / "bench"))
     from ingest import write_dataset  # the ingest bench's synthetic OpenAI-messages file
@@ -109,18 +140,22 @@ def test_edits_while_an_import_and_a_label_run_write(store_copy: Path, tmp_path:
     assert all(len(ids) == 1 for _, ids in saved)
     # a busy store: a bounded wait (said once on stderr), then the clear error
     assert all("locked" in m and str(db) in m for m in busy), busy[:3]
-    assert max(waits) < EDIT_TIMEOUT_S + 3.0, max(waits)
-    if busy or max(waits) > 1.0:  # a wait a person notices is said, with its limit
+    # the retry loop's last sleep (at most 2 s, jittered) may end past the deadline
+    assert opens and max(opens) < EDIT_TIMEOUT_S + 2.5, max(opens)
+    if busy or max(opens) > 1.0:  # a wait a person notices is said, with its limit
         assert "the store is busy" in said and "waiting up to 10s" in said, said[-2000:]
     # the writers' data is there once they finished (a writer refused the lock is run
     # again, as its error says)
     if import_err:
         _finish(_cli("ingest", str(big), db=db), "ingest again")
-    if label_err:
-        _finish(_cli("label", "--resume", "second", db=db), "label --resume")
+    if label_err:  # refused: resumed where its run row exists, else run again as typed
+        started = count(db, "SELECT count(*) FROM label_runs WHERE id = 'second'")
+        _finish(_cli("label", "--resume", "second", db=db) if started else
+                _cli("label", "--labeler", "heuristic", "--run", "second", "--dataset",
+                     dataset, db=db), "label again")
     assert count(db, "SELECT count(*) FROM trajectories") == n_before + N_IMPORT
     assert count(db, "SELECT count(*) FROM label_runs WHERE id = 'second' "
                      "AND status = 'finished'") == 1
     print(f"second writer: lock held after {held_after:.1f}s; {len(saved)} edits saved, {len(busy)} busy refusals, max wait "
-          f"{max(waits):.1f}s, writers still running after the edits: {writers_running}, "
+          f"{max(waits):.1f}s (longest lock wait {max(opens):.1f}s), writers still running after the edits: {writers_running}, "
           f"import refused: {bool(import_err)}, label run refused: {bool(label_err)}")
