@@ -81,11 +81,16 @@ class DemoConfig:
     max_tokens: dict[str, int] = field(default_factory=dict)  # missing: reference turn +25%
     max_sequence: int = 4096
     lora_rank: int = 16
-    sft_steps: int = 16
+    # 8 steps: the 16-step adapters' losses were already 0.13 / 0.17 at step 8, and SFT
+    # was half of the build's CPU (bench/README.md "Routing demo build").
+    sft_steps: int = 8
     sft_batch: int = 2
     sft_seeds: int = 32
     sft_lr: float = 1e-3
-    warm_seeds: int = 2
+    # One warm seed per environment; an environment whose seeds so far score every slot
+    # the same (no preference to fit) gets the next seed, up to `warm_seeds_max`.
+    warm_seeds: int = 1
+    warm_seeds_max: int = 3
     warm_steps: int = 100
     warm_lr: float = 1e-1
     warm_temperature: float = 0.1
@@ -116,6 +121,9 @@ class DemoConfig:
         for name in ("sft_steps", "sft_batch", "sft_seeds", "examples", "warm_seeds"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"{where}: field `{name}` must be >= 1")
+        if self.warm_seeds_max < self.warm_seeds:
+            raise UserInputError(f"{where}: field `warm_seeds_max` ({self.warm_seeds_max}) "
+                                 f"must be >= `warm_seeds` ({self.warm_seeds})")
 
     def env_name(self, cap: str) -> str:
         return f"{self.domain}/{cap}"
@@ -248,6 +256,17 @@ def _episode(moe: Any, make_env: Callable[[], Any], seed: int, cfg_roll: Any,
             "turns": r.turns, "messages": r.messages, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
+def _rollout_row(r: Any, wall_s: float) -> dict[str, Any]:
+    return {"reward": float(r.reward), "passed": bool(r.passed), "reasons": list(r.reasons),
+            "turns": r.turns, "messages": r.messages, "wall_s": round(wall_s, 2)}
+
+
+def _no_preference(rows: dict[str, list[float]]) -> bool:
+    """Every slot has the same mean reward over these seeds: nothing for the gates to fit."""
+    means = [sum(col) / len(col) for col in zip(*rows.values(), strict=True)]
+    return max(means) == min(means)
+
+
 def _opening(make_env: Callable[[], Any], seed: int) -> tuple[list[dict[str, Any]], Any]:
     env = make_env()
     try:
@@ -312,8 +331,14 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     import torch
 
     from trace_lib.compose.export import Router, export_per_request, request_choice
-    from trace_lib.compose.gate_training import _prompt_ids, soft_targets, warm_start
+    from trace_lib.compose.gate_training import (
+        _prompt_ids,
+        reward_table,
+        soft_targets,
+        warm_start,
+    )
     from trace_lib.compose.gated import MoEConfig, compose, load_moe
+    from trace_lib.compose.local_client import greedy_episodes
     from trace_lib.compose.traces import replay_trajectory
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.rollout import RolloutConfig
@@ -401,39 +426,67 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
             episodes.add(row)
         return row
 
+    def decode(phase: str, keys: list[tuple[str, str, int, str]]) -> None:
+        """Roll out the missing episodes among `keys`; those of one policy and one
+        environment are decoded together (`greedy_episodes`), one progress row each."""
+        groups: dict[tuple[str, str], list[tuple[str, str, int, str]]] = {}
+        for key in keys:
+            if episodes.get(key) is None:
+                groups.setdefault((key[3], key[1]), []).append(key)
+        for (pol, cap), group in groups.items():
+            if stop():
+                raise Cancelled()
+            t0 = time.perf_counter()
+            done = greedy_episodes(moe, [(makers[cap], seed, rollout[cap])
+                                         for _, _, seed, _ in group], **kwargs[pol])
+            wall = (time.perf_counter() - t0) / len(group)
+            for (kind, _, seed, _), r in zip(group, done, strict=True):
+                episodes.add({"kind": kind, "capability": cap, "seed": seed, "policy": pol,
+                              **_rollout_row(r, wall), "batch": len(group)})
+                note(phase, f"{cap} seed {seed} {pol}: reward {r.reward:.2f}"
+                            + (f" (batch of {len(group)})" if len(group) > 1 else ""))
+
     # ---- 3. warm start from a small reward table (every slot forced, greedy)
-    warm_seeds = list(range(cfg.warm_seeds))
     slot_policies = ["base", *[f"adapter:{c}" for c in caps]]
+
+    def warm_reward(cap: str, seed: int, slot: int) -> float:  # decoded just before
+        return float(run_episode("warm", cap, seed, slot_policies[slot],
+                                 **kwargs[slot_policies[slot]])["reward"])
+
     if not warm_done:
-        table: dict[str, dict[str, list[float]]] = {}
-        for cap in caps:
-            table[cap] = {}
-            for seed in warm_seeds:
-                row = []
-                for pol in slot_policies:
-                    ep = run_episode("warm", cap, seed, pol, **kwargs[pol])
-                    row.append(ep["reward"])
-                    note("warm rewards", f"{cap} seed {seed} {pol}: reward {ep['reward']:.2f}")
-                table[cap][str(seed)] = row
+        table: dict[str, dict[str, list[float]]] = {cap: {} for cap in caps}
+        pending, seed = list(caps), 0
+        while pending:
+            decode("warm rewards", [("warm", c, seed, p) for c in pending for p in slot_policies])
+            part = reward_table(moe, {c: makers[c] for c in pending}, [seed],
+                                episode=warm_reward)
+            for c in pending:
+                table[c][str(seed)] = part[c][str(seed)]
+            seed += 1
+            # A seed where every slot scored the same (often 0 at this size) says nothing:
+            # the first SmolLM2 build fitted such a uniform target as "no preference" and
+            # exported one pattern for both capabilities. Such an environment gets the
+            # next seed instead, up to warm_seeds_max.
+            pending = [c for c in pending if seed < cfg.warm_seeds_max
+                       and (seed < cfg.warm_seeds or _no_preference(table[c]))]
+            if seed >= cfg.warm_seeds:  # seeds beyond the planned ones: more progress rows
+                note.total += len(pending) * len(slot_policies)
         t = spent("warm rewards", t)
-        # One target per capability: its environment's mean reward per slot over the warm
-        # seeds, scaled so that the environment's best slot is 1. A seed where every slot
-        # scored the same (often 0 at this size) says nothing by itself: fitted alone, its
-        # uniform target taught the gates "no preference" on that request. Unscaled, a
-        # low-reward environment (precondition: best mean 0.125) got a soft target beside
-        # the other's sharp one, block 0 (which sees single tokens) leaned to the sharp
-        # one's slot and the later blocks followed: the first SmolLM2 build exported the
-        # same pattern for both capabilities. Scaled, every held-out request of both chose
-        # its own adapter at all 30 layers.
+        # One target per capability: its environment's mean reward per slot over its warm
+        # seeds, scaled so that the environment's best slot is 1. Unscaled, a low-reward
+        # environment (precondition: best mean 0.125) got a soft target beside the
+        # other's sharp one, block 0 (which sees single tokens) leaned to the sharp one's
+        # slot and the later blocks followed (one pattern for both again). Scaled, every
+        # held-out request of both chose its own adapter at all 30 layers.
         pooled = {}
         for cap in caps:
-            mean = [sum(table[cap][str(s)][i] for s in warm_seeds) / len(warm_seeds)
-                    for i in range(moe.k + 1)]
+            rows = table[cap]
+            mean = [sum(r[i] for r in rows.values()) / len(rows) for i in range(moe.k + 1)]
             top = max(mean)
             pooled[cap] = [m / top for m in mean] if top > 0 else mean
-        prompts = [(_prompt_ids(moe, makers[cap], seed),
+        prompts = [(_prompt_ids(moe, makers[cap], int(seed)),
                     soft_targets(pooled[cap], cfg.warm_temperature))
-                   for cap in caps for seed in warm_seeds]
+                   for cap in caps for seed in table[cap]]
         kl = warm_start(moe, prompts, cfg.warm_steps, cfg.warm_lr)
         moe.save(moe_dir, extra={"trained_by": "routing demo"})
         (out / "warm_rewards.json").write_text(json.dumps(
@@ -443,13 +496,14 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     else:
         note("warm start", "kept from the last build")
     warm = json.loads((out / "warm_rewards.json").read_text())
+    warm_seeds = {cap: [int(s) for s in warm["rewards"][cap]] for cap in caps}
     t = spent("gates", t)
 
     # ---- 4. per-request export (patterns measured on the warm seeds' requests)
     router_dir = out / "per_request"
     moe.set_mode("trajectory")
     if not (router_dir / "router.json").exists():
-        requests = {cap: [_opening(makers[cap], s) for s in warm_seeds] for cap in caps}
+        requests = {cap: [_opening(makers[cap], s) for s in warm_seeds[cap]] for cap in caps}
         export_per_request(moe, router_dir, requests)
     meta = json.loads((router_dir / "router.json").read_text())
     router = Router(moe=moe, patterns={c: e["layer_slots"] for c, e in meta["routes"].items()},
@@ -462,17 +516,17 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     # ---- 5. the example requests: route, every policy's reply, the composed colouring
     examples = []
     trace_dir = out / "traces"
+    decoded = ["base", *[f"adapter:{c}" for c in caps], "linear merge"]
+    decode("examples", [("example", cap, cfg.example_seed_start + i, pol) for pol in decoded
+                        for cap in caps for i in range(cfg.examples)])
     for cap in caps:
         for i in range(cfg.examples):
             seed = cfg.example_seed_start + i
             messages, tools = _opening(makers[cap], seed)
             choice = request_choice(moe, messages, tools)
             routed = router.route_from_choice(choice)
-            replies = {}
-            for pol in ["base", *[f"adapter:{c}" for c in caps], "linear merge"]:
-                replies[pol] = run_episode("example", cap, seed, pol, **kwargs[pol])
-                note("examples", f"{cap} seed {seed} {pol}: reward "
-                                 f"{replies[pol]['reward']:.2f}")
+            replies = {pol: run_episode("example", cap, seed, pol, **kwargs[pol])
+                       for pol in decoded}  # decoded above: read back
             pattern = meta["routes"][routed]["layer_slots"]
             slot = caps.index(routed) + 1
             if all(s == slot for s in pattern):
