@@ -18,16 +18,27 @@ Design decisions
   folder with `gates.safetensors` is not re-warmed, an episode already in
   `episodes.jsonl` is not rolled out again. Running the job again (or a new job on the
   same folder) continues where the last one stopped; `should_stop` is polled between
-  episodes and SFT steps.
+  SFT steps and between batches of episodes.
 - The settings are the benches' (bench/README.md, "Composition", sessions 10-14), cut
   toward 15 CPU-minutes (measured: ~25 on the 2-core box, bench/README.md "Routing demo
   build"): SFT on each environment's reference actions (the warm start that
   taught SmolLM2 `tool_calling_precision`; `precondition_verification`'s SFT adapter
   reads, then refuses, so the two conflict), the small built-in environments
   (difficulty 1, the capability's tools, the policy excerpt), gates warm-started on a
-  reward table of greedy episodes of every slot on `warm_seeds` training seeds (KL fit on
-  the request tokens, `gate_training.warm_start`), no gate GRPO (the benches' per-request
-  routing came from the warm start alone), the per-request export.
+  reward table of greedy episodes of every slot (`gate_training.reward_table`) on
+  `warm_seeds` training seeds per environment, one more while an environment's seeds
+  score every slot the same (up to `warm_seeds_max`: such a seed has no preference to
+  fit), each environment's row scaled so its best slot is 1 (KL fit on the request
+  tokens, `gate_training.warm_start`), no gate GRPO (the benches' per-request routing
+  came from the warm start alone), the per-request export. SFT is 8 steps (the 16-step
+  adapters' losses were 0.13 / 0.17 at step 8) and one warm seed per environment: the
+  cuts the 16-step, 2-seed build's measurement named.
+- Greedy episodes of one policy on one environment (the 5 example seeds, a warm seed)
+  are decoded together (`local_client.greedy_episodes`: each is `run_group`'s episode,
+  its turns answered in one left-padded `generate` call with the others'), in-process,
+  so the build needs only the project's venv (`make demo` builds no vLLM venv). The
+  examples' base and merge write to the token limit, and a CPU decode step of 5 rows
+  costs about what 1 row does.
 - SFT keeps the shared prompt prefix (system + tools, the same for every seed of one
   environment) out of the gradient (`PrefixForward`): the prefix is ~90% of each demo,
   so a step costs one no-grad prefill plus the request and the reply.
