@@ -378,8 +378,15 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
         costs[phase] = round(costs.get(phase, 0.0) + _cpu_s() - since, 1)
         return _cpu_s()
 
-    # ---- 1. adapters
+    # ---- 0. the base model (prepared on first use: a fresh models folder converts
+    # SmolLM2's GGUF here), its own line in the cost table rather than inside SFT
     t = _cpu_s()
+    from trace_lib.runtime.base_models import resolve_model
+
+    resolve_model(cfg.model)
+    t = spent("base model", t)
+
+    # ---- 1. adapters
     adapters = {}
     for cap in caps:
         folder = out / "adapters" / cap
