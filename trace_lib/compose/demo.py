@@ -61,6 +61,7 @@ Design decisions
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -398,6 +399,7 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
             raise Cancelled()
         info = train_adapter(cfg, cap, makers[cap], folder, stop)
         adapters[cap] = info
+        gc.collect()  # the trained model and its optimizer go before the next one loads
         note("adapters", f"{cap}: SFT {info['steps']} steps, loss {info['loss_first']:.3f} -> "
                          f"{info['loss_last']:.3f}")
     t = spent("sft", t)

@@ -154,9 +154,12 @@ class LocalMoEClient:
 
 
 class BatchingMoEClient:
-    """Greedy `ChatPolicy` over a GatedMoE for `width` concurrent episodes: a request waits
-    until every live episode has one pending (or has `leave()`-d), then all pending
-    requests are decoded in one left-padded `generate` call (see the module docstring)."""
+    """Greedy `ChatPolicy` over a GatedMoE for `width` concurrent episodes (threads): each
+    `chat` queues its request and waits; `serve()`, in the caller's thread, decodes once
+    every live episode has a request pending (or has `leave()`-d), all of them in one
+    left-padded `generate` call (see the module docstring). One thread does every decode,
+    so torch's buffers come from one allocator arena (decoding in whichever episode
+    thread completed a batch grew the build to 8.4 GB and the OOM killer ended it)."""
 
     def __init__(self, moe: GatedMoE, width: int, force: int | list[int] | None = None,
                  mix: list[float] | None = None):
@@ -168,6 +171,16 @@ class BatchingMoEClient:
         self._cv = threading.Condition()
         self._pending: list[dict[str, Any]] = []
         self._prefix: tuple[list[int], Any] | None = None  # (ids, their KV cache)
+        self._failed: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        """The decoder stopped (`serve` raised): every waiting and later request raises."""
+        with self._cv:
+            self._failed = exc
+            for req in self._pending:
+                req["error"] = exc
+            self._pending = []
+            self._cv.notify_all()
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
              model: str = "moe", n: int = 1, max_tokens: int = 128, temperature: float = 1.0,
@@ -181,12 +194,42 @@ class BatchingMoEClient:
                                  add_special_tokens=False)["input_ids"]
         req: dict[str, Any] = {"ids": ids, "tools": bool(tools), "max_tokens": max_tokens}
         with self._cv:
+            if self._failed is not None:
+                raise self._failed
             self._pending.append(req)
-            self._flush_if_ready()
+            self._cv.notify_all()
             self._cv.wait_for(lambda: "out" in req or "error" in req)
         if "error" in req:
             raise req["error"]
         return [req["out"]]
+
+    def leave(self) -> None:
+        """One episode finished: the others no longer wait for its next request."""
+        with self._cv:
+            self.live -= 1
+            self._cv.notify_all()
+
+    def serve(self) -> None:
+        """Decode batches until every episode has left (run it in the caller's thread)."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self.live <= 0 or (
+                    self._pending and len(self._pending) >= self.live))
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, []
+            try:
+                samples = self._decode(batch)
+            except Exception as exc:  # every waiting episode sees the failure
+                with self._cv:
+                    for req in batch:
+                        req["error"] = exc
+                    self._cv.notify_all()
+                continue
+            with self._cv:
+                for req, sample in zip(batch, samples, strict=True):
+                    req["out"] = sample
+                self._cv.notify_all()
 
     def _prefix_cache(self, prefix: list[int], rows: int) -> Any:
         """The KV cache of `prefix` (computed once per prefix, under this client's routing),
@@ -201,24 +244,6 @@ class BatchingMoEClient:
         cache = copy.deepcopy(self._prefix[1])
         cache.batch_repeat_interleave(rows)
         return cache
-
-    def leave(self) -> None:
-        """One episode finished: the others no longer wait for its next request."""
-        with self._cv:
-            self.live -= 1
-            self._flush_if_ready()
-
-    def _flush_if_ready(self) -> None:  # holds the lock
-        if not self._pending or len(self._pending) < self.live:
-            return
-        batch, self._pending = self._pending, []
-        try:
-            for req, sample in zip(batch, self._decode(batch), strict=True):
-                req["out"] = sample
-        except BaseException as exc:  # every waiting episode sees the failure
-            for req in batch:
-                req["error"] = exc
-        self._cv.notify_all()
 
     def _decode(self, batch: list[dict[str, Any]]) -> list[Any]:
         from trace_lib.runtime.chat_format import parse_assistant
@@ -254,8 +279,9 @@ class BatchingMoEClient:
         self.calls += 1
         width += cut
         new = out.sequences[:, width:]
-        lp = torch.log_softmax(torch.stack(out.logits, dim=1).float(), -1).gather(
-            -1, new.unsqueeze(-1)).squeeze(-1)
+        # step by step: the stacked [rows, steps, vocabulary] log-softmax was ~0.2 GB a batch
+        lp = torch.stack([torch.log_softmax(step.float(), -1).gather(
+            -1, new[:, k:k + 1]).squeeze(-1) for k, step in enumerate(out.logits)], dim=1)
         samples = []
         for i, req in enumerate(batch):
             ids = new[i, : req["max_tokens"]].tolist()
@@ -305,7 +331,13 @@ def greedy_episodes(moe: GatedMoE, jobs: list[tuple[Callable[[], Any], int, Any]
             client.leave()
 
     with ThreadPoolExecutor(len(jobs)) as pool:
-        return list(pool.map(one, jobs))
+        futures = [pool.submit(one, job) for job in jobs]
+        try:
+            client.serve()
+        except BaseException as exc:  # the episode threads must not wait forever
+            client.fail(exc)
+            raise
+        return [f.result() for f in futures]  # in the jobs' order
 
 
 def route_env(moe: GatedMoE, env_name: str, seed: int, force: int | None = None,
