@@ -106,7 +106,7 @@ BUILD_HELP = (
     "the gates from a small table of rewards; exports the per-request router; and replays "
     "held-out requests of both environments through the base model, each adapter, their "
     "linear merge and the composed model, each judged by the environment. It runs as a "
-    "background job (about 25 CPU-minutes with SmolLM2-135M on a CPU, measured in "
+    "background job (about 15 CPU-minutes with SmolLM2-135M on a CPU, measured in "
     "bench/README.md; seconds with `tiny`, which learns nothing), is kept under the "
     "models folder and is reused afterwards. The same build: "
     "`python -m trace_lib demo adapters [--model smollm2-135m] [--background]`.")

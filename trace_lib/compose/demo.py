@@ -20,8 +20,8 @@ Design decisions
   same folder) continues where the last one stopped; `should_stop` is polled between
   SFT steps and between batches of episodes.
 - The settings are the benches' (bench/README.md, "Composition", sessions 10-14), cut
-  toward 15 CPU-minutes (measured: ~25 on the 2-core box, bench/README.md "Routing demo
-  build"): SFT on each environment's reference actions (the warm start that
+  toward 15 CPU-minutes (measured from a fresh models folder: 919 CPU-s, 15.3 CPU-min,
+  on the 2-core box, bench/README.md "Routing demo build"): SFT on each environment's reference actions (the warm start that
   taught SmolLM2 `tool_calling_precision`; `precondition_verification`'s SFT adapter
   reads, then refuses, so the two conflict), the small built-in environments
   (difficulty 1, the capability's tools, the policy excerpt), gates warm-started on a
