@@ -36,9 +36,10 @@ Design decisions
 - Greedy episodes of one policy on one environment (the 5 example seeds, a warm seed)
   are decoded together (`local_client.greedy_episodes`: each is `run_group`'s episode,
   its turns answered in one left-padded `generate` call with the others'), in-process,
-  so the build needs only the project's venv (`make demo` builds no vLLM venv). The
-  examples' base and merge write to the token limit, and a CPU decode step of 5 rows
-  costs about what 1 row does.
+  so the build needs only the project's venv (`make demo` builds no vLLM venv). Measured,
+  it saves little on the CPU (56.9 vs 61.4 CPU-s for 5 base episodes,
+  bench/README.md "Routing demo build", session 2); the build's cut came mostly from SFT
+  8 and one warm seed.
 - SFT keeps the shared prompt prefix (system + tools, the same for every seed of one
   environment) out of the gradient (`PrefixForward`): the prefix is ~90% of each demo,
   so a step costs one no-grad prefill plus the request and the reply.
