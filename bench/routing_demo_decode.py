@@ -1,7 +1,7 @@
 """Batched vs one-at-a-time greedy episodes on a built routing demo (issue 36): what the
 build's example phase pays per episode either way, on the same model, seeds and policy.
 
-    OMP_NUM_THREADS=1 nice -n 10 python bench/routing_demo_decode.py \\
+    PYTHONPATH=. OMP_NUM_THREADS=1 nice -n 10 python bench/routing_demo_decode.py \\
         --demo /tmp/fresh-models/routing-demo/smollm2-135m --policy base \\
         --capability tool_calling_precision --out bench/results/routing-demo-decode.json
 
