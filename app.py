@@ -28,6 +28,7 @@ from pathlib import Path
 
 import streamlit as st
 
+import page_parts
 from trace_lib.workbench import data, explore, jobs, routing_demo, store_admin
 from trace_lib.workbench.errors import ActionError, DatabaseError, StoreError
 
@@ -126,19 +127,10 @@ def _routing_demo(db: Path) -> None:
                         "follows it.")
             st.page_link("pages/6_Routing.py", label="Routing →")
             return
-        c1, c2, c3 = st.columns([5, 1, 2], vertical_alignment="bottom")
-        c1.markdown("**Routing demo**: two conflicting skills (two LoRA adapters of "
+        st.markdown("**Routing demo**: two conflicting skills (two LoRA adapters of "
                     "SmolLM2-135M), their per-request router, and the replies that show each "
-                    "skill winning its own requests (a background job, ~25 CPU-minutes).")
-        model = c2.selectbox("Base model", list(routing_demo.MODELS), key="home_demo_model")
-        if c3.button("Build the routing demo", key="home_demo_build", type="primary"):
-            try:
-                report = routing_demo.build(db, model, background=True)
-            except ActionError as exc:
-                st.error(str(exc))
-            else:
-                st.success(f"Routing demo: {report['state']}"
-                           + (f" (job {report['job']})" if report.get("job") else ""))
+                    "skill winning its own requests (a background job, ~15 CPU-minutes).")
+        page_parts.routing_demo_build(db, key="home_demo")
 
 
 def home() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+import page_parts
 from trace_lib.workbench import composition, data, job_progress, jobs, routing_demo, training
 from trace_lib.workbench.composition import views
 from trace_lib.workbench.errors import StoreError, UserInputError
@@ -105,7 +106,7 @@ BUILD_HELP = (
     "the gates from a small table of rewards; exports the per-request router; and replays "
     "held-out requests of both environments through the base model, each adapter, their "
     "linear merge and the composed model, each judged by the environment. It runs as a "
-    "background job (about 25 CPU-minutes with SmolLM2-135M on a CPU, measured in "
+    "background job (about 15 CPU-minutes with SmolLM2-135M on a CPU, measured in "
     "bench/README.md; seconds with `tiny`, which learns nothing), is kept under the "
     "models folder and is reused afterwards. The same build: "
     "`python -m trace_lib demo adapters [--model smollm2-135m] [--background]`.")
@@ -144,18 +145,7 @@ def _demo_build_controls(statuses) -> None:
 
         follow()
         return
-    c1, c2 = st.columns([1, 3], vertical_alignment="bottom")
-    model = c1.selectbox("Base model", list(routing_demo.MODELS), key="demo_model")
-    if c2.button("Build the routing demo", key="demo_build", type="primary"):
-        try:
-            report = routing_demo.build(DB, model, background=True)
-        except UserInputError as exc:
-            st.error(str(exc))
-        else:
-            if report["state"] == "built":
-                st.success(f"The routing demo is already built in {report['path']}.")
-            else:
-                st.rerun()
+    page_parts.routing_demo_build(DB, key="demo")
 
 
 with st.container(border=True, key="routing_demo"):

@@ -62,3 +62,38 @@ def test_a_stored_generated_environment_builds_from_the_spec_the_app_resolved(db
         env.close()
     with pytest.raises(UserInputError, match="never reads the store"):
         env_factory("toy/say_seed/gen1")  # a stored name without its spec
+
+
+def test_batched_greedy_episodes_are_the_sequential_ones(tiny_dir, adapter_dirs,
+                                                         monkeypatch) -> None:
+    """`greedy_episodes` decodes several episodes' turns in one generate call, their shared
+    prompt prefix prefilled once: each episode (transcript, tokens, turns, verdict) is the
+    one a sequential greedy rollout gives, under a forced slot and under a mix."""
+    from trace_lib.compose import local_client
+    from trace_lib.compose.local_client import LocalMoEClient, greedy_episodes
+    from trace_lib.envs import registry
+    from trace_lib.runtime.rollout import RolloutConfig, run_group
+
+    moe = compose(str(tiny_dir), [(None, p) for p in adapter_dirs[:2]])
+    make_env = registry.env_factory(registry.require_static(
+        "airline/precondition_verification"), options={"tools": "capability", "difficulty": 1})
+    cfg = RolloutConfig(max_turns=2, max_tokens=6, max_sequence=4096, temperature=0.0)
+    seeds = [20_000, 20_001, 20_002]
+    cuts = []
+
+    def shared_prefix(rows, least=16):
+        cuts.append(local_client_shared(rows, least))
+        return cuts[-1]
+
+    local_client_shared = local_client._shared_prefix
+    monkeypatch.setattr(local_client, "_shared_prefix", shared_prefix)
+    for routing in ({"force": 1}, {"mix": [0.0, 0.5, 0.5]}):
+        batched = greedy_episodes(moe, [(make_env, s, cfg) for s in seeds], **routing)
+        for s, got in zip(seeds, batched, strict=True):
+            alone = run_group(make_env, s, LocalMoEClient(moe, **routing), cfg, model="moe",
+                              group_size=1, request_seed=s)[0]
+            assert got.messages == alone.messages and got.turns == alone.turns
+            assert (got.reward, got.passed, got.reasons) == (alone.reward, alone.passed,
+                                                              alone.reasons)
+            assert got.token_ids == alone.token_ids
+    assert cuts and min(cuts) > 100  # the system + tools prefix came from the cache

@@ -64,6 +64,15 @@ def test_the_demo_builds_once_and_a_second_build_finds_it(tmp_path: Path):
     assert set(demo["warm"]["rewards"]) == set(caps)
     assert all(len(row) == 3 for rows in demo["warm"]["rewards"].values()
                for row in rows.values())
+    # one warm seed per environment, the next only while its seeds show no preference
+    from trace_lib.compose.demo import _no_preference
+
+    for cap, rows in demo["warm"]["rewards"].items():
+        seeds = sorted(rows, key=int)
+        assert demo["warm"]["seeds"][cap] == [int(x) for x in seeds] and seeds[0] == "0"
+        for i in range(1, len(seeds)):
+            assert _no_preference({x: rows[x] for x in seeds[:i]})
+        assert len(seeds) == 3 or not _no_preference(rows)  # warm_seeds_max is 3
     # its composed model is in the store (the Routing page's picker)
     assert [m["path"] for m in composition.list_moe_models(db)] == [
         str((folder / "moe").resolve())]

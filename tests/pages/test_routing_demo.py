@@ -36,6 +36,16 @@ def test_with_nothing_built_the_page_says_what_the_button_does(empty: Path):
     assert not (empty / "trace.duckdb").exists()  # a view writes nothing
 
 
+def test_home_has_the_same_build_controls(empty: Path):
+    """One home for the picker and button (`page_parts.routing_demo_build`): Home shows the
+    Routing page's controls under its own keys."""
+    at = AppTest.from_file(HOME, default_timeout=120).run()
+    assert not at.exception
+    assert [b.label for b in at.button if b.key == "home_demo_build"] == [
+        "Build the routing demo"]
+    assert at.selectbox(key="home_demo_model").options == ["smollm2-135m", "tiny"]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("routing_demo_page")

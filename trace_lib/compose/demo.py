@@ -18,16 +18,28 @@ Design decisions
   folder with `gates.safetensors` is not re-warmed, an episode already in
   `episodes.jsonl` is not rolled out again. Running the job again (or a new job on the
   same folder) continues where the last one stopped; `should_stop` is polled between
-  episodes and SFT steps.
+  SFT steps and between batches of episodes.
 - The settings are the benches' (bench/README.md, "Composition", sessions 10-14), cut
-  toward 15 CPU-minutes (measured: ~25 on the 2-core box, bench/README.md "Routing demo
-  build"): SFT on each environment's reference actions (the warm start that
+  toward 15 CPU-minutes (measured from a fresh models folder: 919 CPU-s, 15.3 CPU-min,
+  on the 2-core box, bench/README.md "Routing demo build"): SFT on each environment's reference actions (the warm start that
   taught SmolLM2 `tool_calling_precision`; `precondition_verification`'s SFT adapter
   reads, then refuses, so the two conflict), the small built-in environments
   (difficulty 1, the capability's tools, the policy excerpt), gates warm-started on a
-  reward table of greedy episodes of every slot on `warm_seeds` training seeds (KL fit on
-  the request tokens, `gate_training.warm_start`), no gate GRPO (the benches' per-request
-  routing came from the warm start alone), the per-request export.
+  reward table of greedy episodes of every slot (`gate_training.reward_table`) on
+  `warm_seeds` training seeds per environment, one more while an environment's seeds
+  score every slot the same (up to `warm_seeds_max`: such a seed has no preference to
+  fit), each environment's row scaled so its best slot is 1 (KL fit on the request
+  tokens, `gate_training.warm_start`), no gate GRPO (the benches' per-request routing
+  came from the warm start alone), the per-request export. SFT is 8 steps (the 16-step
+  adapters' losses were 0.13 / 0.17 at step 8) and one warm seed per environment: the
+  cuts the 16-step, 2-seed build's measurement named.
+- Greedy episodes of one policy on one environment (the 5 example seeds, a warm seed)
+  are decoded together (`local_client.greedy_episodes`: each is `run_group`'s episode,
+  its turns answered in one left-padded `generate` call with the others'), in-process,
+  so the build needs only the project's venv (`make demo` builds no vLLM venv). Measured,
+  it saves little on the CPU (56.9 vs 61.4 CPU-s for 5 base episodes,
+  bench/README.md "Routing demo build", session 2); the build's cut came mostly from SFT
+  8 and one warm seed.
 - SFT keeps the shared prompt prefix (system + tools, the same for every seed of one
   environment) out of the gradient (`PrefixForward`): the prefix is ~90% of each demo,
   so a step costs one no-grad prefill plus the request and the reply.
@@ -50,6 +62,7 @@ Design decisions
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -81,11 +94,16 @@ class DemoConfig:
     max_tokens: dict[str, int] = field(default_factory=dict)  # missing: reference turn +25%
     max_sequence: int = 4096
     lora_rank: int = 16
-    sft_steps: int = 16
+    # 8 steps: the 16-step adapters' losses were already 0.13 / 0.17 at step 8, and SFT
+    # was half of the build's CPU (bench/README.md "Routing demo build").
+    sft_steps: int = 8
     sft_batch: int = 2
     sft_seeds: int = 32
     sft_lr: float = 1e-3
-    warm_seeds: int = 2
+    # One warm seed per environment; an environment whose seeds so far score every slot
+    # the same (no preference to fit) gets the next seed, up to `warm_seeds_max`.
+    warm_seeds: int = 1
+    warm_seeds_max: int = 3
     warm_steps: int = 100
     warm_lr: float = 1e-1
     warm_temperature: float = 0.1
@@ -116,6 +134,9 @@ class DemoConfig:
         for name in ("sft_steps", "sft_batch", "sft_seeds", "examples", "warm_seeds"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"{where}: field `{name}` must be >= 1")
+        if self.warm_seeds_max < self.warm_seeds:
+            raise UserInputError(f"{where}: field `warm_seeds_max` ({self.warm_seeds_max}) "
+                                 f"must be >= `warm_seeds` ({self.warm_seeds})")
 
     def env_name(self, cap: str) -> str:
         return f"{self.domain}/{cap}"
@@ -248,6 +269,17 @@ def _episode(moe: Any, make_env: Callable[[], Any], seed: int, cfg_roll: Any,
             "turns": r.turns, "messages": r.messages, "wall_s": round(time.perf_counter() - t0, 2)}
 
 
+def _rollout_row(r: Any, wall_s: float) -> dict[str, Any]:
+    return {"reward": float(r.reward), "passed": bool(r.passed), "reasons": list(r.reasons),
+            "turns": r.turns, "messages": r.messages, "wall_s": round(wall_s, 2)}
+
+
+def _no_preference(rows: dict[str, list[float]]) -> bool:
+    """Every slot has the same mean reward over these seeds: nothing for the gates to fit."""
+    means = [sum(col) / len(col) for col in zip(*rows.values(), strict=True)]
+    return max(means) == min(means)
+
+
 def _opening(make_env: Callable[[], Any], seed: int) -> tuple[list[dict[str, Any]], Any]:
     env = make_env()
     try:
@@ -312,8 +344,14 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     import torch
 
     from trace_lib.compose.export import Router, export_per_request, request_choice
-    from trace_lib.compose.gate_training import _prompt_ids, soft_targets, warm_start
+    from trace_lib.compose.gate_training import (
+        _prompt_ids,
+        reward_table,
+        soft_targets,
+        warm_start,
+    )
     from trace_lib.compose.gated import MoEConfig, compose, load_moe
+    from trace_lib.compose.local_client import greedy_episodes
     from trace_lib.compose.traces import replay_trajectory
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.rollout import RolloutConfig
@@ -342,8 +380,15 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
         costs[phase] = round(costs.get(phase, 0.0) + _cpu_s() - since, 1)
         return _cpu_s()
 
-    # ---- 1. adapters
+    # ---- 0. the base model (prepared on first use: a fresh models folder converts
+    # SmolLM2's GGUF here), its own line in the cost table rather than inside SFT
     t = _cpu_s()
+    from trace_lib.runtime.base_models import resolve_model
+
+    resolve_model(cfg.model)
+    t = spent("base model", t)
+
+    # ---- 1. adapters
     adapters = {}
     for cap in caps:
         folder = out / "adapters" / cap
@@ -355,6 +400,7 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
             raise Cancelled()
         info = train_adapter(cfg, cap, makers[cap], folder, stop)
         adapters[cap] = info
+        gc.collect()  # the trained model and its optimizer go before the next one loads
         note("adapters", f"{cap}: SFT {info['steps']} steps, loss {info['loss_first']:.3f} -> "
                          f"{info['loss_last']:.3f}")
     t = spent("sft", t)
@@ -401,39 +447,67 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
             episodes.add(row)
         return row
 
+    def decode(phase: str, keys: list[tuple[str, str, int, str]]) -> None:
+        """Roll out the missing episodes among `keys`; those of one policy and one
+        environment are decoded together (`greedy_episodes`), one progress row each."""
+        groups: dict[tuple[str, str], list[tuple[str, str, int, str]]] = {}
+        for key in keys:
+            if episodes.get(key) is None:
+                groups.setdefault((key[3], key[1]), []).append(key)
+        for (pol, cap), group in groups.items():
+            if stop():
+                raise Cancelled()
+            t0 = time.perf_counter()
+            done = greedy_episodes(moe, [(makers[cap], seed, rollout[cap])
+                                         for _, _, seed, _ in group], **kwargs[pol])
+            wall = (time.perf_counter() - t0) / len(group)
+            for (kind, _, seed, _), r in zip(group, done, strict=True):
+                episodes.add({"kind": kind, "capability": cap, "seed": seed, "policy": pol,
+                              **_rollout_row(r, wall), "batch": len(group)})
+                note(phase, f"{cap} seed {seed} {pol}: reward {r.reward:.2f}"
+                            + (f" (batch of {len(group)})" if len(group) > 1 else ""))
+
     # ---- 3. warm start from a small reward table (every slot forced, greedy)
-    warm_seeds = list(range(cfg.warm_seeds))
     slot_policies = ["base", *[f"adapter:{c}" for c in caps]]
+
+    def warm_reward(cap: str, seed: int, slot: int) -> float:  # decoded just before
+        return float(run_episode("warm", cap, seed, slot_policies[slot],
+                                 **kwargs[slot_policies[slot]])["reward"])
+
     if not warm_done:
-        table: dict[str, dict[str, list[float]]] = {}
-        for cap in caps:
-            table[cap] = {}
-            for seed in warm_seeds:
-                row = []
-                for pol in slot_policies:
-                    ep = run_episode("warm", cap, seed, pol, **kwargs[pol])
-                    row.append(ep["reward"])
-                    note("warm rewards", f"{cap} seed {seed} {pol}: reward {ep['reward']:.2f}")
-                table[cap][str(seed)] = row
+        table: dict[str, dict[str, list[float]]] = {cap: {} for cap in caps}
+        pending, seed = list(caps), 0
+        while pending:
+            decode("warm rewards", [("warm", c, seed, p) for c in pending for p in slot_policies])
+            part = reward_table(moe, {c: makers[c] for c in pending}, [seed],
+                                episode=warm_reward)
+            for c in pending:
+                table[c][str(seed)] = part[c][str(seed)]
+            seed += 1
+            # A seed where every slot scored the same (often 0 at this size) says nothing:
+            # the first SmolLM2 build fitted such a uniform target as "no preference" and
+            # exported one pattern for both capabilities. Such an environment gets the
+            # next seed instead, up to warm_seeds_max.
+            pending = [c for c in pending if seed < cfg.warm_seeds_max
+                       and (seed < cfg.warm_seeds or _no_preference(table[c]))]
+            if seed >= cfg.warm_seeds:  # seeds beyond the planned ones: more progress rows
+                note.total += len(pending) * len(slot_policies)
         t = spent("warm rewards", t)
-        # One target per capability: its environment's mean reward per slot over the warm
-        # seeds, scaled so that the environment's best slot is 1. A seed where every slot
-        # scored the same (often 0 at this size) says nothing by itself: fitted alone, its
-        # uniform target taught the gates "no preference" on that request. Unscaled, a
-        # low-reward environment (precondition: best mean 0.125) got a soft target beside
-        # the other's sharp one, block 0 (which sees single tokens) leaned to the sharp
-        # one's slot and the later blocks followed: the first SmolLM2 build exported the
-        # same pattern for both capabilities. Scaled, every held-out request of both chose
-        # its own adapter at all 30 layers.
+        # One target per capability: its environment's mean reward per slot over its warm
+        # seeds, scaled so that the environment's best slot is 1. Unscaled, a low-reward
+        # environment (precondition: best mean 0.125) got a soft target beside the
+        # other's sharp one, block 0 (which sees single tokens) leaned to the sharp one's
+        # slot and the later blocks followed (one pattern for both again). Scaled, every
+        # held-out request of both chose its own adapter at all 30 layers.
         pooled = {}
         for cap in caps:
-            mean = [sum(table[cap][str(s)][i] for s in warm_seeds) / len(warm_seeds)
-                    for i in range(moe.k + 1)]
+            rows = table[cap]
+            mean = [sum(r[i] for r in rows.values()) / len(rows) for i in range(moe.k + 1)]
             top = max(mean)
             pooled[cap] = [m / top for m in mean] if top > 0 else mean
-        prompts = [(_prompt_ids(moe, makers[cap], seed),
+        prompts = [(_prompt_ids(moe, makers[cap], int(seed)),
                     soft_targets(pooled[cap], cfg.warm_temperature))
-                   for cap in caps for seed in warm_seeds]
+                   for cap in caps for seed in table[cap]]
         kl = warm_start(moe, prompts, cfg.warm_steps, cfg.warm_lr)
         moe.save(moe_dir, extra={"trained_by": "routing demo"})
         (out / "warm_rewards.json").write_text(json.dumps(
@@ -443,13 +517,14 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     else:
         note("warm start", "kept from the last build")
     warm = json.loads((out / "warm_rewards.json").read_text())
+    warm_seeds = {cap: [int(s) for s in warm["rewards"][cap]] for cap in caps}
     t = spent("gates", t)
 
     # ---- 4. per-request export (patterns measured on the warm seeds' requests)
     router_dir = out / "per_request"
     moe.set_mode("trajectory")
     if not (router_dir / "router.json").exists():
-        requests = {cap: [_opening(makers[cap], s) for s in warm_seeds] for cap in caps}
+        requests = {cap: [_opening(makers[cap], s) for s in warm_seeds[cap]] for cap in caps}
         export_per_request(moe, router_dir, requests)
     meta = json.loads((router_dir / "router.json").read_text())
     router = Router(moe=moe, patterns={c: e["layer_slots"] for c, e in meta["routes"].items()},
@@ -462,17 +537,17 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     # ---- 5. the example requests: route, every policy's reply, the composed colouring
     examples = []
     trace_dir = out / "traces"
+    decoded = ["base", *[f"adapter:{c}" for c in caps], "linear merge"]
+    decode("examples", [("example", cap, cfg.example_seed_start + i, pol) for pol in decoded
+                        for cap in caps for i in range(cfg.examples)])
     for cap in caps:
         for i in range(cfg.examples):
             seed = cfg.example_seed_start + i
             messages, tools = _opening(makers[cap], seed)
             choice = request_choice(moe, messages, tools)
             routed = router.route_from_choice(choice)
-            replies = {}
-            for pol in ["base", *[f"adapter:{c}" for c in caps], "linear merge"]:
-                replies[pol] = run_episode("example", cap, seed, pol, **kwargs[pol])
-                note("examples", f"{cap} seed {seed} {pol}: reward "
-                                 f"{replies[pol]['reward']:.2f}")
+            replies = {pol: run_episode("example", cap, seed, pol, **kwargs[pol])
+                       for pol in decoded}  # decoded above: read back
             pattern = meta["routes"][routed]["layer_slots"]
             slot = caps.index(routed) + 1
             if all(s == slot for s in pattern):

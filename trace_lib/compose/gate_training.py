@@ -174,21 +174,28 @@ def _snapshot(moe: GatedMoE) -> list[torch.Tensor]:
 
 
 def reward_table(moe: GatedMoE, makers: dict[str, Callable[[], Any]], seeds: list[int],
-                 rollout_cfg: Any,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """rewards[env][seed] = [reward of slot 0..K], each slot forced, greedy rollouts."""
+                 rollout_cfg: Any = None,
+                 progress: Callable[[str], None] | None = None,
+                 episode: Callable[[str, int, int], float] | None = None) -> dict[str, Any]:
+    """rewards[env][seed] = [reward of slot 0..K], each slot forced, greedy rollouts.
+
+    `episode(env, seed, slot) -> reward` replaces the default rollout (a `LocalMoEClient`
+    forced to the slot, `rollout_cfg`): the routing demo passes its own, which keeps each
+    episode in its resumable file and decodes them batched."""
     from trace_lib.runtime.rollout import run_group
 
+    def forced(env_name: str, seed: int, slot: int) -> float:
+        client = LocalMoEClient(moe, force=slot)
+        r = run_group(makers[env_name], seed, client, rollout_cfg, model="moe", group_size=1,
+                      request_seed=seed)[0]
+        return float(r.reward)
+
+    run = episode or forced
     table: dict[str, dict[str, list[float]]] = {}
-    for env_name, make_env in makers.items():
+    for env_name in makers:
         table[env_name] = {}
         for seed in seeds:
-            row = []
-            for slot in range(moe.k + 1):
-                client = LocalMoEClient(moe, force=slot)
-                r = run_group(make_env, seed, client, rollout_cfg, model="moe", group_size=1,
-                              request_seed=seed)[0]
-                row.append(float(r.reward))
+            row = [float(run(env_name, seed, slot)) for slot in range(moe.k + 1)]
             table[env_name][str(seed)] = row
             if progress:
                 progress(f"warm rewards {env_name} seed {seed}: {row}")
