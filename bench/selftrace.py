@@ -127,7 +127,7 @@ def demonstrations(model: str, domain: str, n: int, tools: str, max_turns: int
     """(tokenizer, demos, shared prefix ids, task ids) of the first `n` dev tasks."""
     from trace_lib.evaluate.tasks import load_task_set
     from trace_lib.runtime.base_models import load_tokenizer, resolve_model
-    from trace_lib.train.local_rollouts import common_prefix, reference_episode
+    from trace_lib.train.local_rollouts import demo_prefix, reference_episode
 
     tok = load_tokenizer(resolve_model(model))
     ts = load_task_set(domain, n, split="dev")
@@ -137,10 +137,7 @@ def demonstrations(model: str, domain: str, n: int, tools: str, max_turns: int
         if ep is not None:
             demos.append(ep)
             ids.append(task.task_id)
-    prefix = common_prefix([seq for seq, _ in demos])
-    # the prefix ends before the first assistant token of every demo
-    first = min(m.index(1) for _, m in demos)
-    return tok, demos, prefix[: min(len(prefix), first - 1)], ids
+    return tok, demos, demo_prefix(demos), ids
 
 
 def batch_order(n: int, batch: int, seed: int) -> Iterator[list[int]]:

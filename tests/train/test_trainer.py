@@ -208,6 +208,15 @@ def test_zero_grpo_steps_is_sft_alone_and_needs_sft(tmp_path):
     # LoRA's B starts at zero: a nonzero B is the SFT's update, saved as the adapter
     assert any(k.endswith("lora_B.weight") and v.abs().max().item() > 0
                for k, v in weights.items())
+    # SFT scores the demos' shared prompt without gradient (PrefixForward), except under
+    # gradient checkpointing, whose recompute would extend that prompt's KV cache twice:
+    # there the whole sequence is scored. Step 1's loss is the same either way.
+    checkpointed = train(TrainConfig.from_dict({**TOY, "steps": 0, "sft_steps": 3,
+                                                "sft_seeds": 4, "gradient_checkpointing": True}),
+                         tmp_path / "sft_gc", resume=False)
+    first = [json.loads((tmp_path / run / "sft.jsonl").read_text().splitlines()[0])["loss"]
+             for run in ("sft_only", "sft_gc")]
+    assert checkpointed.steps == 0 and first[0] == pytest.approx(first[1], abs=1e-5)
 
 
 def test_a_killed_sft_warm_start_resumes_from_its_checkpoint(tmp_path, capsys):

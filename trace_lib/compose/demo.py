@@ -165,18 +165,6 @@ def _close(env: Any) -> None:
         env.close()
 
 
-def _common_prefix(seqs: list[list[int]]) -> list[int]:
-    first = seqs[0]
-    n = len(first)
-    for s in seqs[1:]:
-        n = min(n, len(s))
-        for i in range(n):
-            if s[i] != first[i]:
-                n = i
-                break
-    return first[:n]
-
-
 class _Progress:
     """metrics.jsonl rows (`step` counts finished units: the job views' steps) + stderr
     (stdout stays the verb's, e.g. its --json document)."""
@@ -215,7 +203,12 @@ def train_adapter(cfg: DemoConfig, cap: str, make_env: Callable[[], Any], folder
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.base_models import load_model, resolve_model
     from trace_lib.runtime.lora import LoraSettings, attach_lora, save_adapter, trainable_parameters
-    from trace_lib.train.local_rollouts import PrefixForward, reference_episode, sft
+    from trace_lib.train.local_rollouts import (
+        PrefixForward,
+        demo_prefix,
+        reference_episode,
+        sft,
+    )
 
     t0 = time.perf_counter()
     model_path = resolve_model(cfg.model)
@@ -233,10 +226,7 @@ def train_adapter(cfg: DemoConfig, cap: str, make_env: Callable[[], Any], folder
             demos.append(ep)
     if not demos:
         raise UserInputError(f"{cfg.env_name(cap)}: no reference actions to learn from")
-    prefix = _common_prefix([ids for ids, _ in demos])
-    # keep the first assistant token out of the prefix (the loss needs its context token)
-    first_target = min(m.index(1) for _, m in demos if 1 in m)
-    prefix = prefix[:max(0, min(len(prefix), first_target) - 1)]
+    prefix = demo_prefix(demos)
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
     losses: list[float] = []

@@ -29,7 +29,9 @@ Design decisions
   it is just not optimised through it. Documented in docs/TRAINING.md.
 - SFT warm start: the environment's reference actions (the same calls the verifier
   replays) rendered in the chat convention and tokenised turn by turn exactly as rollouts
-  are; cross-entropy on the assistant tokens only.
+  are; cross-entropy on the assistant tokens only, the demos' shared prompt (`demo_prefix`)
+  run once a pass without gradient (`PrefixForward`), as the oracle and the routing demo
+  do.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ def common_prefix(rows: list[list[int]]) -> list[int]:
             i += 1
         n = i
     return first[:n]
+
+
+def demo_prefix(demos: list[tuple[list[int], list[int]]]) -> list[int]:
+    """The prompt every demo (ids, loss mask) shares, ending before the token that scores
+    the first assistant token of any of them: what `PrefixForward` runs without gradient."""
+    prefix = common_prefix([ids for ids, _ in demos])
+    first = min((m.index(1) for _, m in demos if 1 in m), default=len(prefix) + 1)
+    return prefix[:max(0, min(len(prefix), first - 1))]
 
 
 @dataclass

@@ -211,7 +211,7 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
     Checkpointed every `checkpoint_every` steps (`sft_state.pt`: the LoRA weights, the
     optimizer, the losses so far), and resumed from it: on target-task episodes a warm
     start is CPU-hours, and a killed run used to start it again from step 0."""
-    from trace_lib.train.local_rollouts import reference_episode, sft
+    from trace_lib.train.local_rollouts import PrefixForward, demo_prefix, reference_episode, sft
 
     demos = []
     for s in range(10**6 - cfg.sft_seeds, 10**6):
@@ -256,7 +256,13 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
               flush=True)
 
     if start < cfg.sft_steps:
-        sft(params, opt, demos, TokenForward(model, 1.0), steps=cfg.sft_steps,
+        # The demos' shared prompt (system, tools: ~60% of a target-task demo) runs once a
+        # pass without gradient; the adapter still reads it, it is not optimised through it.
+        # Not with gradient checkpointing: its recompute would extend the prefix's KV cache
+        # a second time, so the whole sequence is scored then (memory before speed).
+        forward = TokenForward(model, 1.0) if cfg.gradient_checkpointing else \
+            PrefixForward(model, demo_prefix(demos), 1.0)
+        sft(params, opt, demos, forward, steps=cfg.sft_steps,
             batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
             train_mode=lambda on: model.train(on), log=logged, start_step=start,
             on_step=checkpoint)
