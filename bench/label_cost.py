@@ -48,6 +48,13 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
 
 
+def claude_usd(fresh: float, cache_read: float, cache_write: float, out: float) -> float:
+    """USD for these token counts at Claude Sonnet 4.5 list prices (the cost model of this
+    bench and of `label_llm.py`)."""
+    p_in, p_out, p_read, p_write = PRICES_PER_MTOK["claude-sonnet-4-5"]
+    return (fresh * p_in + cache_read * p_read + cache_write * p_write + out * p_out) / 1e6
+
+
 def answer(caps) -> str:
     return json.dumps({c.name: {"value": "lacking", "evidence": [
         {"message_idx": 14, "text": EVIDENCE}], "confidence": 0.8} for c in caps})
@@ -80,7 +87,6 @@ def main() -> None:
     bodies = [transcript_header(t) + render_transcript(t) for t in ts]
     users = [n(user_prompt(b, nonce=new_nonce(b))) for b in bodies]  # whole, uncut
     u = statistics.mean(users)
-    p_in, p_out, p_read, p_write = PRICES_PER_MTOK["claude-sonnet-4-5"]
     N = len(ts)
     rows = [
         # name, fresh input, cache read, cache write (amortised), output  -- per trajectory
@@ -99,8 +105,7 @@ def main() -> None:
           f"{'USD/traj':>9} {'USD/494':>8} {'vs best':>7}")
     costs = []
     for _name, fresh, rd, wr, out in rows:
-        usd = (fresh * p_in + rd * p_read + wr * p_write + out * p_out) / 1e6
-        costs.append(usd)
+        costs.append(claude_usd(fresh, rd, wr, out))
     base = min(costs)
     for (name, fresh, rd, wr, out), usd in zip(rows, costs, strict=True):
         print(f"{name:44s} {fresh:>10.0f} {rd:>9.0f} {wr:>9.0f} {out:>6.0f} {usd:>9.4f} "
