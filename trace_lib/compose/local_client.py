@@ -87,6 +87,14 @@ def environment_names() -> list[str]:
     return [f"{domain}/{cap}" for domain, cap in builtin_pairs()]
 
 
+def _cut_at_eos(ids: list[int], eos_ids: set[int] | list[int]) -> tuple[list[int], str]:
+    """A decoded row up to and including its first end token, and the finish reason."""
+    for j, t in enumerate(ids):
+        if t in eos_ids:
+            return ids[: j + 1], "stop"
+    return ids, "length"
+
+
 class LocalMoEClient:
     """`policy_client.ChatPolicy` over a GatedMoE in this process (optionally forced to one slot)."""
 
@@ -139,13 +147,7 @@ class LocalMoEClient:
         lp = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         samples = []
         for i in range(n):
-            ids = new[i].tolist()
-            finish = "length"
-            for j, t in enumerate(ids):
-                if t in eos_ids:
-                    ids = ids[: j + 1]
-                    finish = "stop"
-                    break
+            ids, finish = _cut_at_eos(new[i].tolist(), eos_ids)
             text = tok.decode(ids, skip_special_tokens=False)
             parsed = parse_assistant(text, parse_tools=bool(tools))
             samples.append(Sample(message=parsed.to_message(), prompt_token_ids=list(prompt_ids),
@@ -285,13 +287,7 @@ class BatchingMoEClient:
             -1, new[:, k:k + 1]).squeeze(-1) for k, step in enumerate(out.logits)], dim=1)
         samples = []
         for i, req in enumerate(batch):
-            ids = new[i, : req["max_tokens"]].tolist()
-            finish = "length"
-            for j, t in enumerate(ids):
-                if t in eos_ids:
-                    ids = ids[: j + 1]
-                    finish = "stop"
-                    break
+            ids, finish = _cut_at_eos(new[i, : req["max_tokens"]].tolist(), eos_ids)
             parsed = parse_assistant(tok.decode(ids, skip_special_tokens=False),
                                      parse_tools=req["tools"])
             samples.append(Completion(message=parsed.to_message(),
@@ -304,10 +300,9 @@ class BatchingMoEClient:
 def _shared_prefix(rows: list[list[int]], least: int = 16) -> int:
     """Tokens every row starts with, leaving each row at least one of its own (0 when
     fewer than `least`: not worth a cache)."""
-    n = min(len(r) for r in rows) - 1
-    first = rows[0]
-    for r in rows[1:]:
-        n = next((i for i in range(n) if r[i] != first[i]), n)
+    from trace_lib.train.local_rollouts import common_prefix
+
+    n = len(common_prefix(rows))
     return n if n >= least else 0
 
 

@@ -121,6 +121,15 @@ def _counts(path: Path) -> tuple[int, dict[str, int]]:
         con.close()
 
 
+def _checkpoint(con: duckdb.DuckDBPyConnection, path: Path, before: str) -> None:
+    """Fold the write-ahead log into the file before it is copied or rewritten."""
+    try:
+        con.execute("CHECKPOINT")
+    except duckdb.Error as exc:
+        raise (damage_error(path, exc) or StoreError(
+            f"{path}: could not checkpoint the store before {before}: {exc}")) from exc
+
+
 def backup(db: str | Path | None, dest: str | Path, *, timeout_s: float = 30.0
            ) -> BackupResult:
     """Copy the store `db` (and its search index) into the new folder `dest`."""
@@ -139,12 +148,7 @@ def backup(db: str | Path | None, dest: str | Path, *, timeout_s: float = 30.0
     try:
         con = open_connection(path, timeout_s=timeout_s, migrate=False)
         try:
-            try:
-                con.execute("CHECKPOINT")
-            except duckdb.Error as exc:
-                raise (damage_error(path, exc) or StoreError(
-                    f"{path}: could not checkpoint the store before copying it: {exc}")
-                ) from exc
+            _checkpoint(con, path, "copying it")
             files: dict[str, dict[str, Any]] = {}
             shutil.copyfile(path, tmp / path.name)
             _fsync(tmp / path.name)
@@ -335,12 +339,7 @@ def compact(db: str | Path | None, *, timeout_s: float = 30.0) -> dict[str, Any]
             f.unlink(missing_ok=True)
         con = open_connection(path, timeout_s=timeout_s, migrate=False)
         try:
-            try:
-                con.execute("CHECKPOINT")
-            except duckdb.Error as exc:
-                raise (damage_error(path, exc) or StoreError(
-                    f"{path}: could not checkpoint the store before compacting it: {exc}")
-                ) from exc
+            _checkpoint(con, path, "compacting it")
             name = con.execute("SELECT current_database()").fetchone()[0]
             quoted = str(tmp).replace("'", "''")
             con.execute(f"ATTACH '{quoted}' AS _compact")
