@@ -136,6 +136,36 @@ def test_prefix_forward_equals_the_full_forward_and_rollouts_keep_their_tokens(t
     assert "get_reservation_details" in text and "<tool_response>" not in text
 
 
+def test_a_pass_scores_its_own_shared_prompt_once_and_equals_the_full_forward(tiny):
+    """`PrefixForward(model, None)`: the GRPO step's forward for a policy server's rollouts.
+    The pass's common prefix, capped at `keep_from` so no scored token falls inside it,
+    runs without gradient; right-padded rows of different lengths score as the full
+    forward does, and the loss still reaches the adapter through the rest."""
+    from trace_lib.train.local_rollouts import PrefixForward
+
+    model, _ = tiny
+    torch.manual_seed(0)
+    shared = torch.randint(5, 100, (12,)).tolist()
+    rows = [shared + [7, 8, 9, 10, 11], shared + [7, 8, 20], shared[:10]]  # 3rd: shorter
+    T = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
+    att = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    fwd = PrefixForward(model, None, temperature=1.0)
+    assert fwd._prefix(ids, att, keep_from=8) == shared[:8]  # capped at keep_from
+    assert fwd._prefix(ids, att, keep_from=99) == shared[:9]  # the short row's length - 1
+    a = fwd(ids, att, 8, []).logprobs
+    with torch.no_grad():
+        b = token_logprobs(model, ids, att)
+    scored = att[:, 1:].bool()
+    scored[:, :8] = False  # positions < keep_from carry no loss (zeros in both)
+    assert torch.allclose(a[scored], b[scored], atol=1e-4)
+    model.zero_grad()
+    (-a[scored].sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and any(g.abs().max() > 0 for g in grads)
+    model.zero_grad()
+
+
 def test_a_pass_is_bounded_by_rows_and_padded_tokens():
     from trace_lib.train.step import micro_batches
 

@@ -258,24 +258,38 @@ class LocalRollouts:
 
 
 class PrefixForward:
-    """`step.Forward` for sequences that all begin with `prefix_ids` (stop-gradient there)."""
+    """`step.Forward` for sequences that all begin with `prefix_ids` (stop-gradient there).
 
-    def __init__(self, model: torch.nn.Module, prefix_ids: list[int], temperature: float = 1.0):
+    `prefix_ids` None: each pass's own shared prompt, the rows' common prefix up to
+    `keep_from` (no scored token inside it): what a policy server's rollouts share, where
+    no prefix is known before they come back (the trainer's GRPO step)."""
+
+    def __init__(self, model: torch.nn.Module, prefix_ids: list[int] | None,
+                 temperature: float = 1.0):
         self.model = model
-        self.prefix_ids = list(prefix_ids)
+        self.prefix_ids = None if prefix_ids is None else list(prefix_ids)
         self.temperature = temperature
+
+    def _prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                keep_from: int) -> list[int]:
+        if self.prefix_ids is not None:
+            return self.prefix_ids
+        lengths = attention_mask.sum(-1).tolist()  # rows are right-padded
+        rows = [r[:int(n)] for r, n in zip(input_ids.tolist(), lengths, strict=True)]
+        return common_prefix(rows)[:max(0, keep_from)]
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep_from: int,
                  rollouts: list[Rollout]) -> ForwardOut:
-        P = len(self.prefix_ids)
+        prefix = self._prefix(input_ids, attention_mask, keep_from)
+        P = len(prefix)
         B, T = input_ids.shape
-        if P == 0 or T <= P + 1 or input_ids[:, :P].tolist() != [self.prefix_ids] * B:
+        if P == 0 or T <= P + 1 or input_ids[:, :P].tolist() != [prefix] * B:
             from trace_lib.train.grpo import token_logprobs
 
             return ForwardOut(token_logprobs(self.model, input_ids, attention_mask, keep_from,
                                              temperature=self.temperature))
         with torch.no_grad():
-            cache = self.model(input_ids=torch.tensor([self.prefix_ids]), use_cache=True,
+            cache = self.model(input_ids=torch.tensor([prefix]), use_cache=True,
                                logits_to_keep=1).past_key_values
         cache.batch_repeat_interleave(B)
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)

@@ -271,6 +271,19 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
           f"episodes, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}", flush=True)
 
 
+def _step_forward(model: Any, cfg: TrainConfig) -> Any:
+    """The GRPO step's forward. A pass's rows share their prompt (the system and tool
+    block, and the request within one group: 40-60% of a target-task episode): it runs
+    once without gradient (`PrefixForward` with the pass's own common prefix), as the SFT
+    warm start does; the adapter still reads it, it is not optimised through it. Not
+    under gradient checkpointing, whose recompute would extend the prefix cache twice."""
+    from trace_lib.train.local_rollouts import PrefixForward
+
+    if cfg.gradient_checkpointing:
+        return TokenForward(model, cfg.temperature)
+    return PrefixForward(model, None, cfg.temperature)
+
+
 def _eval_log(label: str) -> Callable[[int, int], None]:
     return lambda k, n: print(f"[eval {label}] {k}/{n} held-out seeds", flush=True)
 
@@ -360,7 +373,7 @@ def train(
         max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,
         hint_weight_cap=cfg.hint_weight_cap, no_signal_warn_after=cfg.no_signal_warn_after,
         stop_on_no_signal=cfg.stop_on_no_signal),
-        forward=TokenForward(model, cfg.temperature), pad_id=pad_id,
+        forward=_step_forward(model, cfg), pad_id=pad_id,
         train_mode=lambda on: model.train(on), ref_forward=ref_forward)
     start_step = 0
     ckpt = latest_checkpoint(run_dir) if resume else None
