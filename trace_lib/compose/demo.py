@@ -279,6 +279,17 @@ def _opening(make_env: Callable[[], Any], seed: int) -> tuple[list[dict[str, Any
         _close(env)
 
 
+def _shared_opening(moe: Any, openings: list[tuple[list[dict[str, Any]], Any]]) -> list[int]:
+    """The token ids every example of one environment opens with (system prompt and tool
+    block): what their per-token traces share (`traces.trace_prefix`)."""
+    from trace_lib.compose.traces import token_roles
+    from trace_lib.train.local_rollouts import common_prefix
+
+    rows = [token_roles(moe.tokenizer, m, t, add_generation_prompt=False)[0]
+            for m, t in openings]
+    return common_prefix(rows) if len(rows) > 1 else []
+
+
 def _request_text(messages: list[dict[str, Any]]) -> str:
     return next((str(m.get("content") or "") for m in messages if m["role"] == "user"), "")
 
@@ -333,7 +344,7 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     """Build (or finish building) the demo in `cfg.out`; returns demo.json's summary."""
     import torch
 
-    from trace_lib.compose.export import Router, export_per_request, request_choice
+    from trace_lib.compose.export import Router, export_per_request
     from trace_lib.compose.gate_training import (
         _prompt_ids,
         reward_table,
@@ -342,7 +353,7 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     )
     from trace_lib.compose.gated import MoEConfig, compose, load_moe
     from trace_lib.compose.local_client import greedy_episodes
-    from trace_lib.compose.traces import replay_trajectory
+    from trace_lib.compose.traces import TracePrefix, replay_trajectory, trace_prefix
     from trace_lib.jobs import Cancelled
     from trace_lib.runtime.rollout import RolloutConfig
     from trace_lib.train.local_rollouts import derived_max_tokens, longest_reference_turn
@@ -531,10 +542,13 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
     decode("examples", [("example", cap, cfg.example_seed_start + i, pol) for pol in decoded
                         for cap in caps for i in range(cfg.examples)])
     for cap in caps:
+        openings = [_opening(makers[cap], cfg.example_seed_start + i)
+                    for i in range(cfg.examples)]
+        shared: TracePrefix | None = None  # the environment's opening, run once (top1)
         for i in range(cfg.examples):
             seed = cfg.example_seed_start + i
-            messages, tools = _opening(makers[cap], seed)
-            choice = request_choice(moe, messages, tools)
+            messages, tools = openings[i]
+            choice = router.choice(messages, tools)  # over the cached opening
             routed = router.route_from_choice(choice)
             replies = {pol: run_episode("example", cap, seed, pol, **kwargs[pol])
                        for pol in decoded}  # decoded above: read back
@@ -553,9 +567,12 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
             if not trace_file.exists():
                 moe.set_mode("top1")
                 try:
+                    if shared is None:
+                        shared = trace_prefix(moe, _shared_opening(moe, openings))
                     trace = replay_trajectory(moe, composed["messages"], tools,
                                               meta={"source": "routing demo", "env": cap,
-                                                    "seed": seed, "routed_to": routed})
+                                                    "seed": seed, "routed_to": routed},
+                                              prefix=shared)
                 finally:
                     moe.set_mode("trajectory")
                 trace.id = f"{cap}-{seed}"

@@ -19,6 +19,12 @@ Design decisions
 - Turn = the number of assistant messages before the token's message, so an assistant
   reply and the tool results that answer it share nothing: "turn 2" is the second reply
   and everything that led up to it.
+- Traces of several conversations that open alike (one environment's requests share the
+  system prompt and tool block, ~1,000 tokens of ~1,500) can share that opening's forward
+  (`TracePrefix`): in `top1` and `soft` mode a token's routing depends on the tokens
+  before it only, so the opening's KV cache and routing, computed once, are exactly what
+  each full forward would compute there. Not in `trajectory` mode, whose choice pools
+  over the whole request (the opening's states depend on what follows it).
 - Summaries (share by role / turn / outcome, entropy along the tokens, majority over
   layers) are functions of the arrays here, so the page, the notebook and the CLI show
   the same numbers.
@@ -26,6 +32,7 @@ Design decisions
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -199,29 +206,70 @@ def _decode_tokens(tokenizer: Any, ids: list[int]) -> list[str]:
     return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
 
+@dataclass
+class TracePrefix:
+    """The routing and KV cache of an opening several traces share (`trace_prefix`)."""
+
+    ids: list[int]
+    mode: str
+    cache: Any
+    chosen: torch.Tensor  # [1, P, L]
+    probs: torch.Tensor  # [1, P, L, K+1]
+
+
+def trace_prefix(moe: GatedMoE, ids: list[int]) -> TracePrefix | None:
+    """One forward of the shared opening `ids`, kept for `trace_ids(prefix=...)`; None in
+    `trajectory` mode (pooled over the request: no opening stands alone) or when empty."""
+    if not ids or moe.config.mode == "trajectory":
+        return None
+    device = next(moe.model.parameters()).device
+    with torch.no_grad(), moe.recording() as rec:
+        out = moe.model(input_ids=torch.tensor([ids], device=device), use_cache=True,
+                        logits_to_keep=1)
+    assert rec.chosen is not None and rec.probs is not None
+    return TracePrefix(list(ids), moe.config.mode, out.past_key_values, rec.chosen, rec.probs)
+
+
 def trace_ids(
     moe: GatedMoE, ids: list[int], roles: list[str], turns: list[int], prompt_len: int,
     meta: dict[str, Any] | None = None, force: int | None = None,
+    prefix: TracePrefix | None = None,
 ) -> RoutingTrace:
-    """Teacher-forced forward over `ids` with recording: the routing the model used."""
+    """Teacher-forced forward over `ids` with recording: the routing the model used.
+    `prefix`: an opening `ids` starts with, already run (`trace_prefix`): only the rest
+    is fed (ignored when `ids` does not start with it, when forced or in another mode)."""
     if not ids:
         raise UserInputError("routing trace: no tokens to route")
     device = next(moe.model.parameters()).device
-    input_ids = torch.tensor([ids], device=device)
-    moe.prompt_mask = torch.zeros(1, len(ids), device=device)
-    moe.prompt_mask[:, :max(prompt_len, 1)] = 1.0
+    P = len(prefix.ids) if prefix is not None else 0
+    if (prefix is None or force is not None or prefix.mode != moe.config.mode
+            or P >= len(ids) or ids[:P] != prefix.ids):
+        P = 0
+    input_ids = torch.tensor([ids[P:]], device=device)
+    moe.prompt_mask = torch.zeros(1, len(ids) - P, device=device)
+    moe.prompt_mask[:, :max(prompt_len - P, 1)] = 1.0
     try:
         with torch.no_grad(), moe.force(force), moe.recording() as rec:
-            moe.model(input_ids=input_ids, use_cache=False)
+            # The routing is read, never the logits: only the last position's are made.
+            if P:  # a copy: the next trace starts from the same opening
+                moe.model(input_ids=input_ids, past_key_values=copy.deepcopy(prefix.cache),
+                          use_cache=True, logits_to_keep=1)
+            else:
+                moe.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
     finally:
         moe.prompt_mask = None
     assert rec.chosen is not None and rec.probs is not None
+    chosen, probs = rec.chosen, rec.probs
+    if P:
+        assert prefix is not None
+        chosen = torch.cat([prefix.chosen, chosen], dim=1)
+        probs = torch.cat([prefix.probs, probs], dim=1)
     return RoutingTrace(
         token_ids=list(ids),
         tokens=_decode_tokens(moe.tokenizer, ids) if moe.tokenizer is not None
         else [str(i) for i in ids],
         roles=list(roles), turns=list(turns),
-        chosen=rec.chosen[0].numpy().astype(int), probs=rec.probs[0].numpy(),
+        chosen=chosen[0].numpy().astype(int), probs=probs[0].numpy(),
         slots=list(moe.slots), prompt_len=prompt_len,
         meta={"mode": moe.config.mode, "force": force, **(meta or {})},
     )
@@ -278,7 +326,8 @@ def route_prompt(moe: GatedMoE, prompt: str, system: str | None = None,
 
 def replay_trajectory(moe: GatedMoE, messages: list[dict[str, Any]],
                       tools: list[dict[str, Any]] | None = None, force: int | None = None,
-                      meta: dict[str, Any] | None = None) -> RoutingTrace:
+                      meta: dict[str, Any] | None = None,
+                      prefix: TracePrefix | None = None) -> RoutingTrace:
     """Route an existing conversation (e.g. an ingested trajectory) without generating.
 
     The prompt is everything before the first assistant reply: what `trajectory` mode
@@ -293,4 +342,5 @@ def replay_trajectory(moe: GatedMoE, messages: list[dict[str, Any]],
         prompt_len = len(token_roles(moe.tokenizer, messages[:first_reply], tools,
                                      add_generation_prompt=True)[0])
     return trace_ids(moe, ids, roles, turns, min(prompt_len, len(ids)),
-                     meta={"source": "trajectory", **(meta or {})}, force=force)
+                     meta={"source": "trajectory", **(meta or {})}, force=force,
+                     prefix=prefix)
