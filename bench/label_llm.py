@@ -22,9 +22,13 @@ Design decisions
   `LLMLabeler.prompt` (system prompt, fenced and cut transcript, answer room) with the
   same context and tokenizer the labeler phase uses (given explicitly: 8192 tokens, the
   model folder's tokenizer), the same schema (`label_schema` with the same evidence
-  bounds), max_tokens, temperature and seed. The only difference is the fence nonce,
-  drawn per request by design (`label_prompt`); it changes no length. Engine settings are
-  one dict (`ENGINE`) used for both the server's flags and the offline `LLM(...)`.
+  bounds), max_tokens, temperature, seed and fence key, so the two sides send the same
+  bytes. Engine settings are one dict (`ENGINE`) used for both the server's flags and
+  the offline `LLM(...)`.
+- One fence key per `--work` directory (`bench_fence_key`, drawn once and kept there;
+  its SHA-256 head is in the JSON, the key is not): every phase's labeler fences with it
+  (`label_prompt`), so the Ray phase's job sends the bytes of the local run it is
+  compared with, and a rerun of a phase sends what the last one sent.
 - The server gets as many requests at once as it schedules (`concurrency` =
   `max_num_seqs`), so the comparison is of the serving path (HTTP, the SDK, the
   labeler's prompt building, validation and store writes), not of batch sizes.
@@ -58,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import math
 import os
@@ -83,6 +88,7 @@ from tqdm import tqdm  # noqa: E402
 
 from trace_lib import store  # noqa: E402
 from trace_lib.diagnose.labeling import run_labeling  # noqa: E402
+from trace_lib.jobs.ray import start_local_head  # noqa: E402
 from trace_lib.runtime.server_kinds import free_port  # noqa: E402
 from trace_lib.runtime.vllm_server import every_core  # noqa: E402
 from trace_lib.workbench.loop_serving import tree_cpu_s  # noqa: E402
@@ -322,6 +328,22 @@ def claude_price(eng: dict[str, Any], requests: int) -> float:
 
 # ------------------------------------------------------------------------ phases
 
+def bench_fence_key(work: Path) -> str:
+    """The bench's fence key: drawn once per work directory, kept in it (see above)."""
+    from trace_lib.diagnose.label_prompt import new_fence_key
+
+    path = work / "fence-key"
+    if not path.exists():
+        path.write_text(new_fence_key())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def key_id(key: str) -> str:
+    """What the JSON says of a fence key: enough to tell two apart, not the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix: str,
                     desc: str, **extra: Any) -> dict[str, Any]:
     """`run_labeling` through the server, timed; engine counters and CPU as deltas."""
@@ -331,9 +353,11 @@ def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix
         bar.update(done - bar.n)
 
     c0, s0, o0, t0 = engine.counters(), engine.cpu_s(), own_cpu_s(), time.monotonic()
+    key = bench_fence_key(db.parent)
     summaries = run_labeling(db, "openai", runs=runs, trajectory_ids=tids, run_prefix=prefix,
                              model=SERVED, base_url=engine.url + "/v1", progress=progress,
-                             tokenizer=str(model_dir()), **{**LABELER, **extra})
+                             tokenizer=str(model_dir()), fence_key=key,
+                             **{**LABELER, **extra})
     wall = time.monotonic() - t0
     server_cpu, client_cpu = engine.cpu_s() - s0, own_cpu_s() - o0
     c1 = engine.counters()
@@ -345,7 +369,7 @@ def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix
             "server_cpu_s": round(server_cpu, 1), "client_cpu_s": round(client_cpu, 1),
             "cpu_s": round(server_cpu + client_cpu, 1),
             "claude_usd_per_request": claude_price(eng, runs * len(tids)),
-            **row_figures(db, run_ids), "run_ids": run_ids,
+            **row_figures(db, run_ids), "run_ids": run_ids, "fence_key_id": key_id(key),
             "notes": summaries[0].notes if summaries else []}
 
 
@@ -358,7 +382,7 @@ def phase_labeler(args: argparse.Namespace, work: Path, engine: Engine,
             "engine_start_s": round(engine.ready_s, 1)}
 
 
-def offline_labeler() -> Any:
+def offline_labeler(fence_key: str | None = None) -> Any:
     """The labeler as the served phases set it up (context, tokenizer, evidence bounds) with
     a provider that is never called: it builds requests without a server (the peer's
     prompts, the tau2 cut count)."""
@@ -370,7 +394,8 @@ def offline_labeler() -> Any:
     return LLMLabeler(Offline(), name="openai",  # type: ignore[arg-type]
                       evidence_max_items=LABELER["evidence_max_items"],
                       evidence_max_chars=LABELER["evidence_max_chars"],
-                      max_context=LABELER["max_context"], tokenizer=str(model_dir()))
+                      max_context=LABELER["max_context"], tokenizer=str(model_dir()),
+                      fence_key=fence_key)
 
 
 def accepted_and_transcripts(db: Path, tids: list[str]) -> tuple[list[Any], list[Any]]:
@@ -390,14 +415,14 @@ def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
     schema, answer room, temperature and seeds), without sending them."""
     from trace_lib.diagnose.labelers.llm import label_schema
 
-    lab = offline_labeler()
+    lab = offline_labeler(bench_fence_key(db.parent))
     caps, ts = accepted_and_transcripts(db, tids)
     schema = label_schema(caps, evidence_max_items=LABELER["evidence_max_items"],
                           evidence_max_chars=LABELER["evidence_max_chars"])
     rows = []
     for r in range(runs):
         for t in ts:
-            p = lab.prompt(t, caps)
+            p = lab.prompt(t, caps, seed=r)
             rows.append({"system": p.system, "user": p.user, "schema": schema,
                          "max_tokens": p.budget.answer_tokens, "seed": r,
                          "temperature": lab._temperature(runs),
@@ -515,39 +540,6 @@ def phase_tau2_cut(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ ray
 
-def start_ray_head(work: Path) -> tuple[subprocess.Popen, str]:
-    """`ray start --head --block` with 2 worker CPUs, in its own process group (stopped by
-    that group, never `ray stop`, which would stop every Ray on the machine)."""
-    from ray.job_submission import JobSubmissionClient
-
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    temp_dir = Path("/tmp") / f"ray_llb_{os.getpid()}"  # unix socket paths < 108 chars
-    log_path = work / "ray-head.log"
-    port, dash = free_port("127.0.0.1"), free_port("127.0.0.1")
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DASHBOARD_STARTUP_TIMEOUT_S="600")
-    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-           "--include-dashboard", "true", "--num-cpus", "2",
-           "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", str(temp_dir),
-           "--disable-usage-stats"]
-    with open(log_path, "w") as log:
-        head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    deadline = time.monotonic() + 600
-    while True:
-        if "Ray runtime started" in log_path.read_text(errors="replace"):
-            try:
-                JobSubmissionClient(address).list_jobs()
-                return head, address
-            except Exception:  # noqa: BLE001 - not answering yet
-                pass
-        if head.poll() is not None or time.monotonic() > deadline:
-            stop_group(head)
-            raise RuntimeError(log_path.read_text(errors="replace")[-3000:])
-        time.sleep(1)
-
-
 def stop_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -581,7 +573,9 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
     db = demo_store(work, args.trajectories)
     tids = trajectory_ids(db, args.trajectories)
     prev = res.get("labeler") or {}
-    if prev.get("runs") == 1 and prev.get("trajectories") == len(tids) and prev.get("run_ids"):
+    key = bench_fence_key(work)
+    if (prev.get("runs") == 1 and prev.get("trajectories") == len(tids) and prev.get("run_ids")
+            and prev.get("fence_key_id") == key_id(key)):  # the same prompts, byte for byte
         local = {**prev, "reused": "the labeler phase's run"}
     else:
         local = label_on_engine(db, engine, tids, 1, f"llmlocal0-{stamp()}", "local t=0",
@@ -590,9 +584,12 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
     # Two shards, one Ray task (1 CPU) each on the 2-CPU head; each shard's labeler sends
     # half the in-flight requests, so the engine sees the same load as the local run.
     cfg = {"model": SERVED, "base_url": engine.url + "/v1", "tokenizer": str(model_dir()),
-           "temperature": 0.0,
+           "temperature": 0.0, "fence_key": key,
            **{**LABELER, "concurrency": max(1, LABELER["concurrency"] // 2)}}
-    head, address = start_ray_head(work)
+    # 2 worker CPUs, one per shard; its own process group (`start_local_head`)
+    head = start_local_head(Path("/tmp") / f"ray_llb_{os.getpid()}", work / "ray-head.log",
+                            num_cpus=2)
+    address = head.address
     try:
         c0, s0, t0 = engine.counters(), engine.cpu_s(), time.monotonic()
         spec = wb_jobs.submit_label_job(
@@ -615,7 +612,7 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
         log_tail = jobs.read_log(spec.path)[-1500:]
         result = jobs.read_result(spec.path) if st.get("state") == "succeeded" else {}
     finally:
-        stop_group(head)
+        head.stop()
     eng = engine_figures({k: c1[k] - c0.get(k, 0.0) for k in c1})
     a, b = labels_of(db, local["run_ids"][0]), labels_of(db, ray_run)
     same_value = sum(1 for k in a if k in b and a[k][0] == b[k][0])
