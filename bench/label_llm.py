@@ -428,8 +428,8 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with open(work / "peer.log", "wb") as log:
         # its own process group: the engine core it forks goes with it if this one stops
         proc = subprocess.Popen([str(VLLM_PYTHON), str(PEER), str(prompts), str(settings),
-                                 str(result)], env=engine_config(model_dir()).environment(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                 str(result)], env=engine_config(model_dir()).environment(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait()
         finally:
@@ -457,7 +457,8 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "failures_by_cause": dict(Counter(cause(f) for f in fails).most_common()),
             "finish_reasons": dict(Counter(a["finish_reason"] for a in res["answers"])),
             "cut_rate": round(sum(r["cut"] for r in rows) / n_traj, 4),
-            "messages_omitted_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj, 4),
+            "messages_omitted_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj,
+                                           4),
             "engine_start_s": round(res["engine_start_s"], 1),
             "process_s": round(total_s, 1), "trajectories": len(tids), "runs": args.runs}
 
