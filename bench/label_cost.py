@@ -27,7 +27,13 @@ from pathlib import Path
 
 from trace_lib import store
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
-from trace_lib.diagnose.label_prompt import new_nonce, system_prompt, transcript_header, user_prompt
+from trace_lib.diagnose.label_prompt import (
+    fence_nonce,
+    new_fence_key,
+    system_prompt,
+    transcript_header,
+    user_prompt,
+)
 from trace_lib.diagnose.labelers.llm import label_schema
 from trace_lib.diagnose.transcript_prompt import render_transcript
 from trace_lib.ingest import ingest_paths
@@ -85,7 +91,9 @@ def main() -> None:
     out_all = n(answer(caps))
     out_one = statistics.mean(n(answer([c])) for c in caps)
     bodies = [transcript_header(t) + render_transcript(t) for t in ts]
-    users = [n(user_prompt(b, nonce=new_nonce(b))) for b in bodies]  # whole, uncut
+    key = new_fence_key()
+    users = [n(user_prompt(b, nonce=fence_nonce(key, t.id, [c.name for c in caps], 0, b)))
+             for t, b in zip(ts, bodies, strict=True)]  # whole, uncut
     u = statistics.mean(users)
     N = len(ts)
     rows = [

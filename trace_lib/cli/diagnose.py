@@ -6,6 +6,7 @@
                                      | propose --provider anthropic|openai
     python -m trace_lib label --labeler heuristic|anthropic|openai [--runs N]
                               [--capabilities a,b] [--max-context TOKENS] [--tokenizer PATH]
+                              [--fence-key KEY]
                               [--background [--backend local|ray] [--wait]] | --record JOB
     python -m trace_lib labels export FILE.csv | import FILE.csv --run NAME
                               | edit TRAJ CAP VALUE | undo ... | history | queue | runs
@@ -130,7 +131,8 @@ def _label(args: argparse.Namespace) -> int:
                              progress=progress, model=args.model, base_url=args.base_url,
                              concurrency=args.concurrency, temperature=args.temperature,
                              batch=args.batch, scope=_scope(args),
-                             max_context=args.max_context, tokenizer=args.tokenizer)
+                             max_context=args.max_context, tokenizer=args.tokenizer,
+                             fence_key=args.fence_key)
     finally:
         bar.close()
     out = [s.__dict__ for s in summaries]
@@ -168,7 +170,8 @@ def _label_background(args: argparse.Namespace) -> int:
             base_url=args.base_url, concurrency=args.concurrency,
             temperature=args.temperature, scope=_scope(args), backend=args.backend,
             backend_options=options, shard_size=args.shard_size,
-            max_context=args.max_context, tokenizer=args.tokenizer)
+            max_context=args.max_context, tokenizer=args.tokenizer,
+            fence_key=args.fence_key)
         out = [{"job_id": s.id, "run_id": s.config["run_id"], "run_dir": s.run_dir,
                 "backend": s.backend} for s in specs]
         if args.wait:
@@ -299,6 +302,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="LLM labelers: a local tokenizer to count prompt tokens with "
                         "(default: the served model's, where it is on this machine; "
                         "else characters / 4)")
+    p.add_argument("--fence-key", metavar="KEY",
+                   help="LLM labelers: the key the transcript's fence tag is derived with "
+                        "(default: drawn per run and kept in its params); the same key, "
+                        "seed and capabilities send byte-identical prompts, to reproduce a "
+                        "run")
     p.add_argument("--background", action="store_true",
                    help="run as a `label` job (see `job status`); --wait records it")
     p.add_argument("--backend", default="local", choices=("local", "ray"),

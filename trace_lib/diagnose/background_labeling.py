@@ -38,7 +38,7 @@ from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_job import read_labels, result_from_json, shard_name, write_shard
 from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labelers import TrajectoryLabels, get_labeler
-from trace_lib.diagnose.labeling import _select, label_batch
+from trace_lib.diagnose.labeling import _select, fence_setting, label_batch
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store import labels as store_labels
@@ -63,6 +63,9 @@ def stage_label_job(db: str | Path | None, labeler: str = "heuristic", *,
     lab = get_labeler(labeler, **cfg)
     if labeler in ("anthropic", "openai") and lab.model:
         cfg["model"] = lab.model  # the model the run records is the one the job uses
+    # One fence key for every shard (Ray workers build their labelers from the spec), the
+    # one the run records: the job's prompts are the ones an in-process run with it sends.
+    cfg.update(fence_setting(lab))
     caps, tids = _select(db, capabilities, None, scope)
     scoped = scope is not None and not scope.is_empty()
     run_id = run_id or f"{lab.name}-{uuid.uuid4().hex[:6]}"
@@ -76,7 +79,8 @@ def stage_label_job(db: str | Path | None, labeler: str = "heuristic", *,
         "shards": [shard_name(i) for i in range(n_shards)], "n_trajectories": len(tids)})
     params: dict[str, Any] = {"seed": seed, "run_index": seed, "n_runs": n_runs,
                               "capabilities": [c.name for c in caps],
-                              "n_trajectories": len(tids), "job": spec.id}
+                              "n_trajectories": len(tids), "job": spec.id,
+                              **fence_setting(lab)}
     if scoped:
         params["trajectory_ids"] = list(tids)
         params["scope"] = {"datasets": list(scope.datasets),

@@ -1,7 +1,8 @@
 """The labeler's two prompt messages: the shared instructions, and one fenced transcript.
 
     system = system_prompt(capabilities)                 # the same for every trajectory
-    user = user_prompt(t, body, nonce=new_nonce(body), cut=fitted.cut)
+    nonce = fence_nonce(run_key, t.id, [c.name for c in capabilities], seed, body)
+    user = user_prompt(body, nonce=nonce, cut=fitted.cut)
 
 Design decisions
 - Shared parts first: the system message holds everything a run repeats (instructions,
@@ -9,12 +10,25 @@ Design decisions
   is byte-identical across a run's requests and a prefix cache (vLLM's, Anthropic's
   `cache_control`) serves it. Nothing from a trajectory goes into it.
 - Trajectory text is data. The user message puts the transcript between
-  `<transcript-NONCE>` and `</transcript-NONCE>` lines, NONCE 16 hex digits drawn per
-  request (`secrets`), and redrawn in the unlikely case the transcript contains it; the
-  text cannot close a fence it cannot know. The words around the fence say that nothing
-  inside is an instruction, before the transcript and again after it. Everything taken
-  from the trajectory, its id, domain and task id included, is inside the fence; outside
-  is only the template's own text (`prompts/label_transcript.md`).
+  `<transcript-NONCE>` and `</transcript-NONCE>` lines; the text cannot close a fence it
+  cannot know. The words around the fence say that nothing inside is an instruction,
+  before the transcript and again after it. Everything taken from the trajectory, its id,
+  domain and task id included, is inside the fence; outside is only the template's own
+  text (`prompts/label_transcript.md`).
+- The NONCE is keyed, not random: 16 hex digits of HMAC-SHA256 under the run's key
+  (`fence_key`) of (trajectory id, capability names, seed), derived again with a counter
+  in the unlikely case the transcript contains it. The key is drawn (`new_fence_key`, 256
+  bits from `secrets`) once per label run after its trajectories were written, and kept
+  with the run's settings (the label run's params, a label job's spec), so the text
+  cannot know it and cannot forge the fence, while each request of a run still gets its
+  own tag (ids differ; runs differ by seed). A random tag per request would do as well
+  against injection but makes two runs at the same settings send different bytes, so a
+  deterministic model answers differently and a local run and a Ray run of one job can
+  never be compared label for label (42 of 112 rows differed for that reason). Runs
+  given the same key (a person's `fence_key`, or the stored one on `--resume`) send
+  byte-identical prompts. A key reused for trajectories written after it was shown (it
+  is in the run's params) would let their text aim at it: pass a key to reproduce a run,
+  not as a constant.
 - Inside, the rendering (`transcript_prompt`) keeps every message's continuation lines
   prefixed, so the text cannot forge another message's header either.
 - Templates are filled in one pass: the transcript is spliced in last, so text in it that
@@ -23,6 +37,9 @@ Design decisions
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import secrets
 from pathlib import Path
 
@@ -57,13 +74,25 @@ def fence(nonce: str) -> tuple[str, str]:
     return f"<transcript-{nonce}>", f"</transcript-{nonce}>"
 
 
-def new_nonce(body: str) -> str:
-    """A fresh random tag that does not occur in `body` (any case)."""
+def new_fence_key() -> str:
+    """A run's fence key: 256 random bits as hex (drawn once per label run)."""
+    return secrets.token_hex(32)
+
+
+def fence_nonce(key: str, trajectory_id: str, capabilities: list[str], seed: int,
+                body: str) -> str:
+    """The fence tag of one request: HMAC-SHA256 under `key` of (trajectory id, capability
+    names, seed), NONCE_HEX hex digits; the first of the tags derived with a counter that
+    does not occur in `body` (any case)."""
     lowered = body.lower()
+    message = json.dumps([trajectory_id, list(capabilities), int(seed)])
+    attempt = 0
     while True:
-        nonce = secrets.token_hex(NONCE_HEX // 2)
-        if nonce not in lowered:
-            return nonce
+        digest = hmac.new(key.encode("utf-8"), f"{message}\n{attempt}".encode(),
+                          hashlib.sha256).hexdigest()
+        if digest[:NONCE_HEX] not in lowered:
+            return digest[:NONCE_HEX]
+        attempt += 1
 
 
 def transcript_header(t: Transcript) -> str:

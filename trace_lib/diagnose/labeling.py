@@ -33,6 +33,9 @@ Design decisions
   checked, issue 31); the summary counts the cut trajectories (`n_cut`), the unsupported
   labels and their rate per capability; the labeler's `notes` (its context and what
   counted tokens) go into `label_runs.notes`.
+- An LLM labeler's fence key (`label_prompt`) is part of the run's params, as its seed
+  is: `--resume` fences the remaining requests with it, and a run given the same key,
+  seed and capabilities sends byte-identical prompts.
 - Progress is a callback (done, total): the CLI wraps it in tqdm, the app in st.progress.
 """
 
@@ -274,7 +277,7 @@ def run_labeling(
         run_id = prefix if runs == 1 else f"{prefix}-r{r}"
         params: dict[str, Any] = {"seed": r, "run_index": r, "n_runs": runs,
                                   "capabilities": [c.name for c in caps],
-                                  "n_trajectories": len(transcripts)}
+                                  "n_trajectories": len(transcripts), **fence_setting(lab)}
         if trajectory_ids is not None or scoped:
             params["trajectory_ids"] = list(tids)  # what --resume has to complete
         if scoped:
@@ -292,6 +295,13 @@ def run_labeling(
     return summaries
 
 
+def fence_setting(lab: Labeler) -> dict[str, str]:
+    """The labeler's fence key as a run setting ({} for a labeler without a fence): kept
+    in the run's params so a resume or a rerun sends the same prompts (`label_prompt`)."""
+    key = getattr(lab, "fence_key", None)
+    return {"fence_key": key} if isinstance(key, str) and key else {}
+
+
 def _resume(db: str | Path | None, run_id: str, labeler: str | Labeler | None,
             progress: Progress | None, cfg: dict[str, Any]) -> RunSummary:
     plan = _resume_plan(db, run_id)
@@ -303,6 +313,9 @@ def _resume(db: str | Path | None, run_id: str, labeler: str | Labeler | None,
         if name in ("anthropic", "openai"):
             if not cfg.get("model") and plan["model"]:
                 cfg = {**cfg, "model": plan["model"]}
+            if not cfg.get("fence_key") and plan["params"].get("fence_key"):
+                # the run's own key: the resumed requests are fenced as the first ones were
+                cfg = {**cfg, "fence_key": plan["params"]["fence_key"]}
         else:
             cfg = {}  # the LLM options a front end passes mean nothing to this labeler
         lab = get_labeler(name, **cfg)

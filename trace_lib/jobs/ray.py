@@ -10,13 +10,27 @@ Design decisions
 - Orphans are detected from Ray's own job state, since the pid lives on another host.
 - A head that just started answers before its job agent is up, or drops the connection
   while it starts: submission retries those for `agent_wait_s` (default 90 s).
+- A local head (`start_local_head`, for tests and benches on one machine) is one home
+  for what starting one takes on a loaded box: `ray start --head --block` in its own
+  process group, stopped by that group only (never `ray stop`, which stops every Ray on
+  the machine); ready once it printed "Ray runtime started" AND its job API answers (the
+  dashboard may answer before the node registered); the dashboard's startup timeout
+  raised from Ray's 60 s; a start that missed Ray's fixed 30 s node registration window
+  ("timed out during startup") retried, nothing else; a short temp dir, since Ray's unix
+  socket paths must stay under 108 characters.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from trace_lib.errors import UserInputError
@@ -132,3 +146,97 @@ def run_tasks(fn: Callable[..., T], calls: list[tuple[Any, ...]], num_cpus: floa
         for ref in pending:
             ray.cancel(ref, force=True)
     return results
+
+
+# ------------------------------------------------------------------ a local head
+
+@dataclass
+class LocalHead:
+    """A running local Ray head: its process (a group leader), dashboard URL and files."""
+
+    process: subprocess.Popen
+    address: str  # the dashboard URL, what `backend_options["address"]` takes
+    temp_dir: Path
+    log_path: Path
+
+    def stop(self) -> None:
+        """Stop the head's process group (raylet and workers with it) and remove its
+        temp dir; the log is kept."""
+        _stop_group(self.process)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """SIGTERM to the group `proc` leads, SIGKILL if it has not ended after `wait_s`, and
+    SIGKILL to whatever of the group is still around (its children need not have ended
+    with the leader)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def start_local_head(temp_dir: Path, log_path: Path, *, num_cpus: int = 1,
+                     object_store_mb: int = 100, timeout_s: float = 600.0,
+                     attempts: int = 3) -> LocalHead:
+    """Start a Ray head on 127.0.0.1 with `num_cpus` worker CPUs and wait until its job
+    API answers. `temp_dir` should be short (under /tmp: Ray's socket paths); the head's
+    output goes to `log_path`. A start that missed Ray's node registration window is
+    retried, up to `attempts` in all; any other failure raises RuntimeError with the
+    log's tail. Stop it with `LocalHead.stop()`."""
+    from trace_lib.runtime.server_kinds import free_port
+
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    problem = ""
+    for _ in range(max(1, attempts)):
+        port, dash = free_port("127.0.0.1"), free_port("127.0.0.1")
+        # On a loaded 2-core box the dashboard takes longer than Ray's default 60 s.
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0",
+                   RAY_DASHBOARD_STARTUP_TIMEOUT_S=str(int(timeout_s)))
+        cmd = [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+               "--port", str(port), "--dashboard-host", "127.0.0.1",
+               "--dashboard-port", str(dash), "--include-dashboard", "true",
+               "--num-cpus", str(num_cpus),
+               "--object-store-memory", str(object_store_mb * 1024 * 1024),
+               "--temp-dir", str(temp_dir), "--disable-usage-stats"]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        head = LocalHead(proc, f"http://127.0.0.1:{dash}", temp_dir, log_path)
+        if _wait_ready(head, timeout_s):
+            return head
+        head.stop()
+        problem = log_path.read_text(errors="replace")[-3000:]
+        if "timed out during startup" not in problem:
+            break
+    raise RuntimeError(f"ray head did not start; its log ends:\n{problem}")
+
+
+def _wait_ready(head: LocalHead, timeout_s: float) -> bool:
+    """True once the head printed that its node is up and its job API answers; False if
+    it exited or `timeout_s` passed first."""
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + timeout_s
+    while head.process.poll() is None and time.monotonic() < deadline:
+        # `ray start --block` prints this once the node registered; the dashboard may
+        # answer before that, and a node that misses the registration window exits.
+        if "Ray runtime started" in head.log_path.read_text(errors="replace"):
+            try:
+                JobSubmissionClient(head.address).list_jobs()
+                return True
+            except Exception:  # noqa: BLE001 - not answering yet
+                pass
+        time.sleep(1.0)  # the head's log and job API are the only signals it gives
+    return False

@@ -6,6 +6,10 @@ Design decisions
   parser matching `chat_format`, logprobs of the tempered distribution) in its own
   process group, behind the same start()/stop()/base_url shape as our server
   (`server_kinds.ServerHandle`), so a job can swap one server for the other.
+- What the training loop needs is the default; a server that only answers (the LLM
+  labeler's bench) turns it off: `lora=False` drops the LoRA flags and the runtime
+  updating variable, `tool_call_parser=None` the tool-choice flags. One launcher, so an
+  engine that serves labels starts, waits and stops exactly as the training one does.
 - stop() signals the whole process group (vLLM forks an engine core and workers), then
   insists with SIGKILL after a grace period, so no GPU or port is left held.
 - `server_for` is what `SERVER_KINDS["vllm"]` names: a training job's request becomes
@@ -47,7 +51,8 @@ class VLLMConfig:
     max_lora_rank: int = 16
     max_loras: int = 4
     max_model_len: int | None = None
-    tool_call_parser: str = "hermes"  # our chat_format convention
+    lora: bool = True  # --enable-lora and runtime adapter loading (the training loop's)
+    tool_call_parser: str | None = "hermes"  # our chat_format convention; None: no tools
     cpu_kv_cache_gib: int | None = None  # set on CPU (VLLM_CPU_KVCACHE_SPACE)
     cpu_omp_bind: str | None = None  # set on CPU (VLLM_CPU_OMP_THREADS_BIND), e.g. "0,1"
     extra_args: list[str] = field(default_factory=list)
@@ -55,13 +60,15 @@ class VLLMConfig:
 
     def command(self) -> list[str]:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype,
-               "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
-               "--max-loras", str(self.max_loras),
-               "--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser,
-               # Logprobs of the tempered distribution the tokens were drawn from (vLLM's
-               # default is the raw one): the trainer's old policy at any temperature.
-               "--logprobs-mode", "processed_logprobs"]
+               "--host", self.host, "--port", str(self.port), "--dtype", self.dtype]
+        if self.lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
+                    "--max-loras", str(self.max_loras)]
+        if self.tool_call_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        # Logprobs of the tempered distribution the tokens were drawn from (vLLM's default
+        # is the raw one): the trainer's old policy at any temperature.
+        cmd += ["--logprobs-mode", "processed_logprobs"]
         if self.served_model_name:
             cmd += ["--served-model-name", self.served_model_name]
         if self.max_model_len:
@@ -70,7 +77,8 @@ class VLLMConfig:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # enables /v1/load_lora_adapter
+        if self.lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # enables /v1/load_lora_adapter
         if self.cpu_kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kv_cache_gib)
         if self.cpu_omp_bind is not None:

@@ -100,7 +100,8 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
           base_url: str | None = None, concurrency: int | None = None,
           temperature: float | None = None, batch: bool = False,
           resume: str | None = None, scope: Scope | None = None,
-          max_context: int | None = None, tokenizer: str | None = None) -> list[Any]:
+          max_context: int | None = None, tokenizer: str | None = None,
+          fence_key: str | None = None) -> list[Any]:
     """Run `runs` independent labeling runs (`label`, the Labels page's Run button) over
     the trajectories in `scope`, or complete the partial run `resume` (its own labeler
     unless `labeler` names it). An LLM labeler cuts each transcript to its model's context
@@ -109,7 +110,7 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
 
     cfg = labeler_settings(labeler, model, base_url, concurrency, temperature, batch,
                            llm=labeler in LLM_LABELERS or (resume is not None and labeler is None),
-                           max_context=max_context, tokenizer=tokenizer)
+                           max_context=max_context, tokenizer=tokenizer, fence_key=fence_key)
     return run_labeling(db, labeler, runs=runs, capabilities=capabilities,
                         run_prefix=run_prefix, progress=progress, resume=resume,
                         scope=scope, **cfg)
@@ -118,7 +119,8 @@ def label(db: Db, labeler: str | None = "heuristic", *, runs: int = 1,
 def labeler_settings(labeler: str | None, model: str | None, base_url: str | None,
                      concurrency: int | None, temperature: float | None, batch: bool, *,
                      llm: bool, max_context: int | None = None,
-                     tokenizer: str | None = None) -> dict[str, Any]:
+                     tokenizer: str | None = None, fence_key: str | None = None
+                     ) -> dict[str, Any]:
     """The labeler's settings; LLM-only ones are dropped for the heuristic labeler."""
     cfg: dict[str, Any] = {}
     if llm:
@@ -126,7 +128,7 @@ def labeler_settings(labeler: str | None, model: str | None, base_url: str | Non
             raise UserInputError(f"--max-context {max_context}: expected a positive number "
                                  "of tokens")
         cfg = {"model": model, "base_url": base_url, "max_context": max_context,
-               "tokenizer": tokenizer}
+               "tokenizer": tokenizer, "fence_key": fence_key}
         if concurrency is not None:
             cfg["concurrency"] = concurrency
         if temperature is not None:

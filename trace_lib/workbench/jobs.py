@@ -205,7 +205,8 @@ def submit_labeling(db: Db, labeler: str = "heuristic", *, runs: int = 1,
                     scope: Scope | None = None, backend: str = "local",
                     backend_options: dict[str, Any] | None = None,
                     shard_size: int | None = None, max_context: int | None = None,
-                    tokenizer: str | None = None) -> list[jobs.JobSpec]:
+                    tokenizer: str | None = None, fence_key: str | None = None
+                    ) -> list[jobs.JobSpec]:
     """`label --background`, the Labels page's background run: one `label` job per run
     (seeds 0..runs-1) on `backend`, the labeler's settings as `workbench.diagnose.label`
     takes them."""
@@ -215,7 +216,7 @@ def submit_labeling(db: Db, labeler: str = "heuristic", *, runs: int = 1,
         raise UserInputError(f"--runs {runs}: expected at least 1")
     cfg = labeler_settings(labeler, model, base_url, concurrency, temperature, False,
                            llm=labeler in LLM_LABELERS, max_context=max_context,
-                           tokenizer=tokenizer)
+                           tokenizer=tokenizer, fence_key=fence_key)
     prefix = run_prefix or f"{labeler}-{uuid.uuid4().hex[:6]}"
     return [submit_label_job(db, labeler, labeler_cfg=cfg, capabilities=capabilities,
                              scope=scope, run_id=prefix if runs == 1 else f"{prefix}-r{r}",

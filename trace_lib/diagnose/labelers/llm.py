@@ -8,8 +8,10 @@ Design decisions
 - The prompt (`label_prompt`): the fixed part (instructions, how the transcript is
   written, capability definitions, the answer's format) is the system prompt, identical
   for every trajectory of a run, so Anthropic's prompt cache (and vLLM's prefix cache)
-  serve it after the first call. The transcript is the user turn, fenced by a tag drawn
-  per request, and everything from the trajectory stays inside the fence.
+  serve it after the first call. The transcript is the user turn, fenced by a tag keyed
+  per request (HMAC under the labeler's `fence_key`, drawn per labeler unless given), and
+  everything from the trajectory stays inside the fence; the same key, trajectory,
+  capabilities and seed give byte-identical prompts (`label_prompt`).
 - Context-aware cutting: the labeler learns its model's context once (`--max-context`,
   else the served model's card in `/v1/models`, else a documented or assumed window:
   `context_budget`), counts tokens with the served model's tokenizer where it is on this
@@ -47,8 +49,9 @@ from trace_lib.data_model import LABEL_VALUES, Capability
 from trace_lib.diagnose.context_budget import Budget, ContextWindow, context_window
 from trace_lib.diagnose.evidence_check import check_evidence, is_unsupported, message_texts
 from trace_lib.diagnose.label_prompt import (
+    fence_nonce,
     fixed_text,
-    new_nonce,
+    new_fence_key,
     system_prompt,
     transcript_header,
     user_prompt,
@@ -114,7 +117,8 @@ class LLMLabeler:
                  temperature: float | None = None, max_repairs: int = 1, batch: bool = False,
                  batch_poll_s: float = 10.0, max_tokens: int | None = None,
                  evidence_max_items: int | None = None, evidence_max_chars: int | None = None,
-                 max_context: int | None = None, tokenizer: str | None = None) -> None:
+                 max_context: int | None = None, tokenizer: str | None = None,
+                 fence_key: str | None = None) -> None:
         self.provider = provider
         self.name = name
         self.model = provider.model
@@ -128,6 +132,9 @@ class LLMLabeler:
                                 "evidence_max_chars": evidence_max_chars}
         self.max_context = max_context  # None: ask the server (`context_budget`)
         self.tokenizer = tokenizer  # None: the served model's, where it is on this machine
+        # The fence's key: a run records it (its params, a job's spec) to send the same bytes
+        # again; drawn here when not given, after the trajectories were written.
+        self.fence_key = fence_key or new_fence_key()
         self._window: ContextWindow | None = None
         self._budgets: dict[tuple[str, ...], Budget] = {}
         self._lock = threading.Lock()  # the pool's first calls resolve the window once
@@ -170,14 +177,17 @@ class LLMLabeler:
                                                repairs=self.max_repairs)
         return self._budgets[key]
 
-    def prompt(self, t: Transcript, capabilities: list[Capability]) -> Prompt:
-        """The request for one trajectory: the transcript cut to fit, then fenced."""
+    def prompt(self, t: Transcript, capabilities: list[Capability], *, seed: int = 0
+               ) -> Prompt:
+        """The request for one trajectory and seed: the transcript cut to fit, then fenced
+        with the tag keyed by (trajectory, capabilities, seed)."""
         budget = self.budget(capabilities)
         count = self.window().counter.count
         header = transcript_header(t)
         fitted = fit_transcript(t, max(0, budget.transcript_tokens - count(header)), count)
         body = header + fitted.text
-        user = user_prompt(body, nonce=new_nonce(body), cut=fitted.cut)
+        nonce = fence_nonce(self.fence_key, t.id, [c.name for c in capabilities], seed, body)
+        user = user_prompt(body, nonce=nonce, cut=fitted.cut)
         return Prompt(system_prompt(capabilities), user, fitted, budget)
 
     def preflight(self, timeout_s: float = 5.0) -> None:
@@ -208,7 +218,7 @@ class LLMLabeler:
     def label(self, t: Transcript, capabilities: list[Capability], *, seed: int = 0,
               n_runs: int = 1) -> TrajectoryLabels:
         schema = label_schema(capabilities, **self.evidence_bounds)
-        p = self.prompt(t, capabilities)
+        p = self.prompt(t, capabilities, seed=seed)
         try:
             res = self.provider.complete_json(
                 p.system, p.user, schema, schema_name="record_labels",
@@ -231,7 +241,7 @@ class LLMLabeler:
         if not (self.batch and batch_fn):
             return [self.label(t, capabilities, seed=seed, n_runs=n_runs) for t in ts]
         schema = label_schema(capabilities)
-        prompts = {t.id: self.prompt(t, capabilities) for t in ts}
+        prompts = {t.id: self.prompt(t, capabilities, seed=seed) for t in ts}
         results = batch_fn([(t.id, prompts[t.id].system, prompts[t.id].user) for t in ts],
                            schema, schema_name="record_labels",
                            temperature=self._temperature(n_runs),
@@ -293,13 +303,14 @@ def anthropic_labeler(model: str | None = None, api_key: str | None = None,
                       temperature: float | None = None, batch: bool = False,
                       max_retries: int = 4, timeout: float = 120.0,
                       batch_poll_s: float = 10.0, max_tokens: int | None = None,
-                      max_context: int | None = None,
-                      tokenizer: str | None = None) -> LLMLabeler:
+                      max_context: int | None = None, tokenizer: str | None = None,
+                      fence_key: str | None = None) -> LLMLabeler:
     provider = get_provider("anthropic", model=model, api_key=api_key, base_url=base_url,
                             max_retries=max_retries, timeout=timeout)
     return LLMLabeler(provider, name="anthropic", concurrency=concurrency,
                       temperature=temperature, batch=batch, batch_poll_s=batch_poll_s,
-                      max_tokens=max_tokens, max_context=max_context, tokenizer=tokenizer)
+                      max_tokens=max_tokens, max_context=max_context, tokenizer=tokenizer,
+                      fence_key=fence_key)
 
 
 def openai_labeler(model: str | None = None, base_url: str | None = None,
@@ -308,10 +319,10 @@ def openai_labeler(model: str | None = None, base_url: str | None = None,
                    timeout: float = 120.0, batch: bool = False,
                    max_tokens: int | None = None, evidence_max_items: int | None = None,
                    evidence_max_chars: int | None = None, max_context: int | None = None,
-                   tokenizer: str | None = None) -> LLMLabeler:
+                   tokenizer: str | None = None, fence_key: str | None = None) -> LLMLabeler:
     provider = get_provider("openai", model=model, base_url=base_url, api_key=api_key,
                             max_retries=max_retries, timeout=timeout)
     return LLMLabeler(provider, name="openai", concurrency=concurrency, temperature=temperature,
                       max_tokens=max_tokens, evidence_max_items=evidence_max_items,
                       evidence_max_chars=evidence_max_chars, max_context=max_context,
-                      tokenizer=tokenizer)
+                      tokenizer=tokenizer, fence_key=fence_key)
