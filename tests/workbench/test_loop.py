@@ -159,6 +159,31 @@ def test_approve_kill_resume_and_the_provenance_chain(db_path, tmp_path):
     assert after == set(datasets) | {ev["final"]["dataset_id"]}  # one new run: the final
 
 
+def test_a_pid_taken_by_another_program_is_not_a_running_loop(tmp_path, monkeypatch):
+    """After a reboot or a long stop, the pid a loop's state names may belong to anything:
+    the status says "interrupted" and a resume is not refused, unless the pid is a live
+    trace_lib process (a driver to wait for)."""
+    from trace_lib.workbench import loop
+
+    monkeypatch.setenv("TRACE_RUNS_DIR", str(tmp_path / "runs"))
+    base = {"id": "loop-x", "state": "running", "stages": {}, "config": {}}
+    other = subprocess.Popen(["sleep", "60"])
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               "trace_lib"])
+    try:
+        loop._write_state({**base, "pid": other.pid})
+        assert loop.loop_status("loop-x")["state"] == "interrupted"
+        loop._refuse_a_second_driver(loop.read_state("loop-x"))  # no refusal
+        loop._write_state({**base, "pid": driver.pid})
+        assert loop.loop_status("loop-x")["state"] == "running"
+        with pytest.raises(Exception, match=f"already running \\(pid {driver.pid}\\)"):
+            loop._refuse_a_second_driver(loop.read_state("loop-x"))
+    finally:
+        for p in (other, driver):
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--model", "nope"], "unknown model 'nope'"),
     (["--domain", "mars"], "domain 'mars' has no target tasks"),

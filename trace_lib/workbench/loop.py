@@ -143,29 +143,30 @@ def list_loop_ids() -> list[str]:
     return sorted((p.parent.name for p in root.glob("*/loop.json")), reverse=True)
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _running_driver(state: dict[str, Any]) -> int | None:
-    """The pid of another live driver of this loop, or None. A pid is taken as the loop's
-    only while its command line is a `trace_lib` process (a reused pid is not a driver)."""
+def _driver_alive(state: dict[str, Any]) -> bool:
+    """Whether the driver the state names is alive. A pid counts only while its command
+    line is a `trace_lib` process: after a reboot or a long stop the pid may belong to
+    anything, and a reused pid is neither a driver to wait for nor a running loop."""
     import psutil
 
     pid = state.get("pid")
-    if state.get("state") not in ("running", "starting") or not pid or pid == os.getpid():
-        return None
+    if not pid:
+        return False
+    if int(pid) == os.getpid():
+        return True
     try:
         cmdline = " ".join(psutil.Process(int(pid)).cmdline())
     except (psutil.Error, ValueError):
+        return False
+    return "trace_lib" in cmdline
+
+
+def _running_driver(state: dict[str, Any]) -> int | None:
+    """The pid of another live driver of this loop, or None."""
+    pid = state.get("pid")
+    if state.get("state") not in ("running", "starting") or not pid or pid == os.getpid():
         return None
-    return int(pid) if "trace_lib" in cmdline else None
+    return int(pid) if _driver_alive(state) else None
 
 
 def _refuse_a_second_driver(state: dict[str, Any]) -> None:
@@ -179,7 +180,7 @@ def _refuse_a_second_driver(state: dict[str, Any]) -> None:
 def loop_status(loop_id: str) -> dict[str, Any]:
     """The state as stored, with "interrupted" where the driver died mid-stage."""
     state = read_state(loop_id)
-    if state["state"] == "running" and not _pid_alive(state.get("pid")):
+    if state["state"] == "running" and not _driver_alive(state):
         state["state"] = "interrupted"
         state["message"] = (f"the loop's process ({state.get('pid')}) is gone; "
                             f"`loop --resume {loop_id}` goes on from the last finished stage")
