@@ -30,6 +30,13 @@ What is timed (each visit in a fresh browser context, median of `--repeats`):
   page), the server's part of a step plus the browser's handling of its messages; the
   rest of "settle" is the browser's and the widget's (page load and websocket on a visit).
 
+Every step's medians are also written to `--out` (bench/results/pages.json): one row per
+(size, label runs, page, step) with `settle_s`, `drawn_s`, `server_cpu_s`, `script_s`
+(null past the step limit, `over_limit` true) and `kind` (`first_visit`, `visit`,
+`action`), beside the store's size on disk and the source file's, per trajectory, and the
+store's build time (kept in `<store>.build.json`, so a reused store still reports how
+long it took to build). A row replaces the one of the same key; other sizes stay.
+
 Nothing here is a pass/fail threshold; the figures go into bench/README.md ("Pages").
 The query-level before/after of the same paths (old subquery scan vs index, computed vs
 derived columns) is bench/explore.py's `--paths` part: the page can only run the new one.
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import random
 import statistics
@@ -125,6 +133,7 @@ def build(db: Path, n: int, runs: int) -> float:
 
     data = db.with_suffix(".jsonl")
     _bench_module("ingest").write_dataset(data, n)
+    source_bytes = data.stat().st_size
     t0 = time.perf_counter()
     ingest_paths([data], db=db)
     took = time.perf_counter() - t0
@@ -150,7 +159,65 @@ def build(db: Path, n: int, runs: int) -> float:
         # time the one-off rebuild instead of the page.
         materialise.sync(con)
         con.execute("CHECKPOINT")
+    _build_record(db).write_text(json.dumps({
+        "trajectories": n, "label_runs": runs, "import_wall_s": round(took, 1),
+        "build_wall_s": round(time.perf_counter() - t0, 1), "source_bytes": source_bytes,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=2))
     return took
+
+
+def _build_record(db: Path) -> Path:
+    """The store's build figures, beside it (a reused store keeps them); the same file
+    for the store and its `.part` while it builds."""
+    return db.with_name(db.name.replace(".part.duckdb", ".duckdb") + ".build.json")
+
+
+def _store_bytes(db: Path) -> int:
+    from trace_lib.store.search import index_path
+
+    side = index_path(db)
+    return db.stat().st_size + (side.stat().st_size if side.exists() else 0)
+
+
+def _kind(step: str) -> str:
+    return ("first_visit" if "first visit" in step else
+            "visit" if step.startswith("visit") else "action")
+
+
+def json_rows(n: int, runs: int, db: Path, steps: dict[str, Step]) -> list[dict]:
+    """pages.json rows of one store's medians (see the module docstring)."""
+    built = json.loads(_build_record(db).read_text()) if _build_record(db).exists() else {}
+    size = _store_bytes(db)
+    common = {"size": n, "runs": runs, "store_bytes": size,
+              "store_bytes_per_trajectory": round(size / n, 1),
+              "source_bytes_per_trajectory": round(built["source_bytes"] / n, 1)
+              if built.get("source_bytes") else None,
+              "build_wall_s": built.get("build_wall_s"),
+              "import_wall_s": built.get("import_wall_s"),
+              "load_average": round(os.getloadavg()[0], 2),
+              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rows = []
+    for key, (settle, drawn, cpu, script) in steps.items():
+        page, _, step = key.partition(": ")
+        def sec(x: float) -> float | None:
+            return None if x == float("inf") else round(x, 3)
+        rows.append({**common, "page": page, "step": step, "kind": _kind(step),
+                     "settle_s": sec(settle), "drawn_s": sec(drawn),
+                     "server_cpu_s": round(cpu, 3), "script_s": sec(script),
+                     "over_limit": settle == float("inf")})
+    return rows
+
+
+def save_rows(out: Path, rows: list[dict]) -> None:
+    """Merge `rows` into `out`: a row replaces the one of the same (size, runs, page,
+    step); every other row stays."""
+    key = ("size", "runs", "page", "step")
+    doc = json.loads(out.read_text()) if out.exists() else {"rows": []}
+    new = {tuple(r[k] for k in key) for r in rows}
+    doc["rows"] = [r for r in doc["rows"] if tuple(r[k] for k in key) not in new] + rows
+    doc["rows"].sort(key=lambda r: (r["size"], r["runs"], r["page"], r["kind"], r["step"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 class Server:
@@ -416,6 +483,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per step")
     ap.add_argument("--embed", action="store_true",
                     help="instead: the semantic map's embedding on the demo store")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "pages.json",
+                    help="the JSON rows (merged: other sizes' rows stay)")
     ap.add_argument("--stores", type=Path, default=None,
                     help="keep the built stores in this folder and reuse them on the next "
                          "run (same size and label runs); default: a temporary folder")
@@ -455,6 +524,7 @@ def main() -> int:
                 results[n] = measure(server, args.repeats, pages)
             finally:
                 server.stop()
+            save_rows(args.out, json_rows(n, args.runs, db, results[n]))
     sizes = list(results)
     print("\n| what | " + " | ".join(f"{n:,}: " + " / ".join(FIELDS) for n in sizes) + " |")
     print("|---|" + "---|" * len(sizes))
