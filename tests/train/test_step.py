@@ -164,6 +164,28 @@ def test_a_pass_scores_its_own_shared_prompt_once_and_equals_the_full_forward(ti
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and any(g.abs().max() > 0 for g in grads)
     model.zero_grad()
+    # With the rows' loss masks (rollouts), only the positions a loss reads are scored:
+    # the same values there, zeros elsewhere, and the same gradient.
+    masks = [[0] * 13 + [1, 1, 0, 1], [0] * 14 + [1], [0] * 10]
+    rolls = [Rollout(seed=0, hinted=False, token_ids=r, loss_mask=m, sampler_logprobs=[],
+                     messages=[]) for r, m in zip(rows, masks, strict=True)]
+    loss_at = torch.zeros_like(scored)
+    for row, m in enumerate(masks):
+        for i, k in enumerate(m):
+            if k:
+                loss_at[row, i - 1] = True
+    c = fwd(ids, att, 8, rolls).logprobs.detach()
+    assert torch.allclose(c[loss_at], b[loss_at], atol=1e-4)
+    kept = {12, 13, 15}  # positions any row scores (12, 13, 15 for row 0; 13 for row 1)
+    assert all(float(c[:, t].abs().max()) == 0.0 for t in range(T - 1) if t not in kept)
+    grad_of = {}
+    for name, given in (("all", []), ("masked", rolls)):
+        model.zero_grad()
+        (-fwd(ids, att, 8, given).logprobs[loss_at].sum()).backward()
+        grad_of[name] = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    assert all(torch.allclose(x, y, atol=1e-5)
+               for x, y in zip(grad_of["all"], grad_of["masked"], strict=True))
 
 
 def test_a_pass_is_bounded_by_rows_and_padded_tokens():

@@ -293,18 +293,40 @@ class PrefixForward:
                                logits_to_keep=1).past_key_values
         cache.batch_repeat_interleave(B)
         pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        # Positions j of the suffix whose logits score a token of the loss (j scores the
+        # suffix's token j+1); all of them when no rollout says which.
+        keep = scored_positions(rollouts, P, T)
+        at = torch.arange(T - P - 1) if keep is None else keep
         logits = self.model(input_ids=input_ids[:, P:], attention_mask=attention_mask,
-                            position_ids=pos[:, P:], past_key_values=cache,
-                            use_cache=True).logits[:, :-1, :]
-        targets = input_ids[:, P + 1:]
+                            position_ids=pos[:, P:], past_key_values=cache, use_cache=True,
+                            logits_to_keep=at.to(input_ids.device)).logits
+        targets = input_ids[:, P + 1:][:, at.to(input_ids.device)]
         rows = []
         for b in range(B):
             row = logits[b].float()
             if self.temperature > 0 and self.temperature != 1.0:
                 row = row / self.temperature
             rows.append(F.log_softmax(row, -1).gather(-1, targets[b][:, None]).squeeze(-1))
-        scored = torch.stack(rows)  # positions P .. T-2 score tokens P+1 .. T-1
-        return ForwardOut(torch.cat([scored.new_zeros(B, P), scored], dim=1))
+        scored = torch.stack(rows)
+        out = scored.new_zeros(B, T - 1)  # position t scores token t+1; unscored ones 0
+        return ForwardOut(out.index_copy(1, (at + P).to(out.device), scored))
+
+
+def scored_positions(rollouts: list[Rollout], P: int, T: int) -> torch.Tensor | None:
+    """The suffix positions (after a P-token prefix, of a T-token pass) whose log-prob a
+    loss reads: j where some row's token P+j+1 has loss mask 1. None without rollouts.
+
+    The LM head and its log-softmax then run on those positions only: on target-task
+    episodes the tool results are most of the suffix and carry no loss, and the
+    [tokens x 49,152] logits were the largest tensor a SmolLM2 pass held (with their
+    log-softmax kept for the backward)."""
+    if not rollouts:
+        return None
+    need: set[int] = set()
+    for r in rollouts:
+        m = r.loss_mask
+        need.update(i - 1 - P for i in range(P + 1, min(len(m), T)) if m[i])
+    return torch.tensor(sorted(need), dtype=torch.long) if need else None
 
 
 # ------------------------------------------------------------------------------ SFT
@@ -447,7 +469,11 @@ def sft(
                 mask = torch.tensor([m + [0] * (width - len(m)) for _, m in part])[:, 1:].float()
                 ids, att, mask = (t.to(params[0].device) for t in (ids, att, mask))
                 first = min(m.index(1) for _, m in part)
-                lp = forward(ids, att, max(first - 1, 0), []).logprobs
+                # The demos as rollouts: their loss masks say which positions are scored.
+                lp = forward(ids, att, max(first - 1, 0),
+                             [Rollout(seed=0, hinted=False, token_ids=seq, loss_mask=m,
+                                      sampler_logprobs=[], messages=[])
+                              for seq, m in part]).logprobs
                 loss = -(lp * mask).sum() / max(tokens, 1)
                 loss.backward()
                 total += float(loss.detach())
