@@ -7,11 +7,15 @@ Design decisions
   typing into the Labels grid cell by cell, SIGKILL (no handler, no cleanup: what the OOM
   killer does) to the server's whole process group, and the store read back through the
   library after each kill, the server dead.
-- The acknowledgement is the page's own save signal, the toast "saved 1 edit(s)" that the
-  Labels page shows in the run after `edit_labels` returned (committed). The page records
-  every toast the moment it enters the DOM (the reliability test's recorder), so a kill
-  right after a toast still counts it; the toasts are read once the server is dead, so
-  nothing a restarted server sends is taken for an acknowledgement.
+- The acknowledgement is the page's own save status above the grid, "✅ saved 1 edit(s):
+  #ID TRAJECTORY · CAPABILITY → VALUE, HH:MM:SS", set only once `edit_labels` returned
+  (committed). It names the edit's id, so the check is exact: that id, that pair, that
+  value, in the store. (The page's toast alone read "saved 1 edit(s)" for every save, and
+  a second save's toast, arriving while the first still showed, changed nothing on the
+  screen: this test found every second save unacknowledged, so the page now keeps a
+  status that names each save.) The page records every text the status shows the moment
+  it changes; it is read once the server is dead, so nothing a restarted server sends is
+  taken for an acknowledgement.
 - Kill points are seeded (SEED; replay by running the test again): before each of the 10
   kills the page saves 0-1 more edits, each awaited on its toast, then one more edit is
   typed and a timer started at its submitting Enter kills the server a seeded fraction of
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -65,39 +70,48 @@ ROWS = 8  # grid rows drawn without scrolling (the editor is 400 px tall)
 # left edge (edit_grid_cell) then lands one column to the right.
 CAP_COLUMNS = 3
 MAX_FRACTION = 1.5  # the latest kill, in median save times after the submission
-SAVED_ONE = "saved 1 edit(s)"
-# Every toast, recorded when it enters the DOM (a toast shows for a few seconds only).
+# The save status's text for one saved edit: "✅ saved 1 edit(s): #ID TRAJECTORY · CAP →
+# VALUE, HH:MM:SS" (trace_lib.diagnose.labels.describe_grid_save).
+SAVED_ONE = re.compile(r"^✅ saved 1 edit\(s\): #(\d+) (\S+) · (\S+) → (\S+), ")
+# Every text the save status shows, recorded the moment it changes (a slow poll on a loaded
+# machine could miss one that the next save replaced).
 SAVE_RECORDER = """
 window.__saves = [];
 new MutationObserver(() => {
-  for (const t of document.querySelectorAll('[data-testid="stToast"]')) {
-    const text = (t.textContent || '').trim();
-    if (text && !t.__recorded) { t.__recorded = true; window.__saves.push(text); }
-  }
+  const box = document.querySelector('.st-key-grid_save_status');
+  const text = box ? (box.textContent || '').trim() : '';
+  if (text && text !== window.__saves[window.__saves.length - 1]) window.__saves.push(text);
 }).observe(document, {subtree: true, childList: true, characterData: true});
 """
 
 Edit = tuple[str, str, str]  # (trajectory_id, capability, new value)
+Ack = tuple[int, Edit]  # (edit id, edit) as the save status named it
 
 
-def _acks(page) -> int:
-    """How many edits this page load has acknowledged (one toast per one-edit save)."""
-    return sum(1 for s in page.evaluate("() => window.__saves") if s.startswith(SAVED_ONE))
+def _acks(page) -> list[Ack]:
+    """The edits this page load acknowledged, in order, each with its edit id."""
+    found = (SAVED_ONE.match(s) for s in _saves(page))
+    return [(int(m[1]), (m[2], m[3], m[4])) for m in found if m]
 
 
-def _stored(db: Path) -> list[Edit]:
+def _saves(page) -> list[str]:
+    return page.evaluate("() => window.__saves")
+
+
+def _stored(db: Path) -> list[tuple[int, Edit]]:
     from trace_lib import store
 
     with store.connect(db, read_only=True) as con:
-        return [tuple(r) for r in con.execute(
-            "SELECT trajectory_id, capability, new FROM label_edits ORDER BY id").fetchall()]
+        return [(i, (t, c, v)) for i, t, c, v in con.execute(
+            "SELECT id, trajectory_id, capability, new FROM label_edits ORDER BY id"
+        ).fetchall()]
 
 
-def _check_store(db: Path, typed: list[Edit], acked: list[Edit], where: str) -> list[Edit]:
+def _check_store(db: Path, typed: list[Edit], acked: list[Ack], where: str) -> list[Edit]:
     """The store after a kill (server dead): it opens for writing, `store check` passes,
-    every acknowledged edit is there once, nothing else but typed edits is, and each
-    stored edit is the pair's effective label in the grid the page reads. Returns the
-    stored edits."""
+    every acknowledged edit is there once under the id the page named, nothing but typed
+    edits is, and each stored edit is the pair's effective label in the grid the page
+    reads. Returns the stored edits."""
     from trace_lib import store
     from trace_lib.diagnose import labels as lb
     from trace_lib.workbench.store_admin import check_store
@@ -106,10 +120,11 @@ def _check_store(db: Path, typed: list[Edit], acked: list[Edit], where: str) -> 
         pass
     report = check_store(db)
     assert report.ok, f"{where}: store check: {[p.message for p in report.problems]}"
-    stored = _stored(db)
+    rows = _stored(db)
+    stored = [e for _, e in rows]
     pairs = [(t, c) for t, c, _ in stored]
-    assert len(pairs) == len(set(pairs)), f"{where}: an edit stored twice: {stored}"
-    missing = [e for e in acked if e not in stored]
+    assert len(pairs) == len(set(pairs)), f"{where}: an edit stored twice: {rows}"
+    missing = [a for a in acked if a not in rows]
     assert not missing, f"{where}: acknowledged but not in the store: {missing}"
     assert set(stored) <= set(typed), f"{where}: stored, never typed: {set(stored) - set(typed)}"
     grid = lb.label_grid(db, lb.LabelFilter(capabilities=sorted({c for _, c, _ in stored})
@@ -162,7 +177,7 @@ def test_server_killed_at_ten_points_loses_no_acknowledged_label_edit(
     goto(page, server.url + "/Labels", wait_for_app)
 
     typed: list[Edit] = []
-    acked: list[Edit] = []
+    acked: list[Ack] = []
     save_s: list[float] = []
     outcomes: list[str] = []
 
@@ -193,26 +208,36 @@ def test_server_killed_at_ten_points_loses_no_acknowledged_label_edit(
         typed.append(edit)
         return edit, submitted[0]
 
+    def acknowledged(edit: Edit, before: int) -> bool:
+        """Whether the page acknowledged `edit` since it had `before` acknowledgements;
+        one it did is added to `acked` (after checking it names what was typed)."""
+        new = _acks(page)[before:]
+        assert len(new) <= 1 and all(e == edit for _, e in new), (
+            f"{counts()}: the page acknowledged {new} for the one edit {edit}")
+        acked.extend(new)
+        return bool(new)
+
     def save_one() -> None:
         """One edit, awaited on the page's acknowledgement."""
-        before = _acks(page)
+        before = len(_acks(page))
         edit, at = type_next()
         try:
-            page.wait_for_function(f"() => window.__saves.filter(s => s.startsWith("
-                                   f"{SAVED_ONE!r})).length > {before}", timeout=120_000)
+            page.wait_for_function(
+                "([re, n]) => window.__saves.filter(s => new RegExp(re).test(s)).length > n",
+                arg=[SAVED_ONE.pattern, before], timeout=120_000)
         except Exception:
             screenshot(page, shots, f"unsaved_{len(typed)}")
             raise AssertionError(f"{counts()}: the edit {edit} was typed but never "
-                                 "acknowledged by the page") from None
+                                 f"acknowledged; the status read {_saves(page)}") from None
         save_s.append(time.monotonic() - at)
-        acked.append(edit)
+        assert acknowledged(edit, before)
         wait_for_app(page)  # the save's rerun is done: the next edit starts on a quiet page
 
     save_one()  # the first save: the page works, and a first save time to scale kills by
     for i, (n_before, fraction) in enumerate(plan):
         for _ in range(n_before):
             save_one()
-        before = _acks(page)
+        before = len(_acks(page))
         delay = fraction * statistics.median(save_s)
         # A timer started at the submitting Enter: the kill lands `delay` after it even
         # while the browser is still busy closing the cell's editor. The whole process
@@ -222,12 +247,10 @@ def test_server_killed_at_ten_points_loses_no_acknowledged_label_edit(
         killer.join()
         server.proc.wait(timeout=30)
         # Read once the server is dead, so every acknowledgement counted came from it; after
-        # a moment for the browser to draw a toast whose message reached it before the kill
+        # a moment for the browser to draw a status that reached it before the kill
         # (counted, it makes the check stricter, never looser).
         page.wait_for_timeout(500)
-        was_acked = _acks(page) > before
-        if was_acked:
-            acked.append(edit)
+        was_acked = acknowledged(edit, before)
         where = f"kill {i} ({delay:.2f} s after the edit {edit} was submitted; {counts()})"
         stored = _check_store(db_path, typed, acked, where)
         outcomes.append(f"{delay:.2f} s: " + ("acknowledged" if was_acked else
