@@ -4,7 +4,9 @@ Thin page: every read and action is a use case of `trace_lib.workbench.diagnose`
 `label`, `labels` and `capabilities` verbs call the same functions); a background run is a
 `label` job of `trace_lib.workbench.jobs`, recorded by its one job sync. An edit in the grid is
 saved at once as an append-only edit row (editor, note, time), so the Rankings page moves
-on its next run. Trajectory text is untrusted: it is shown with st.text/st.code, or as
+on its next run; once committed, the save status above the grid (and a toast) names the
+saved edits by id (`describe_grid_save`), so every save reads differently and a killed
+server never leaves a confirmed edit unsaved (tests/e2e/test_server_killed_browser.py). Trajectory text is untrusted: it is shown with st.text/st.code, or as
 the transcript viewer's escaped HTML (`transcript_render`, the Trajectories page's
 renderer), which opens in its own scroll box at the message the evidence points at, the
 system prompt folded, each turn with its tokens, cost and latency where the source has
@@ -28,6 +30,7 @@ no evidence that quotes the transcript); the review queue lists those first.
 from __future__ import annotations
 
 import os
+from datetime import datetime
 
 import pandas as pd
 import streamlit as st
@@ -189,12 +192,19 @@ with tab_grid:
                     "unsupported", help="capabilities with a lacking/present label whose "
                                         "evidence did not quote the transcript"),
             }
+            # The save status: the last save's confirmation, kept on the page (a toast
+            # vanishes in seconds), each naming its edits by id, so two saves never read
+            # the same. It is set only after `edit_labels` returned, i.e. committed: what
+            # it names survives a killed server (issue 33's kill test reads it as the
+            # acknowledgement). Drawn on every run, before the grid, so the grid never moves.
+            with st.container(key="grid_save_status"):
+                st.text("✅ " + ss["grid_last_saved"] if "grid_last_saved" in ss
+                        else "No edit saved in this session yet.")
             edited = st.data_editor(
                 grid, column_config=cols, hide_index=True, width="stretch",
                 disabled=list(READ_ONLY), key=f"grid_{ss.grid_version}")
-            # The save's confirmation is toasted by the run after the save: a toast sent
-            # just before `st.rerun()` did not always reach the browser (issue 33's
-            # reliability test waits on this toast as the save's own signal). Removed only
+            # The save's confirmation is also toasted, by the run after the save: a toast
+            # sent just before `st.rerun()` did not always reach the browser. Removed only
             # once toasted: a rerun that interrupts this run at the toast keeps it for the next.
             if saved := ss.get("grid_saved"):
                 st.toast(saved)
@@ -204,9 +214,8 @@ with tab_grid:
                 ids = _guard(wb.edit_labels, DB, changes, editor=editor, note="grid edit",
                              skip_unchanged=True)
                 if ids is not None:
-                    same = len(changes) - len(ids)
-                    ss["grid_saved"] = (f"saved {len(ids)} edit(s)"
-                                        + (f"; {same} already had that value" if same else ""))
+                    ss["grid_saved"] = ss["grid_last_saved"] = wb.describe_grid_save(
+                        changes, ids, datetime.now())
                     ss.grid_version += 1
                     st.rerun()
             with st.expander(f"Bulk edit the {len(grid)} filtered trajectories"):

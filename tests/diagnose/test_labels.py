@@ -102,3 +102,21 @@ def test_grid_save_from_a_stale_grid_records_nothing_twice(db_path: Path) -> Non
     assert rows == [("lacking", "present", "ann"), ("present", "na", "bob")]
     # an explicit edit (CLI) records what it is given, even the value the label has
     assert len(lb.edit_labels(db_path, [("a", cap, "na")], editor="cli")) == 1
+
+
+def test_grid_save_confirmation_names_each_saved_edit_by_id() -> None:
+    """Two one-edit saves never read the same (the page's status and toast show this
+    text, and a repeat of the same words looked like nothing new had been saved)."""
+    from datetime import datetime
+
+    at = datetime(2026, 12, 6, 16, 20, 5)
+    one = lb.describe_grid_save([("t_1", "tool_use", "present")], [12], at)
+    assert one == "saved 1 edit(s): #12 t_1 · tool_use → present, 16:20:05"
+    assert lb.describe_grid_save([("t_1", "planning", "present")], [13], at) != one
+    # a pair that already had its value: counted, and the stored one named by id only
+    assert lb.describe_grid_save([("t_1", "a", "na"), ("t_2", "a", "na")], [14], at) == (
+        "saved 1 edit(s): #14; 1 already had that value, 16:20:05")
+    assert lb.describe_grid_save([("t_1", "a", "na")], [], at) == (
+        "saved 0 edit(s); 1 already had that value, 16:20:05")
+    many = lb.describe_grid_save([(f"t_{i}", "a", "na") for i in range(5)], list(range(5)), at)
+    assert many.startswith("saved 5 edit(s): #0 t_0 · a → na; #1 ") and "; and 2 more, " in many

@@ -70,8 +70,12 @@ class StreamlitServer:
 
 
 def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
-                    timeout_s: float = 90.0, watch: bool = False) -> StreamlitServer:
-    port = free_port()
+                    timeout_s: float = 90.0, watch: bool = False, port: int | None = None,
+                    own_group: bool = False) -> StreamlitServer:
+    """`port`: a given one (a restart on the port the open page talks to), else a free one.
+    `own_group`: the server leads its own process group, so a test can SIGKILL it and
+    anything it spawned at once (`os.killpg`) without touching pytest's group."""
+    port = port or free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
     # The `app` verb gets the store as `--db` (every browser test checks that it reaches the
     # pages); a test's own script through TRACE_DB.
@@ -79,7 +83,7 @@ def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
     if app != "app.py":
         env["TRACE_DB"] = str(db)
     log = log_dir / f"streamlit-{port}.log"
-    with open(log, "wb") as fh:
+    with open(log, "ab") as fh:  # append: a restart on the same port keeps the log before
         proc = subprocess.Popen(
             # `app.py` starts the way `make demo` starts it (the `app` verb); another script
             # (a test's own) through `streamlit run`.
@@ -92,6 +96,7 @@ def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
             # watch: the project's .streamlit/config.toml decides, as under `make demo`
             + ([] if watch else ["--server.fileWatcherType", "none"]),
             cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+            start_new_session=own_group,
         )
     server = StreamlitServer(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
     deadline = time.monotonic() + timeout_s
@@ -110,12 +115,14 @@ def start_streamlit(db: Path, app: str = "app.py", *, log_dir: Path,
 
 @pytest.fixture
 def streamlit_server(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
-    """Factory: `streamlit_server(db_path, app="app.py", watch=False)` -> a running server;
-    all stop at teardown."""
+    """Factory: `streamlit_server(db_path, app="app.py", watch=False, port=None,
+    own_group=False)` -> a running server; all stop at teardown."""
     started: list[StreamlitServer] = []
 
-    def start(db: Path, app: str = "app.py", *, watch: bool = False) -> StreamlitServer:
-        server = start_streamlit(db, app, log_dir=tmp_path, watch=watch)
+    def start(db: Path, app: str = "app.py", *, watch: bool = False, port: int | None = None,
+              own_group: bool = False) -> StreamlitServer:
+        server = start_streamlit(db, app, log_dir=tmp_path, watch=watch, port=port,
+                                 own_group=own_group)
         started.append(server)
         return server
 

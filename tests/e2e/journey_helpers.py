@@ -117,8 +117,11 @@ def pick_option(page: Any, selectbox_label: str, option: str, wait_for_app: Any)
     wait_for_app(page)
 
 
-def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None:
-    """Type `value` into the data editor's cell (row, col), 0-based over all columns.
+def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str,
+                   on_submit: Any = None) -> None:
+    """Type `value` into the data editor's cell (row, col), 0-based over all columns;
+    `on_submit()`, when given, is called just before the Enter that commits the value
+    (the moment the page sends the edit: what a test that times the save starts from).
 
     Waits on the grid's own editor state, not on fixed pauses: the cell's overlay editor
     (a combobox in Streamlit's #portal) must be open before typing, the typed option must
@@ -165,6 +168,8 @@ def edit_grid_cell(page: Any, grid: Any, row: int, col: int, value: str) -> None
     # ("🔴 lacking"): match the whole value as the last word, so "na" never matches another.
     option = re.compile(rf"^(\S+ )?{re.escape(value)}$")
     page.locator("#portal").get_by_role("option", name=option).wait_for(timeout=60_000)
+    if on_submit is not None:
+        on_submit()
     page.keyboard.press("Enter")
     overlay.wait_for(state="detached", timeout=60_000)
     page.keyboard.press("Escape")

@@ -80,8 +80,8 @@ def _toy_config(steps: int) -> dict:
 
 
 # --------------------------------------------------------- 1. concurrent label edits
-# The save's own signal: the Labels page toasts "saved N edit(s)" right after the edit is
-# committed (pages/2_Labels.py), then reruns. A toast shows for seconds, so each page records
+# The save's own signal: the Labels page toasts "saved N edit(s): #ID ..." (naming the
+# edits) right after the edit is committed (pages/2_Labels.py), then reruns. A toast shows for seconds, so each page records
 # every toast the moment it enters the DOM (a MutationObserver installed before the page's
 # own scripts run): a slow poll on a loaded machine cannot miss one.
 SAVE_RECORDER = """
@@ -162,10 +162,12 @@ def test_two_sessions_edit_labels_at_once(streamlit_server, browser, wait_for_ap
             signal_s.append(time.monotonic() - typed_at)
             # The toast follows the commit: the edit is in the store now, no polling.
             assert _edits(db_path).get(key) == new, (row, key)
-        for page in pages:
+        for page, _, key, new, _ in typed:
             wait_for_app(page)
             saved = [s for s in _saves(page) if s.startswith("saved")]
-            assert saved == [SAVED_ONE], (row, saved)  # one edit, saved once
+            # one edit, saved once, and the confirmation names it
+            assert [s.split(":")[0] for s in saved] == [SAVED_ONE], (row, saved)
+            assert f" {key[0]} · {key[1]} → {new}, " in saved[0], (row, saved)
             signals += len(saved)
         latencies.append(time.monotonic() - t0)
         for page in pages:  # each round starts from a settled page, as after a refresh

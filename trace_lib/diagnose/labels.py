@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,28 @@ def describe_edit(edit: dict[str, Any]) -> str:
     return (f"#{edit['id']} · {edit['trajectory_id']} · {edit['capability']}: "
             f"{old if isinstance(old, str) else '(labeler)'} → {edit['new']} · "
             f"{edit.get('editor') or '?'}" + (f", {when}" if when else ""))
+
+
+def describe_grid_save(changes: list[tuple[str, str, str]], ids: list[int],
+                       at: datetime) -> str:
+    """The Labels grid's confirmation of one save, shown only once `edit_labels` returned
+    (committed): "saved 1 edit(s): #12 t_0a1b · tool_calling_precision → present, 16:20:05".
+
+    It names what was stored, by edit id: two saves of one edit each used to read the
+    same ("saved 1 edit(s)"), so a second confirmation arriving while the first still
+    showed changed nothing on the screen, and a person (or a test) could not tell that
+    the second edit was stored. The ids are History's, so the save can be found (and
+    undone) there. The pairs are named when every change was stored (`ids` follow
+    `changes` then); a change whose pair already had the value is only counted."""
+    same = len(changes) - len(ids)
+    if len(ids) == len(changes):
+        items = [f"#{i} {t} · {c} → {v}" for i, (t, c, v) in zip(ids, changes, strict=True)]
+    else:
+        items = [f"#{i}" for i in ids]
+    shown = "; ".join(items[:3]) + (f"; and {len(items) - 3} more" if len(items) > 3 else "")
+    return (f"saved {len(ids)} edit(s)" + (f": {shown}" if ids else "")
+            + (f"; {same} already had that value" if same else "")
+            + f", {at.strftime('%H:%M:%S')}")
 
 
 # ----------------------------------------------------------------------------- grid

@@ -66,6 +66,7 @@ from trace_lib.diagnose.labels import (  # noqa: F401  (use cases as they are)
     LabelFilter,
     bulk_edit,
     describe_edit,
+    describe_grid_save,
     edit_history,
     edit_labels,
     evidence_by_message,
