@@ -158,9 +158,11 @@ with tab_grid:
     if tab_grid.open:
         all_caps = [c.name for c in _read("list_capabilities") if c.status != "rejected"]
         f1, f2, f3, f4 = st.columns([3, 1, 1, 2])
-        shown = f1.multiselect("Capabilities", all_caps, default=[c for c in wb.CORE
-                                                                  if c in all_caps] or all_caps,
-                               key="f_caps")
+        # The default goes through the session state, never `default=`: the key is also
+        # re-assigned each run (above), and Streamlit warns on a widget given both.
+        ss["f_caps"] = ([c for c in ss["f_caps"] if c in all_caps] if "f_caps" in ss
+                        else [c for c in wb.CORE if c in all_caps] or all_caps)
+        shown = f1.multiselect("Capabilities", all_caps, key="f_caps")
         outcome = f2.selectbox("Outcome", ["all", "failed", "passed"], key="f_outcome")
         value = f3.selectbox("Has value", ["any", *LABEL_VALUES], key="f_value")
         search = f4.text_input("Search id / task", key="f_search")
