@@ -170,7 +170,19 @@ def test_a_pid_taken_by_another_program_is_not_a_running_loop(tmp_path, monkeypa
     other = subprocess.Popen(["sleep", "60"])
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                "trace_lib"])
+
+    def executed(proc: subprocess.Popen, word: str) -> None:
+        # Until the child's exec, its command line is this test process's: wait for it.
+        import psutil
+
+        deadline = time.monotonic() + 30
+        while word not in " ".join(psutil.Process(proc.pid).cmdline()):
+            assert time.monotonic() < deadline, f"{proc.args} never started"
+            time.sleep(0.05)
+
     try:
+        executed(other, "sleep")
+        executed(driver, "trace_lib")
         loop._write_state({**base, "pid": other.pid})
         assert loop.loop_status("loop-x")["state"] == "interrupted"
         loop._refuse_a_second_driver(loop.read_state("loop-x"))  # no refusal
