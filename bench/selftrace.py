@@ -342,9 +342,15 @@ def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str
     transcripts.write_text(episodes.read_text())
     row["transcripts"] = repo_path(transcripts)
     res = load_results(res_path)
-    if args.split == "test":
-        res["test_runs"].append({k2: row[k2] for k2 in ("policy", "adapter", "key", "passes",
-                                                        "n", "at")})
+    digest = hashlib.sha1(episodes.read_bytes()).hexdigest()[:16]
+    row["episodes_sha1"] = digest
+    # Recording the same episodes file again (a rerun of `loop` or `record`) is not
+    # another test run: the ledger counts runs, not recordings.
+    if args.split == "test" and not any(t.get("episodes_sha1") == digest
+                                        for t in res["test_runs"]):
+        res["test_runs"].append({**{k2: row[k2] for k2 in ("policy", "adapter", "key",
+                                                           "passes", "n", "at")},
+                                 "episodes_sha1": digest})
     same = ("policy", "split")
     res["rows"] = [r for r in res["rows"] if not (
         all(r[f] == row[f] for f in same)
@@ -352,7 +358,8 @@ def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str
         and r["settings"].get("tasks") == common.get("tasks"))] + [row]
     save_results(res_path, res)
     print(f"{p} on {args.split}: {k}/{n} ({row['write_tasks']['passes']}/"
-          f"{row['write_tasks']['n']} write tasks) in {row['wall_s']}s; "
+          f"{row['write_tasks']['n']} write tasks)"
+          + (f" in {row['wall_s']}s" if row["wall_s"] is not None else "") + "; "
           f"{row['behaviour']}", flush=True)
 
 
@@ -476,6 +483,19 @@ def record_loop(args: argparse.Namespace) -> None:
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(folder / "per-request", kept,
                         ignore=shutil.ignore_patterns("README.md", "*.pt"))
+    # The loop's record beside its model (state, log, comparison; each adapter's SFT
+    # losses, GRPO metrics, sampled episodes and settings): kilobytes that outlive the
+    # machine its runs folder is on, so what it did can be read again.
+    record = Path(args.work) / "loops" / args.loop_id
+    record.mkdir(parents=True, exist_ok=True)
+    for name in ("loop.json", "loop.log", "comparison.json", "selected_capabilities.json"):
+        if (folder / name).is_file():
+            shutil.copy2(folder / name, record / name)
+    for run in folder.glob(f"{args.loop_id}-train-*"):
+        for name in ("train_config.json", "sft.jsonl", "metrics.jsonl", "samples.jsonl"):
+            if (run / name).is_file():
+                (record / run.name).mkdir(exist_ok=True)
+                shutil.copy2(run / name, record / run.name / name)
     ev = state["stages"]["evaluate_test"]["artefact"]
     cfg = state["config"]
     args.split, args.tasks = "test", cfg.get("test_tasks")
@@ -499,7 +519,7 @@ def record_loop(args: argparse.Namespace) -> None:
         "dev": {k: state["stages"]["evaluate_dev"]["artefact"].get(k)
                 for k in ("trajectories", "successes", "pass_rate")},
         "compare": state["stages"]["compare"].get("artefact"),
-        "kept": repo_path(kept)}
+        "kept": repo_path(kept), "record": repo_path(record)}
     save_results(Path(args.out), res)
     table(args)
 
