@@ -22,7 +22,7 @@ def test_the_pages_bench_writes_one_row_per_size_page_and_step(tmp_path: Path) -
     def run() -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(ROOT / "bench" / "pages.py"), "--sizes", "2000",
-             "--repeats", "1", "--pages", "Trajectories,Rankings", "--timeout", "120",
+             "--repeats", "1", "--pages", "Trajectories,Rankings", "--timeout", "300",
              "--stores", str(tmp_path / "stores"), "--out", str(out)],
             capture_output=True, text=True, timeout=900, cwd=ROOT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
@@ -36,12 +36,20 @@ def test_the_pages_bench_writes_one_row_per_size_page_and_step(tmp_path: Path) -
     assert {("Trajectories", "first_visit"), ("Trajectories", "visit"),
             ("Trajectories", "action"), ("Rankings", "first_visit"),
             ("Rankings", "action")} <= kinds
+    # A step past the limit is a figure too ("> limit", null seconds): on a loaded box a
+    # 2,000-trajectory page can take that long, so only the rows' shape is asserted,
+    # and that every page was timed at least once.
     for r in mine:
-        assert r["runs"] == 1 and not r["over_limit"]
-        assert r["settle_s"] > 0 and r["drawn_s"] >= r["settle_s"] - 1e-3
-        assert r["server_cpu_s"] >= 0 and r["script_s"] > 0
+        assert r["runs"] == 1 and r["server_cpu_s"] >= 0, r
+        if r["over_limit"]:
+            assert r["settle_s"] is None, r
+        else:
+            assert r["settle_s"] > 0 and r["script_s"] > 0, r
+            assert r["drawn_s"] is None or r["drawn_s"] >= r["settle_s"] - 1e-3, r
         assert r["store_bytes_per_trajectory"] > 0 and r["source_bytes_per_trajectory"] > 0
         assert r["build_wall_s"] >= r["import_wall_s"] > 0
+    timed = {r["page"] for r in mine if not r["over_limit"]}
+    assert timed == {"Trajectories", "Rankings"}, proc.stdout[-3000:]
     first = {(r["page"], r["step"]): r for r in mine}
     # the kept store is reused: its build figures come back, the rows are replaced
     proc = run()
