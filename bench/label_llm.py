@@ -70,7 +70,6 @@ import math
 import os
 import re
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -90,7 +89,7 @@ from tqdm import tqdm  # noqa: E402
 
 from trace_lib import store  # noqa: E402
 from trace_lib.diagnose.labeling import run_labeling  # noqa: E402
-from trace_lib.jobs.ray import start_local_head  # noqa: E402
+from trace_lib.jobs.ray import start_local_head, stop_process_group  # noqa: E402
 from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer, every_core  # noqa: E402
 from trace_lib.workbench.loop_serving import tree_cpu_s  # noqa: E402
 
@@ -433,7 +432,7 @@ def phase_peer(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             rc = proc.wait()
         finally:
-            stop_group(proc)
+            stop_process_group(proc, wait_s=15)
     if rc != 0:
         raise RuntimeError(f"the peer exited {rc}; see {work / 'peer.log'}")
     total_s = time.monotonic() - t0
@@ -522,19 +521,6 @@ def phase_tau2_cut(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------ ray
-
-def stop_group(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
 
 def labels_of(db: Path, run_id: str) -> dict[tuple[str, str], tuple]:
     with store.connect(db) as con:

@@ -162,14 +162,15 @@ class LocalHead:
     def stop(self) -> None:
         """Stop the head's process group (raylet and workers with it) and remove its
         temp dir; the log is kept."""
-        _stop_group(self.process)
+        stop_process_group(self.process)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _stop_group(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
-    """SIGTERM to the group `proc` leads, SIGKILL if it has not ended after `wait_s`, and
-    SIGKILL to whatever of the group is still around (its children need not have ended
-    with the leader)."""
+def stop_process_group(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
+    """SIGTERM to the group `proc` leads (started with `start_new_session=True`), SIGKILL
+    if it has not ended after `wait_s`, and SIGKILL to whatever of the group is still
+    around (its children need not have ended with the leader): a Ray head, or a vLLM
+    process whose engine core it forked."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
