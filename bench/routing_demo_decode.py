@@ -26,6 +26,22 @@ def _cpu() -> float:
     return t.user + t.system
 
 
+def load_demo(folder: str) -> tuple[dict, object, object]:
+    """A built demo's demo.json, its DemoConfig and its composed model (trajectory mode, as
+    the build leaves it), on one torch thread; what bench/routing_demo_traces.py uses too."""
+    import torch
+
+    from trace_lib.compose.demo import DemoConfig
+    from trace_lib.compose.gated import load_moe
+
+    demo = json.loads((Path(folder) / "demo.json").read_text())
+    cfg = DemoConfig(**{**demo["config"], "out": folder})
+    torch.set_num_threads(1)
+    moe = load_moe(Path(folder) / "moe")
+    moe.set_mode("trajectory")
+    return demo, cfg, moe
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", required=True, help="a built demo folder (holds demo.json)")
@@ -35,18 +51,11 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/routing-demo-decode.json")
     args = ap.parse_args()
 
-    import torch
-
-    from trace_lib.compose.demo import DemoConfig, _makers, _policy_kwargs
-    from trace_lib.compose.gated import load_moe
+    from trace_lib.compose.demo import _makers, _policy_kwargs
     from trace_lib.compose.local_client import LocalMoEClient, greedy_episodes
     from trace_lib.runtime.rollout import RolloutConfig, run_group
 
-    demo = json.loads((Path(args.demo) / "demo.json").read_text())
-    cfg = DemoConfig(**{**demo["config"], "out": args.demo})
-    torch.set_num_threads(1)
-    moe = load_moe(Path(args.demo) / "moe")
-    moe.set_mode("trajectory")
+    demo, cfg, moe = load_demo(args.demo)
     make_env = _makers(cfg)[args.capability]
     roll = RolloutConfig(cfg.max_turns.get(args.capability, 3),
                          demo["max_tokens"][args.capability], cfg.max_sequence,

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
-
-def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+from routing_demo_decode import _cpu, load_demo
 
 
 def main() -> int:
@@ -37,21 +33,14 @@ def main() -> int:
     args = ap.parse_args()
 
     import numpy as np
-    import torch
 
-    from trace_lib.compose.demo import DemoConfig, _makers, _opening, _shared_opening
+    from trace_lib.compose.demo import _makers, _opening, _shared_opening
     from trace_lib.compose.export import Router, request_choice
-    from trace_lib.compose.gated import load_moe
     from trace_lib.compose.traces import replay_trajectory, trace_prefix
 
-    demo = json.loads((Path(args.demo) / "demo.json").read_text())
-    cfg = DemoConfig(**{**demo["config"], "out": args.demo})
-    torch.set_num_threads(1)
-    moe = load_moe(Path(args.demo) / "moe")
-    moe.set_mode("trajectory")
-    meta = json.loads((Path(args.demo) / "per_request" / "router.json").read_text())
-    router = Router(moe=moe, patterns={c: e["layer_slots"] for c, e in meta["routes"].items()},
-                    adapters={c: e["adapter"] for c, e in meta["routes"].items()})
+    demo, cfg, moe = load_demo(args.demo)
+    routes = Path(args.demo) / "per_request"
+    router = Router.over(moe, json.loads((routes / "router.json").read_text()), routes)
     makers = _makers(cfg)
     rows = []
     for cap in cfg.capabilities:

@@ -528,8 +528,7 @@ def build(cfg: DemoConfig, run_dir: str | Path | None = None,
         requests = {cap: [_opening(makers[cap], s) for s in warm_seeds[cap]] for cap in caps}
         export_per_request(moe, router_dir, requests)
     meta = json.loads((router_dir / "router.json").read_text())
-    router = Router(moe=moe, patterns={c: e["layer_slots"] for c, e in meta["routes"].items()},
-                    adapters={c: e["adapter"] for c, e in meta["routes"].items()})
+    router = Router.over(moe, meta, router_dir)
     note("export", "router: " + ", ".join(
         f"{c} -> {sum(1 for s in e['layer_slots'] if s == caps.index(c) + 1)}/{moe.layers} "
         f"layers own adapter" for c, e in meta["routes"].items()))

@@ -174,9 +174,16 @@ class Router:
         if meta.get("format") != ROUTER_FORMAT:
             raise UserInputError(f"{path}: format {meta.get('format')!r}, expected "
                                  f"{ROUTER_FORMAT!r}")
-        moe = load_moe(root / meta["moe"], mode="trajectory", base=base)
+        return cls.over(load_moe(root / meta["moe"], mode="trajectory", base=base), meta,
+                        root)
+
+    @classmethod
+    def over(cls, moe: GatedMoE, meta: dict[str, Any], root: str | Path) -> Router:
+        """The router that router.json `meta` (in the folder `root`) describes, over a
+        composed model already loaded (the routing demo's build routes with the model it
+        just trained, not a second copy)."""
         return cls(moe=moe, patterns={c: e["layer_slots"] for c, e in meta["routes"].items()},
-                   adapters={c: (str(root / e["adapter"]) if e["adapter"] else None)
+                   adapters={c: (str(Path(root) / e["adapter"]) if e["adapter"] else None)
                              for c, e in meta["routes"].items()})
 
     def route_from_choice(self, choice: list[int]) -> str:
