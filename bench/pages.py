@@ -196,11 +196,12 @@ def json_rows(n: int, runs: int, db: Path, steps: dict[str, Step]) -> list[dict]
               "import_wall_s": built.get("import_wall_s"),
               "load_average": round(os.getloadavg()[0], 2),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    def sec(x: float) -> float | None:  # past the step limit: no figure
+        return None if x == float("inf") else round(x, 3)
+
     rows = []
     for key, (settle, drawn, cpu, script) in steps.items():
         page, _, step = key.partition(": ")
-        def sec(x: float) -> float | None:
-            return None if x == float("inf") else round(x, 3)
         rows.append({**common, "page": page, "step": step, "kind": _kind(step),
                      "settle_s": sec(settle), "drawn_s": sec(drawn),
                      "server_cpu_s": round(cpu, 3), "script_s": sec(script),

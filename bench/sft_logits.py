@@ -36,14 +36,7 @@ def _child(capability: str, steps: int, masked: bool) -> dict:
     base, tok = load_model(resolve_model(cfg.model))
     model = attach_lora(base, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank),
                         seed=cfg.seed)
-    demos = []
-    for s in range(10**6 - cfg.sft_seeds, 10**6):
-        env = make_env()
-        ep = lr.reference_episode(env, s, tok, max_turns=cfg.max_turns.get(capability, 3))
-        if hasattr(env, "close"):
-            env.close()
-        if ep is not None:
-            demos.append(ep)
+    demos = lr.reference_demos(make_env, tok, cfg.sft_seeds, cfg.max_turns.get(capability, 3))
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=cfg.sft_lr, weight_decay=0.0)
     fwd = lr.PrefixForward(model, lr.demo_prefix(demos), 1.0)

@@ -206,7 +206,7 @@ def train_adapter(cfg: DemoConfig, cap: str, make_env: Callable[[], Any], folder
     from trace_lib.train.local_rollouts import (
         PrefixForward,
         demo_prefix,
-        reference_episode,
+        reference_demos,
         sft,
     )
 
@@ -215,15 +215,7 @@ def train_adapter(cfg: DemoConfig, cap: str, make_env: Callable[[], Any], folder
     base, tok = load_model(model_path)
     model = attach_lora(base, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank),
                         seed=cfg.seed)
-    demos = []
-    for s in range(10**6 - cfg.sft_seeds, 10**6):
-        env = make_env()
-        try:
-            ep = reference_episode(env, s, tok, max_turns=cfg.max_turns.get(cap, 3))
-        finally:
-            _close(env)
-        if ep is not None:
-            demos.append(ep)
+    demos = reference_demos(make_env, tok, cfg.sft_seeds, cfg.max_turns.get(cap, 3))
     if not demos:
         raise UserInputError(f"{cfg.env_name(cap)}: no reference actions to learn from")
     prefix = demo_prefix(demos)

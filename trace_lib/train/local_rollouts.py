@@ -296,11 +296,11 @@ class PrefixForward:
         # Positions j of the suffix whose logits score a token of the loss (j scores the
         # suffix's token j+1); all of them when no rollout says which.
         keep = scored_positions(rollouts, P, T)
-        at = torch.arange(T - P - 1) if keep is None else keep
+        at = (torch.arange(T - P - 1) if keep is None else keep).to(input_ids.device)
         logits = self.model(input_ids=input_ids[:, P:], attention_mask=attention_mask,
                             position_ids=pos[:, P:], past_key_values=cache, use_cache=True,
-                            logits_to_keep=at.to(input_ids.device)).logits
-        targets = input_ids[:, P + 1:][:, at.to(input_ids.device)]
+                            logits_to_keep=at).logits
+        targets = input_ids[:, P + 1:][:, at]
         rows = []
         for b in range(B):
             row = logits[b].float()
@@ -309,7 +309,7 @@ class PrefixForward:
             rows.append(F.log_softmax(row, -1).gather(-1, targets[b][:, None]).squeeze(-1))
         scored = torch.stack(rows)
         out = scored.new_zeros(B, T - 1)  # position t scores token t+1; unscored ones 0
-        return ForwardOut(out.index_copy(1, (at + P).to(out.device), scored))
+        return ForwardOut(out.index_copy(1, at + P, scored))
 
 
 def scored_positions(rollouts: list[Rollout], P: int, T: int) -> torch.Tensor | None:
@@ -317,9 +317,10 @@ def scored_positions(rollouts: list[Rollout], P: int, T: int) -> torch.Tensor | 
     loss reads: j where some row's token P+j+1 has loss mask 1. None without rollouts.
 
     The LM head and its log-softmax then run on those positions only: on target-task
-    episodes the tool results are most of the suffix and carry no loss, and the
-    [tokens x 49,152] logits were the largest tensor a SmolLM2 pass held (with their
-    log-softmax kept for the backward)."""
+    episodes the tool results are most of the suffix and carry no loss, and each scored
+    position costs a [49,152] row of logits and of log-softmax kept for the backward
+    (0.87x CPU on the routing demo's SFT, bench/sft_logits.py; the pass's memory is
+    mostly attention, 10.7 -> 9.5 GB)."""
     if not rollouts:
         return None
     need: set[int] = set()
@@ -360,6 +361,24 @@ def reference_episode(env: Environment, seed: int, tokenizer: Any,
         seq += d
         mask += [0] * len(d)
     return (seq, mask) if any(mask) else None
+
+
+def reference_demos(make_env: Callable[[], Environment], tokenizer: Any, n: int,
+                    max_turns: int = 8) -> list[tuple[list[int], list[int]]]:
+    """The SFT demos: `reference_episode` on the seeds `10**6 - n .. 10**6 - 1` (disjoint
+    from training seeds 0.. and every evaluation's), each on a fresh environment that is
+    closed after (sandboxed ones hold a worker); seeds without a reference are left out."""
+    demos = []
+    for seed in range(10**6 - n, 10**6):
+        env = make_env()
+        try:
+            ep = reference_episode(env, seed, tokenizer, max_turns=max_turns)
+        finally:
+            if hasattr(env, "close"):
+                env.close()
+        if ep is not None:
+            demos.append(ep)
+    return demos
 
 
 def longest_reference_turn(env: Environment, seeds: Any, tokenizer: Any,

@@ -211,16 +211,9 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
     Checkpointed every `checkpoint_every` steps (`sft_state.pt`: the LoRA weights, the
     optimizer, the losses so far), and resumed from it: on target-task episodes a warm
     start is CPU-hours, and a killed run used to start it again from step 0."""
-    from trace_lib.train.local_rollouts import PrefixForward, demo_prefix, reference_episode, sft
+    from trace_lib.train.local_rollouts import PrefixForward, demo_prefix, reference_demos, sft
 
-    demos = []
-    for s in range(10**6 - cfg.sft_seeds, 10**6):
-        env = make_env()
-        ep = reference_episode(env, s, tokenizer, max_turns=cfg.max_turns)
-        if hasattr(env, "close"):
-            env.close()
-        if ep is not None:
-            demos.append(ep)
+    demos = reference_demos(make_env, tokenizer, cfg.sft_seeds, cfg.max_turns)
     if not demos:
         raise UserInputError(f"env {cfg.env!r}: --sft-steps needs reference actions "
                              "(`reference_action()`), and this environment gives none")
