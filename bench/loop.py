@@ -156,6 +156,26 @@ def behaviour(episodes: Path, domain: str = "airline") -> dict:
     return out
 
 
+def expected_action_recall(episodes: Path) -> dict[str, float]:
+    """Per task with expected actions: the share of them (name and arguments, each counted
+    once) that the episode called. A pass needs every write right; this also sees a policy
+    that reads the right records and then writes wrongly (the oracle's story on airline).
+    Spamming calls cannot buy it: each expected action needs its exact arguments (the
+    user's, the reservation's ids), and turns are bounded."""
+    def key(name: str, args: object) -> tuple[str, str]:
+        return name, json.dumps(args, sort_keys=True, default=str)
+
+    out = {}
+    for r in (json.loads(x) for x in episodes.read_text().splitlines() if x.strip()):
+        expected = {key(a["name"], a.get("arguments")) for a in r.get("expected_actions") or []}
+        if not expected:
+            continue
+        calls = {key(*c) for m in r["messages"] if m.get("role") == "assistant"
+                 for c in _calls(m)}
+        out[r["task_id"]] = len(expected & calls) / len(expected)
+    return out
+
+
 def differing_tasks(a: Path, b: Path) -> dict:
     """On how many tasks two runs' transcripts differ (same tasks, greedy)."""
     def load(p: Path) -> dict:

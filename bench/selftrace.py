@@ -253,7 +253,7 @@ def train_oracle(args: argparse.Namespace) -> None:
 
 def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
     """`base` -> None; `oracle_sft@20` -> that checkpoint; `oracle_sft` -> its last one;
-    a path -> that PEFT folder."""
+    a path -> that PEFT folder; `NAME=PATH` -> that folder, recorded as policy NAME."""
     if policy == "base":
         return None
     name, _, step = policy.partition("@")
@@ -272,10 +272,11 @@ def _policy_adapter(res: dict[str, Any], policy: str) -> str | None:
                              "machine and was never kept; retrain it (`oracle` with the "
                              "recorded settings resumes or reproduces it)")
         return chosen["adapter"]
-    if Path(policy).is_dir():
-        return repo_path(policy)
-    raise SystemExit(f"{policy}: not base, a trained policy ({list(res['training'])}) or a "
-                     "PEFT folder")
+    path = policy.partition("=")[2] or policy
+    if Path(path).is_dir():
+        return repo_path(path)
+    raise SystemExit(f"{policy}: not base, a trained policy ({list(res['training'])}), a "
+                     "PEFT folder or NAME=FOLDER")
 
 
 def keep_adapter(res: dict[str, Any], policy: str, adapter: str, state: Path) -> str:
@@ -317,7 +318,7 @@ def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str
     """One policy's row from its episodes file: verdicts, behaviour, the transcripts kept
     beside the results; a test-split row is also added to the ledger of test runs. A row
     replaces the one of the same policy, split and task slice."""
-    from loop import behaviour
+    from loop import behaviour, expected_action_recall
 
     from trace_lib.compare import wilson
 
@@ -330,6 +331,7 @@ def record_row(args: argparse.Namespace, p: str, a: str | None, common: dict[str
            "pass_rate": k / n, "ci95": list(wilson(k, n)),
            "write_tasks": {"n": len(writes), "passes": sum(verdicts[t] for t in writes)},
            "verdicts": verdicts, "behaviour": behaviour(episodes),
+           "recall": expected_action_recall(episodes),
            "settings": common, "key": config_key({**common, "policy": p, "adapter": a}),
            "wall_s": None if wall_s is None else round(wall_s, 1),
            "server_cpu_s": None if server_cpu_s is None else round(server_cpu_s, 1),
@@ -382,8 +384,9 @@ def evaluate(args: argparse.Namespace) -> None:
 
     res_path = Path(args.out)
     res = load_results(res_path)
-    policies = args.policies.split(",")
-    adapters = {p: _policy_adapter(res, p) for p in policies}
+    # `NAME=PATH` names a folder's row (a loop's single adapter: `single_<capability>`).
+    adapters = {p.partition("=")[0]: _policy_adapter(res, p) for p in args.policies.split(",")}
+    policies = list(adapters)
     if args.split == "test":  # the model a test figure names is kept beside it
         adapters = {p: a and keep_adapter(res, p, a, Path(args.work)) for p, a in
                     adapters.items()}
@@ -452,15 +455,16 @@ def keep(args: argparse.Namespace) -> None:
 
 
 def recount(args: argparse.Namespace) -> None:
-    """Recompute every row's behaviour counters from its kept transcripts (after the
-    counters change); verdicts and keys are untouched."""
-    from loop import behaviour
+    """Recompute every row's behaviour counters and expected-action recall from its kept
+    transcripts (after the counters change); verdicts and keys are untouched."""
+    from loop import behaviour, expected_action_recall
 
     res_path = Path(args.out)
     res = load_results(res_path)
     for r in res["rows"]:
         if r.get("transcripts") and from_repo(r["transcripts"]).exists():
             r["behaviour"] = behaviour(from_repo(r["transcripts"]), r["settings"]["domain"])
+            r["recall"] = expected_action_recall(from_repo(r["transcripts"]))
     save_results(res_path, res)
     table(args)
 
@@ -502,13 +506,15 @@ def record_loop(args: argparse.Namespace) -> None:
     args.model, args.domain = cfg["model"], cfg["domain"]
     args.tools = cfg["eval"]["tools"]
     args.max_turns, args.max_tokens = cfg["eval"]["max_turns"], cfg["eval"]["max_tokens"]
-    for policy, who, adapter in (("loop_base", "base", None), ("final", "final",
+    # A second loop reusing the first one's base evaluation (the SFT-only baseline, another
+    # GRPO seed) is recorded under its own name (`--as`); its base row is the same episodes.
+    for policy, who, adapter in (("loop_base", "base", None), (args.as_policy, "final",
                                                               repo_path(kept))):
         record_row(args, policy, adapter, {**_settings(args), "engine": ev[who].get("engine"),
                                            "loop": args.loop_id},
                    Path(ev[who]["episodes_path"]), None, None)
     res = load_results(Path(args.out))
-    res["training"]["loop"] = {
+    res["training"]["loop" if args.as_policy == "final" else args.as_policy] = {
         "id": args.loop_id, "config": cfg, "state": state["state"],
         "cpu_s": round(state.get("cpu_s", 0.0), 1),
         "stages_cpu_s": {k: round(v.get("cpu_s", 0.0), 1) for k, v in state["stages"].items()},
@@ -540,24 +546,82 @@ def mcnemar(a: dict[str, bool], b: dict[str, bool]) -> dict[str, Any]:
 def table(args: argparse.Namespace) -> None:
     res = load_results(Path(args.out))
     print("| split | policy | passed | 95% CI | write tasks passed | vs base: base only / "
-          "this only, McNemar p | episodes with a call | no call | read before first write "
-          "/ episodes with a write | refusals | unparsed call text |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "this only, McNemar p | vs sft_equal_compute: that only / this only, p | "
+          "episodes with a call | no call | read before first write "
+          "/ episodes with a write | refusals | unparsed call text | expected-action recall |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def versus(r: dict[str, Any], name: str) -> str:
+        other = next((b for b in res["rows"] if b["split"] == r["split"]
+                      and b["policy"] == name), None)
+        if other is None or other is r:
+            return "—"
+        m = mcnemar(other["verdicts"], r["verdicts"])
+        return f"{m['a_only']} / {m['b_only']}, p = {m['p_value']:.3g}"
+
     for r in sorted(res["rows"], key=lambda r: (r["split"], r["policy"])):
-        base = next((b for b in res["rows"] if b["split"] == r["split"]
-                     and b["policy"] == "base"), None)
-        vs = "—"
-        if base and base is not r:
-            m = mcnemar(base["verdicts"], r["verdicts"])
-            vs = f"{m['a_only']} / {m['b_only']}, p = {m['p_value']:.3g}"
         lo, hi = r["ci95"]
         b = r["behaviour"]
         print(f"| {r['split']} | {r['policy']} | {r['passes']}/{r['n']} | {lo:.1%}-{hi:.1%} "
-              f"| {r['write_tasks']['passes']}/{r['write_tasks']['n']} | {vs} | "
+              f"| {r['write_tasks']['passes']}/{r['write_tasks']['n']} | "
+              f"{versus(r, 'base')} | {versus(r, 'sft_equal_compute')} | "
               f"{b['with_a_call']} | {b['no_call_at_all']} | "
               f"{b.get('read_before_first_write', '—')} / {b.get('with_a_write', '—')} | "
-              f"{b.get('refusals', '—')} | {b['text_tool_call_unparsed']} |")
+              f"{b.get('refusals', '—')} | {b['text_tool_call_unparsed']} | "
+              f"{_mean(r['recall']) if r.get('recall') else '—'} |")
     print(f"test-split runs made: {len(res['test_runs'])}")
+    for split in sorted({r["split"] for r in res["rows"]}):
+        shares = oracle_shares(res, split)
+        if shares:
+            print(f"\nshare of the oracle's expected-action recall gain over base ({split}; "
+                  "paired bootstrap over tasks, 95%):")
+            for name, sh in shares.items():
+                print(f"- {name}: {sh['share']:+.3f} [{sh['ci95'][0]:+.3f}, {sh['ci95'][1]:+.3f}]"
+                      f" (recall {sh['recall']:.3f}; base {sh['base']:.3f}, "
+                      f"{sh['oracle']} {sh['oracle_recall']:.3f}; {sh['tasks']} tasks)")
+
+
+def _mean(recall: dict[str, float]) -> str:
+    return f"{sum(recall.values()) / len(recall):.3f}" if recall else "—"
+
+
+def oracle_shares(res: dict[str, Any], split: str, resamples: int = 2000,
+                  seed: int = 0) -> dict[str, dict[str, Any]]:
+    """Each policy's share of the oracle's gain over base in expected-action recall,
+    (policy - base) / (oracle - base) on the tasks all three ran, with a paired bootstrap
+    interval (the same task resamples for the three). Pass rate cannot carry this figure
+    on airline: the oracle passes no more tasks than base (its writes are wrong), while it
+    calls half the expected actions; recall is where its gain is."""
+    import numpy as np
+
+    rows = [r for r in res["rows"] if r["split"] == split and r.get("recall")]
+    base = next((r for r in rows if r["policy"] == "base"), None)
+    oracle = next((r for r in rows if r["policy"].startswith("oracle_sft")
+                   and r["n"] == (base or {}).get("n")), None)
+    if base is None or oracle is None:
+        return {}
+    out = {}
+    rng = np.random.default_rng(seed)
+    for r in rows:
+        if r is base or r is oracle:
+            continue
+        tasks = sorted(set(base["recall"]) & set(oracle["recall"]) & set(r["recall"]))
+        if not tasks:
+            continue
+        b, o, x = (np.array([d["recall"][t] for t in tasks]) for d in (base, oracle, r))
+        idx = rng.integers(0, len(tasks), size=(resamples, len(tasks)))
+        gain = o[idx].mean(1) - b[idx].mean(1)
+        ok = gain > 0
+        boot = (x[idx].mean(1)[ok] - b[idx].mean(1)[ok]) / gain[ok]
+        share = (x.mean() - b.mean()) / (o.mean() - b.mean()) if o.mean() > b.mean() else None
+        if share is None:
+            continue
+        out[r["policy"]] = {"share": float(share), "ci95": [float(np.quantile(boot, 0.025)),
+                                                          float(np.quantile(boot, 0.975))],
+                            "recall": float(x.mean()), "base": float(b.mean()),
+                            "oracle": oracle["policy"], "oracle_recall": float(o.mean()),
+                            "tasks": len(tasks)}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -617,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the runs folder the loop ran under (TRACE_RUNS_DIR)")
     lp.add_argument("--concurrency", type=int, default=32)
     lp.add_argument("--work", default=str(STATE))
+    lp.add_argument("--as", dest="as_policy", default="final",
+                    help="the row's policy: final (the loop), or a baseline loop's name "
+                         "(sft_equal_compute, grpo_seed1, ...)")
     lp.set_defaults(func=record_loop)
     k = sub.add_parser("keep", parents=[common],
                        help="keep a checkpoint in the committed state folder")
