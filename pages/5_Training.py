@@ -156,9 +156,15 @@ with st.expander("Launch a training job", expanded=True):
                                     key="sft_steps")
         stop_quiet = c4.checkbox("Stop on no signal", DEFAULTS.stop_on_no_signal,
                                  key="stop_on_no_signal")
-        init_adapter = st.text_input(
+        c1, c2 = st.columns([3, 1])
+        init_adapter = c1.text_input(
             "Start from adapter folder (optional: e.g. an SFT warm start; same LoRA shape)",
             key="init_adapter")
+        autocast = c2.selectbox(
+            "Matmul precision (autocast)", models.AUTOCAST_NAMES,
+            index=models.AUTOCAST_NAMES.index(DEFAULTS.autocast), key="autocast",
+            help="bf16: the SFT and GRPO passes' matmuls in bf16 over float32 weights; "
+                 "several times faster on a CPU with AMX / AVX512-BF16")
         launched = st.form_submit_button("Launch", type="primary", disabled=not envs)
     if launched:
         options = {"address": ray_address.strip()} if ray_address.strip() else {}
@@ -173,6 +179,7 @@ with st.expander("Launch a training job", expanded=True):
                 kl_coef=float(kl), adv_scale=scale, tools=tools, policy=policy_text,
                 difficulty=int(difficulty), distractors=int(distractors),
                 init_adapter=init_adapter.strip() or None, sft_steps=int(sft_steps),
+                autocast=autocast,
                 stop_on_no_signal=bool(stop_quiet))
             spec = jobs.submit_training(DB, config, backend, options,
                                         allow_unreviewed_builtin=include_builtins)

@@ -219,6 +219,29 @@ def test_zero_grpo_steps_is_sft_alone_and_needs_sft(tmp_path):
     assert checkpointed.steps == 0 and first[0] == pytest.approx(first[1], abs=1e-5)
 
 
+def test_bf16_autocast_trains_in_bf16_matmuls_over_float32_weights(tmp_path, capsys):
+    """`autocast` "bf16": the SFT and GRPO passes run under bf16 autocast (the losses move
+    off the float32 run's, within bf16's rounding), the trained weights and the adapter
+    stay float32, and a precision the trainer does not know is refused by name."""
+    with pytest.raises(UserInputError, match=r"autocast.*'fp16'.*off or bf16"):
+        TrainConfig.from_dict({**TOY, "autocast": "fp16"})
+    runs = {}
+    for mode in ("off", "bf16"):
+        cfg = TrainConfig.from_dict({**TOY, "steps": 1, "sft_steps": 2, "sft_seeds": 4,
+                                     "autocast": mode})
+        result = train(cfg, tmp_path / mode, resume=False)
+        sft_losses = [json.loads(x)["loss"] for x in
+                      (tmp_path / mode / "sft.jsonl").read_text().splitlines()]
+        runs[mode] = (result, sft_losses, _metrics(tmp_path / mode))
+    assert "bf16 autocast" in capsys.readouterr().out
+    (_, fp32, _), (result, bf16, rows) = runs["off"], runs["bf16"]
+    assert bf16 != fp32  # the matmuls really ran in bf16
+    assert bf16 == pytest.approx(fp32, rel=0.05)
+    assert len(rows) == 1 and rows[0]["loss"] == rows[0]["loss"]  # a GRPO step, finite
+    weights = load_file(str(Path(result.adapter_path) / "adapter_model.safetensors"))
+    assert {v.dtype for v in weights.values()} == {torch.float32}
+
+
 def test_a_killed_sft_warm_start_resumes_from_its_checkpoint(tmp_path, capsys):
     """The warm start checkpoints every `checkpoint_every` steps and a rerun in the same
     folder continues from there with the batches an uninterrupted run draws: the same

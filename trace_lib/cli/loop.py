@@ -26,6 +26,8 @@ STOPPED_FOR_A_PERSON = ("succeeded", "awaiting approval", "nothing to train", "o
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    from trace_lib.workbench.models import AUTOCAST_NAMES
+
     p = sub.add_parser("loop", parents=[common],
                        help="improve a model on its own target tasks: evaluate on dev, "
                        "label, rank, environments, adapters, compose, evaluate on test")
@@ -58,6 +60,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-gradient-checkpointing", action="store_true", default=None,
                    help="recompute activations in the backward pass: target-shaped episodes "
                         "(5-8k tokens) need it to fit a 24 GiB machine")
+    p.add_argument("--train-autocast", choices=AUTOCAST_NAMES, default=None,
+                   help="the adapters' SFT and GRPO matmuls in bf16 over float32 weights "
+                        "(train --autocast)")
     p.add_argument("--train-seed", type=int, default=None,
                    help="the adapters' training seed (GRPO's sampling, the SFT batches)")
     p.add_argument("--train-difficulty", type=int, choices=DIFFICULTIES, default=None,

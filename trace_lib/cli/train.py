@@ -36,6 +36,8 @@ def add_device_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from trace_lib.workbench.models import AUTOCAST_NAMES
+
     # Settings left out default to None: `TrainConfig`'s own defaults apply, the same ones
     # the Training page's form shows (one source of defaults).
     p.add_argument("--env", required=True, help="environment name (or module:Class)")
@@ -59,6 +61,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward pass (long prompts, less RAM)")
     add_device_arguments(p, "the trained model")
+    p.add_argument("--autocast", choices=AUTOCAST_NAMES, default=None,
+                   help="the SFT and GRPO passes' matmuls: bf16 under autocast over float32 "
+                   "weights (several times faster on a CPU with AMX / AVX512-BF16), or off "
+                   "(default)")
     p.add_argument("--hint-share", type=float, default=None)
     p.add_argument("--kl", type=float, default=None, help="KL coefficient (0 = off)")
     p.add_argument("--adv-scale", choices=("group", "batch", "none"), default=None)
@@ -102,7 +108,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         temperature=args.temperature, micro_batch=args.micro_batch,
         epochs_per_step=args.epochs_per_step,
         gradient_checkpointing=args.gradient_checkpointing, hint_share=args.hint_share,
-        device=args.device, dtype=args.dtype,
+        device=args.device, dtype=args.dtype, autocast=args.autocast,
         checkpoint_every=args.checkpoint_every, eval_seeds=args.eval_seeds, seed=args.seed,
         server_url=args.server_url, server=args.server, served_model=args.served_model,
         api_key_env=args.api_key_env, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,

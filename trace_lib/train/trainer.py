@@ -64,6 +64,7 @@ import torch
 from trace_lib.envs.protocol import Environment
 from trace_lib.errors import UserInputError, writing
 from trace_lib.jobs import Cancelled
+from trace_lib.runtime.base_models import autocast_forward
 from trace_lib.runtime.lora import (
     attach_lora,
     load_adapter_weights,
@@ -255,6 +256,7 @@ def warm_start(model: Any, tokenizer: Any, make_env: Callable[[], Environment],
         # a second time, so the whole sequence is scored then (memory before speed).
         forward = TokenForward(model, 1.0) if cfg.gradient_checkpointing else \
             PrefixForward(model, demo_prefix(demos), 1.0)
+        forward = autocast_forward(forward, str(params[0].device), cfg.autocast)
         sft(params, opt, demos, forward, steps=cfg.sft_steps,
             batch=cfg.micro_batch, pad_id=pad_id, seed=cfg.seed,
             train_mode=lambda on: model.train(on), log=logged, start_step=start,
@@ -272,9 +274,10 @@ def _step_forward(model: Any, cfg: TrainConfig) -> Any:
     under gradient checkpointing, whose recompute would extend the prefix cache twice."""
     from trace_lib.train.local_rollouts import PrefixForward
 
+    device = str(next(model.parameters()).device)
     if cfg.gradient_checkpointing:
-        return TokenForward(model, cfg.temperature)
-    return PrefixForward(model, None, cfg.temperature)
+        return autocast_forward(TokenForward(model, cfg.temperature), device, cfg.autocast)
+    return autocast_forward(PrefixForward(model, None, cfg.temperature), device, cfg.autocast)
 
 
 def _eval_log(label: str) -> Callable[[int, int], None]:
@@ -347,7 +350,8 @@ def train(
     device = resolve_device(cfg.device)
     base, tokenizer = load_model(model_path, dtype=resolve_dtype(cfg.dtype, device),
                                  device=device)
-    print(f"[train] model on {device} ({next(base.parameters()).dtype})", flush=True)
+    print(f"[train] model on {device} ({next(base.parameters()).dtype}"
+          + (", bf16 autocast" if cfg.autocast == "bf16" else "") + ")", flush=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if cfg.gradient_checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -357,10 +361,11 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ref_forward = None
     if cfg.loss.kl_coef > 0:
-        def ref_forward(ids: Any, att: Any, kf: int, rows: Any) -> ForwardOut:
+        def ref_logprobs(ids: Any, att: Any, kf: int, rows: Any) -> ForwardOut:
             with model.disable_adapter():
                 return ForwardOut(token_logprobs(model, ids, att, kf,
                                                  temperature=cfg.temperature))
+        ref_forward = autocast_forward(ref_logprobs, device, cfg.autocast)
     grpo = GRPOStep(params, optimizer, StepSettings(
         loss=cfg.loss, micro_batch=cfg.micro_batch, epochs_per_step=cfg.epochs_per_step,
         max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature,

@@ -15,7 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trace_lib.runtime.base_models import DTYPE_NAMES  # noqa: F401  (the --dtype choices)
+from trace_lib.runtime.base_models import (  # noqa: F401  (the --dtype / --autocast choices)
+    AUTOCAST_NAMES,
+    DTYPE_NAMES,
+)
 
 
 def list_models() -> list[dict[str, Any]]:
