@@ -89,7 +89,8 @@ from tqdm import tqdm  # noqa: E402
 
 from trace_lib import store  # noqa: E402
 from trace_lib.diagnose.labeling import run_labeling  # noqa: E402
-from trace_lib.jobs.ray import start_local_head, stop_process_group  # noqa: E402
+from trace_lib.jobs.ray import start_local_head  # noqa: E402
+from trace_lib.runtime.process_group import stop_process_group  # noqa: E402
 from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer, every_core  # noqa: E402
 from trace_lib.workbench.loop_serving import tree_cpu_s  # noqa: E402
 

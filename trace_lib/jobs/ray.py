@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from trace_lib.errors import UserInputError
 from trace_lib.jobs.backends import entrypoint, job_env
 from trace_lib.jobs.run_dir import SPEC, update_status
 from trace_lib.jobs.spec import RUNS_ENV, JobSpec
+from trace_lib.runtime.process_group import stop_process_group
 
 T = TypeVar("T")
 
@@ -164,27 +164,6 @@ class LocalHead:
         temp dir; the log is kept."""
         stop_process_group(self.process)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-def stop_process_group(proc: subprocess.Popen, wait_s: float = 10.0) -> None:
-    """SIGTERM to the group `proc` leads (started with `start_new_session=True`), SIGKILL
-    if it has not ended after `wait_s`, and SIGKILL to whatever of the group is still
-    around (its children need not have ended with the leader): a Ray head, or a vLLM
-    process whose engine core it forked."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def start_local_head(temp_dir: Path, log_path: Path, *, num_cpus: int = 1,

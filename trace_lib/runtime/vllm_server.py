@@ -25,7 +25,6 @@ Design decisions
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib.errors import UserInputError
+from trace_lib.runtime.process_group import stop_process_group
 from trace_lib.runtime.server_kinds import ServerHandle, ServerRequest, free_port
 
 VLLM_VENV_PYTHON = ".venv-vllm/bin/python"  # `make vllm-venv` builds it
@@ -116,13 +116,8 @@ class VLLMServer(ServerHandle):
     def stop(self, grace: float = 30.0) -> None:
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
-            # vLLM forks an engine core and workers; signal the whole group, then insist.
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=grace)
+            # vLLM forks an engine core and workers: the whole group, then insist.
+            stop_process_group(proc, wait_s=grace)
         if self._log not in (None, subprocess.DEVNULL):
             self._log.close()
         self._log = None
