@@ -51,3 +51,13 @@ def test_at_most_keep_entries(tmp_path: Path) -> None:
         assert len(keys) == rs.KEEP and f"k{rs.KEEP + 4:02d}" in keys
         assert con.execute("SELECT count(DISTINCT key) FROM rank_stability_counts"
                            ).fetchall()[0][0] == rs.KEEP
+
+
+def test_a_read_only_connection_writes_nothing_and_fails_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    with store.connect(db) as con:
+        rs.write(con, "k1", "v1", _entry())
+    with store.connect(db, read_only=True) as con:
+        assert not rs.write(con, "k2", "v1", _entry(seed=1))
+        assert not rs.write_clusters(con, "k2", "v1", [{"signature": "a", "n": 1}], 0.1)
+        assert rs.entries(con) == [("k1", "v1", "bootstrap")]

@@ -19,7 +19,8 @@ Design decisions
   the bit.
 - A write is one transaction. Two app sessions that compute the same entry at once
   conflict in DuckDB; the loser's write is dropped (`False`): the winner's rows are the
-  same numbers.
+  same numbers. A read-only connection writes nothing (`False`): storing is a cache fill,
+  never a reason for a reader to fail.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class StoredStability:
     caps: list[str]
     counts: np.ndarray | None  # (B, C, 6) float64; None for the runs method
     compute_s: float
+
+
+def _read_only(con: Connection) -> bool:
+    return con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
 
 
 def has(con: Connection, key: str, version: str) -> bool:
@@ -84,7 +89,10 @@ def read(con: Connection, key: str, version: str) -> StoredStability | None:
 
 def write(con: Connection, key: str, version: str, entry: StoredStability) -> bool:
     """Store `entry` for (`key`, `version`), replacing the key's row and dropping rows of
-    other versions; False when another connection's write won the race."""
+    other versions; False when another connection's write won the race (or the connection
+    is read-only)."""
+    if _read_only(con):
+        return False
     con.execute("BEGIN TRANSACTION")
     try:
         _write(con, key, version, entry)
@@ -138,6 +146,8 @@ def read_clusters(con: Connection, key: str, version: str) -> list[dict[str, Any
 def write_clusters(con: Connection, key: str, version: str, clusters: list[dict[str, Any]],
                    compute_s: float) -> bool:
     """Store the failure clusters for (`key`, `version`), as `write` does the counts."""
+    if _read_only(con):
+        return False
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM rank_clusters WHERE version <> ? OR key = ?", [version, key])
