@@ -7,9 +7,15 @@ current (edited) labels. The export button offers the same document as
 `python -m trace_lib rank --export selected_capabilities.json` (with the same scope flags).
 
 Everything shown comes from ONE cached result (`_result`), keyed by the store version
-(`wb.version`: it changes with every label run, edit, undo or capability change) and the
-page's inputs: the table, the figures (built once per result) and the export text. A
-rerun on an unchanged store with the same inputs recomputes nothing.
+(`wb.rankings_state`: it changes with every label run, edit, undo or capability change)
+and the page's inputs: the table, the figures (built once per result) and the export text.
+A rerun on an unchanged store with the same inputs recomputes nothing.
+
+What no slider moves (bootstrap stability's resamples, the failure clusters) is computed
+when a label run finishes and stored; the ranking reads it. When it is missing for the
+current labels (after an edit, an undo, a capability change, or for another scope, run
+set or B) the page computes it first inside an `st.status` box with a progress bar and
+says it is stored for the next visit: seconds at 1M trajectories, never a silent wait.
 
 Undefined is not zero, and the table says so with one marker, `EMPTY` ("—"): a ratio
 over an empty denominator, a missing interval or p-value. The figures are text for that
@@ -63,7 +69,9 @@ with st.sidebar:
         help="runs: independent label runs. bootstrap: B resamples of the trajectories "
              "(with replacement, within failed and within passed). auto: bootstrap when the "
              "runs cannot differ (one run, or a deterministic labeler's identical runs).")
-    stab_b = st.number_input("Bootstrap resamples (B)", 10, 2000, 200, 10, key="stability_b")
+    # The default B is the one a label run's finish stores (`StabilityConfig()`).
+    stab_b = st.number_input("Bootstrap resamples (B)", 10, 2000, wb.StabilityConfig().b, 10,
+                             key="stability_b")
 
 
 def _fmt(x: float | None) -> str:
@@ -109,8 +117,27 @@ def _result(db: str, version: tuple, cfg: tuple, stability: tuple, scope: tuple)
             "export": json.dumps(view.document, indent=2) + "\n"}
 
 
+def _prepare(stability: wb.StabilityConfig) -> None:
+    """The view's threshold-free parts for the current labels (bootstrap resamples,
+    failure clusters), computed in view of the person: a label run's finish stores them
+    for the default view; an edit makes them stale."""
+    with st.status("Computing the stability and the failure clusters for the current "
+                   "labels (once per label change; stored for the next visit)…",
+                   expanded=True) as box:
+        bar = st.progress(0.0, text="starting")
+        wb.prepare_rankings(DB, list(runs) or None, stability, scope,
+                            progress=lambda f, text: bar.progress(min(max(f, 0.0), 1.0),
+                                                                  text=text))
+        box.update(label="Stability and failure clusters computed and stored",
+                   state="complete", expanded=False)
+
+
 try:
-    res = _result(str(DB), wb.version(DB), (rho, delta, k, tuple(runs) or None),
+    stab = wb.StabilityConfig(method=stab_method, b=int(stab_b))
+    state = wb.rankings_state(DB, list(runs) or None, stab, scope)
+    if state.pending:
+        _prepare(stab)
+    res = _result(str(DB), state.version, (rho, delta, k, tuple(runs) or None),
                   (stab_method, int(stab_b)),
                   (scope.datasets, scope.agent_models, scope.domains))
 except ActionError as exc:

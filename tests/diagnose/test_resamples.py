@@ -47,3 +47,42 @@ def test_counts_equal_a_recount_of_every_resample():
                 if codes[t, c] >= 0:
                     want[b, c, 3 * int(success[t]) + codes[t, c]] += w[b, t]
     assert (got == want).all()
+
+
+def test_a_block_of_rows_is_the_same_draws_as_in_the_whole():
+    success = _success(37, 23)
+    whole = resamples.multiplicities(success, 50, seed=3)
+    assert (resamples.multiplicities(success, 50, seed=3, rows=range(20, 33))
+            == whole[20:33]).all()
+
+
+def test_counts_drawn_a_block_at_a_time_equal_the_full_resamples(tmp_path):
+    """What a label run's finish stores (`draw_counts`, no (B, T) multiplicities held)
+    equals the counts of `draw_resamples` to the bit, whatever the block, in a scope too."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_agreement import _one_run_store
+
+    from trace_lib import store
+    from trace_lib.scope import Scope
+
+    db = tmp_path / "s.duckdb"
+    _one_run_store(db)
+    with store.connect(db) as con:
+        con.execute("INSERT INTO datasets (id, name, format, content_sha256) "
+                    "VALUES ('d2', 'other', 'test', 'y')")
+        con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id IN "
+                    "('f00', 'f03', 'f07', 'p01', 'p02')")
+        for scope in (Scope(), Scope(datasets=["other"])):
+            sc, sp = scope.where(con, "t")
+            full = resamples.draw_resamples(con, ["h"], 45, 9, sc, sp)
+            for block in (7, 40, 45, 100):
+                seen = []
+                got = resamples.draw_counts(con, ["h"], 45, 9, sc, sp,
+                                            progress=lambda f, t, seen=seen: seen.append(f),
+                                            block=block)
+                assert got.caps == full.caps and got.counts.dtype == full.counts.dtype
+                assert (got.counts == full.counts).all()
+                assert seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)

@@ -140,3 +140,35 @@ def test_undefined_ratios_show_the_empty_marker_and_the_cover_counts_labelled(
     assert "6 more failed trajectories have no label for a kept capability" in captions
     sigs = {c["signature"]: c["n"] for c in view.clusters}
     assert sigs[wb.UNLABELLED] == 6
+
+
+def test_first_visit_reads_the_stored_stability_and_an_edit_shows_progress(
+        labeled: Path) -> None:
+    """Issue 35: the label run's finish stored the default view's bootstrap resamples, so
+    the first visit draws nothing and shows no progress; after an edit they are stale and
+    the page draws them again inside a status box with a progress bar, then ranks the
+    edited labels."""
+    from trace_lib import store
+    from trace_lib.workbench import diagnose as wb
+
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception and not at.status
+    with store.connect(labeled) as con:
+        tid = con.execute("SELECT trajectory_id FROM label_pairs WHERE value = 'lacking' "
+                          "ORDER BY ALL LIMIT 1").fetchall()[0][0]
+        cap = con.execute("SELECT capability FROM label_pairs WHERE trajectory_id = ? AND "
+                          "value = 'lacking' ORDER BY ALL LIMIT 1", [tid]).fetchall()[0][0]
+    wb.edit_label(labeled, tid, cap, "present", editor="t")
+    assert wb.rankings_state(labeled, None, wb.StabilityConfig()).pending
+    at = AppTest.from_file(PAGE, default_timeout=60).run()
+    assert not at.exception
+    assert [(s.label, s.state) for s in at.status] == [
+        ("Stability and failure clusters computed and stored", "complete")]
+    view = wb.rankings(labeled, wb.RankConfig(), stability=wb.StabilityConfig())
+    assert view.stability_source in ("stored", "memory")  # nothing drawn twice
+    assert view.clusters_source == "stored"
+    table = at.dataframe[0].value.set_index("capability")
+    for r in view.ranking.rows:
+        assert table.loc[r.capability, "runs passed"] == f"{r.n_runs_passed}/{r.n_runs_total}"
+    at.slider(key="rho").set_value(0.2).run()  # a slider move: nothing pending any more
+    assert not at.exception and not at.status

@@ -15,8 +15,9 @@ Design decisions
   ('running', its params naming the job). The job (`label_job`) writes result files.
 - Storing is exactly once and idempotent: a run already 'finished' is left alone; else
   the shards' labels replace whatever rows the run has and the run becomes 'finished' in
-  ONE transaction, then joins the materialised labels (`materialise.sync`). Storing
-  twice, or after a crash between the two, changes nothing.
+  ONE transaction, then joins the materialised labels (`materialise.sync`) and stores
+  the Rankings page's default view (`rank_precompute.store_default`). Storing twice, or
+  after a crash between the two, changes nothing.
 - A job that failed, was cancelled, or was killed stores no labels: its label run is
   marked 'failed' with the job's error (`mark_failed`), so rank, the review queue and
   exports never count it.
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import jobs, store
-from trace_lib.diagnose import materialise
+from trace_lib.diagnose import materialise, rank_precompute
 from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_job import read_labels, result_from_json, shard_name, write_shard
 from trace_lib.diagnose.label_runs import create_run
@@ -136,6 +137,7 @@ def store_label_results(db: str | Path | None, spec: jobs.JobSpec) -> dict[str, 
             store_labels.set_run_status(con, run_id, "finished", None, result.get("cost"),
                                         result.get("notes") or None)
         materialise.sync(con)
+        rank_precompute.store_default(con)  # the Rankings page's default view, stored
     return {"outcome": "recorded", "n_trajectories": len(results),
             "n_labels": batch.num_rows, "n_failed": result.get("n_failed", 0),
             "n_cut": grounds.n_cut, "n_unsupported": grounds.n_unsupported}

@@ -7,7 +7,9 @@ Design decisions
 - Import validates every row before writing anything (unknown ids, capabilities or
   values are one error listing the first offending lines); `trajectory_id` accepts the
   store's id or the source id from the imported file when that is unambiguous. The rows
-  land as one finished label run, written in one transaction, and count at once.
+  land as one finished label run, written in one transaction, and count at once (the
+  materialised labels and the Rankings page's stored default view brought up to
+  date, as a labeler's run finishing does).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pandas as pd
 
 from trace_lib import store
 from trace_lib.data_model import LABEL_VALUES
-from trace_lib.diagnose import materialise
+from trace_lib.diagnose import materialise, rank_precompute
 from trace_lib.diagnose.label_runs import create_run
 from trace_lib.diagnose.labels import capability_names
 from trace_lib.errors import UserInputError
@@ -124,4 +126,5 @@ def import_labels(db: str | Path | None, path: str | Path, run: str, *,
             store_labels.insert_labels(con, df)
             store_labels.set_run_status(con, run, "finished", None, None)
         materialise.sync(con)  # the run counts from now: add it to the materialised labels
+        rank_precompute.store_default(con)  # and the Rankings page's default view
     return len(rows)

@@ -24,7 +24,10 @@ Design decisions
   (calls take minutes), in a thread pool of `labeler.concurrency`, and writes each chunk
   with a short connection, so the app can read meanwhile.
 - A run that finishes is added to the materialised labels (`materialise.sync`) on the
-  same connection, so the first rank after a labeling run reads counts, not 14M labels.
+  same connection, so the first rank after a labeling run reads counts, not 14M labels,
+  and the Rankings page's default view's threshold-free parts (bootstrap stability's
+  counts over every trajectory, the failure clusters) are computed and stored
+  (`rank_precompute.store_default`, issue 35), so its first visit reads them too.
 - `scope` (datasets, agent models, domains) picks the trajectories to label.
 - A failed pair is stored with `value NULL` and the reason in `error`, never as `na`;
   the run's tokens and cost go into `label_runs.cost`.
@@ -54,7 +57,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.data_model import Capability
-from trace_lib.diagnose import materialise
+from trace_lib.diagnose import materialise, rank_precompute
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
 from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_runs import create_run, writer_tag
@@ -187,6 +190,7 @@ class _Sink:
             store_labels.set_run_status(con, run_id, status, reason, cost, notes)
             if status == "finished":
                 materialise.sync(con)
+                rank_precompute.store_default(con)  # the Rankings page's first visit reads it
 
     def close(self) -> None:
         if self.con is not None:
@@ -216,6 +220,7 @@ def set_run_status(db: str | Path | None, run_id: str, status: str,
         store_labels.set_run_status(con, run_id, status, reason, cost)
         if status == "finished":
             materialise.sync(con)
+            rank_precompute.store_default(con)
 
 
 def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ Design decisions
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -382,24 +383,40 @@ def version(con: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
             tuple(str(x) for x in runs))
 
 
+def version_hash(con: duckdb.DuckDBPyConnection, v: tuple[Any, ...] | None = None) -> str:
+    """`version` (or `v`, if the caller has just read it) as a short hash: what a stored
+    result computed from the labels is keyed on (`store.rank_stored`)."""
+    return hashlib.sha256(repr(version(con) if v is None else v).encode()).hexdigest()[:32]
+
+
 class StoreMemo:
     """Results kept per (store file, `version`, key), the `size` most recent: what does not
-    depend on a page's thresholds (bootstrap resamples, failure clusters) is computed once
-    per store version and process, and a Rankings slider move reuses it. An in-memory
-    store has no file to key on: nothing is kept."""
+    depend on a page's thresholds (bootstrap resamples with their multiplicities) is
+    computed once per store version and process, and a Rankings slider move reuses it.
+    An in-memory store has no file to key on: nothing is kept. (What a first visit needs
+    is stored in the store itself: `rank_precompute`.)"""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
+    def _full(self, con: duckdb.DuckDBPyConnection, key: tuple) -> tuple | None:
         # fetchall, not fetchone: a result left unread blocks `register` on this connection
         path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
                            "current_database()").fetchall()[0][0]
-        if not path:
+        return (path, version(con), *key) if path else None
+
+    def peek(self, con: duckdb.DuckDBPyConnection, key: tuple) -> Any | None:
+        """What is kept for `key` at the store's version, without computing (None)."""
+        full = self._full(con, key)
+        with self._lock:
+            return None if full is None else self._items.get(full)
+
+    def get(self, con: duckdb.DuckDBPyConnection, key: tuple, compute: Callable[[], T]) -> T:
+        full = self._full(con, key)
+        if full is None:
             return compute()
-        full = (path, version(con), *key)
         with self._lock:
             if full in self._items:
                 self._items.move_to_end(full)

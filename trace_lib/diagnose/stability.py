@@ -26,11 +26,31 @@ Design decisions
   where some entry differs from today's verdict are looked up per pair (equal to a
   recount of every resample: tested). 10k pairs x 14 capabilities x B=200: 6 s -> 0.1 s;
   runs at 100k x 10 runs: 59 s -> 3 s.
+- Stored, not recomputed on a first visit (issue 35). What no slider moves (rho, delta,
+  K) is what `auto` resolved to and, for the bootstrap, the (B, C, 6) counts per resample
+  and capability. It depends on the store's labels (`materialise.version`: every run,
+  edit, undo and capability change moves it), the counted runs, the scope, the requested
+  method, B and seed, and is stored under exactly those (`stability_key`, table
+  `rank_stability`, `trace_lib.store.rank_stored`). A label run's finish stores it for
+  the Rankings page's defaults (`rank_precompute.store_default`: the whole store, every
+  finished run, `StabilityConfig()`), so that page, `rank` and a notebook read 2,800 count rows instead
+  of drawing B x 1M multiplicities; any other inputs compute as before and store their
+  entry too. A ranking takes, in order: this process's full resamples for the version
+  (`_BOOT_CACHE`), the stored entry for the version, or a computation, which it stores;
+  `StableRanking.source` says which. The per-run counts of the runs method are already the
+  materialised `label_run_counts`: its entry holds only the resolution.
+- Sensitivity needs the multiplicities, which are not stored (200 MB at 1M x B=200): a
+  ranking built from stored counts has none, and `sensitivity` draws them (the same seed,
+  so the same counts; tested) when the review queue asks. What stores the counts ahead
+  of a ranking (`prepare`: a label run's finish, the page's pending path) counts a block
+  of resamples at a time (`resamples.draw_counts`) and keeps nothing in memory.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,9 +68,16 @@ from trace_lib.diagnose.ranking import (
     rank_con,
     run_filter_sql,
 )
-from trace_lib.diagnose.resamples import Resamples, draw_resamples
+from trace_lib.diagnose.resamples import (
+    Progress,
+    ResampleCounts,
+    Resamples,
+    draw_counts,
+    draw_resamples,
+)
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store import rank_stored as stored
 from trace_lib.store.connection import Connection
 from trace_lib.store.labels import left_out_runs
 
@@ -137,14 +164,21 @@ def resolve(con: Connection, run_ids: list[str], st: StabilityConfig
     return StabilityInfo("runs", f"{len(run_ids)} runs that differ")
 
 
+def _boot_key(con: Connection, run_ids: list[str], st: StabilityConfig, scope: Scope
+              ) -> tuple:
+    sc, sp = scope.where(con, "t")
+    return (tuple(run_ids), sc, tuple(map(str, sp)), st.b, st.seed)
+
+
 def _boot(con: Connection, run_ids: list[str], st: StabilityConfig,
-          scope: Scope) -> Resamples:
+          scope: Scope, progress: Progress | None = None) -> Resamples:
     """The resamples, cached per (store, store version, runs, scope, B, seed): they do not
     depend on rho, delta or K, so a Rankings slider move reuses them (at 1M trajectories x
     1 run they took ~25 s per move; now once per store version and process)."""
     sc, sp = scope.where(con, "t")
-    return _BOOT_CACHE.get(con, (tuple(run_ids), sc, tuple(map(str, sp)), st.b, st.seed),
-                           lambda: draw_resamples(con, run_ids, st.b, st.seed, sc, sp))
+    return _BOOT_CACHE.get(con, _boot_key(con, run_ids, st, scope),
+                           lambda: draw_resamples(con, run_ids, st.b, st.seed, sc, sp,
+                                                  progress))
 
 
 # A few entries only: one at 1M trajectories x B=200 holds ~200 MB of multiplicities.
@@ -174,7 +208,7 @@ def boot_k(k: int, b: int) -> int:
 
 
 def bootstrap_ranking(con: Connection, cfg: RankConfig, info: StabilityInfo,
-                      base: Ranking, boot: Resamples) -> Ranking:
+                      base: Ranking, boot: ResampleCounts) -> Ranking:
     """`base` (the run ranking: pooled figures, Fisher, intervals) with its per-run figures
     replaced by per-resample ones and K-of-N by K-of-B."""
     b = int(info.b or 0)
@@ -223,24 +257,110 @@ class StableRanking:
     info: StabilityInfo
     run_ids: list[str]
     scope: Scope = field(default_factory=Scope)
+    # The bootstrap's counts: `Resamples` when drawn in this process, the counts alone
+    # when read from the store (`sensitivity` draws the rest when it needs them).
+    boot: ResampleCounts | None = None
+    # Where the threshold-free part came from: computed | memory | stored | chosen (the
+    # runs method asked for by name: nothing to compute).
+    source: str = "computed"
+
+
+# ------------------------------------------------------------ stored threshold-free part
+
+def stability_key(con: Connection, run_ids: list[str], st: StabilityConfig,
+                  scope: Scope) -> str:
+    """The inputs a stored entry answers for (besides the store version): the counted
+    runs, the scope as SQL, the requested method, B and seed."""
+    sc, sp = scope.where(con, "t")
+    return json.dumps({"runs": list(run_ids), "scope": [sc, [str(p) for p in sp]],
+                       "method": st.method, "b": st.b, "seed": st.seed}, sort_keys=True)
+
+
+def _threshold_free(con: Connection, run_ids: list[str], st: StabilityConfig,
+                    scope: Scope, progress: Progress | None = None, *,
+                    keep_weights: bool = True
+                    ) -> tuple[StabilityInfo, ResampleCounts | None, str]:
+    """What `auto` resolved to and the bootstrap counts, and where they came from: this
+    process's resamples, the store, or computed now (with `progress`) and stored.
+    `keep_weights` False: count without the multiplicities, and keep nothing in memory
+    (a label run's finish, the page's pending path)."""
+    _check(st)
+    if st.method == "runs":
+        return StabilityInfo("runs", "chosen"), None, "chosen"
+    key, version = stability_key(con, run_ids, st, scope), materialise.version_hash(con)
+    got = stored.read(con, key, version)
+    if got is not None:
+        info = StabilityInfo(got.method, got.reason, got.b, got.seed)
+        if got.method == "runs":
+            return info, None, "stored"
+        memo = _BOOT_CACHE.peek(con, _boot_key(con, run_ids, st, scope))
+        if memo is not None:
+            return info, memo, "memory"
+        assert got.counts is not None
+        return info, ResampleCounts(got.caps, got.counts), "stored"
+    t0 = time.perf_counter()
+    info = resolve(con, run_ids, st)
     boot: Resamples | None = None
+    source = "computed"
+    if info.method == "bootstrap":
+        boot = _BOOT_CACHE.peek(con, _boot_key(con, run_ids, st, scope))
+        if boot is not None:
+            source = "memory"
+        elif keep_weights:
+            boot = _boot(con, run_ids, st, scope, progress)
+        else:
+            sc, sp = scope.where(con, "t")
+            boot = draw_counts(con, run_ids, st.b, st.seed, sc, sp, progress)
+    stored.write(con, key, version, stored.StoredStability(
+        info.method, info.reason, info.b, info.seed, list(boot.caps) if boot else [],
+        boot.counts if boot else None, time.perf_counter() - t0))
+    return info, boot, source
+
+
+def stability_pending(con: Connection, runs: list[str] | None, st: StabilityConfig,
+                      scope: Scope, version: tuple | None = None) -> bool:
+    """Whether a ranking with these inputs would have to draw bootstrap resamples (nothing
+    stored for the current labels, nothing in this process); `version`: the store's
+    `materialise.version` if the caller has just read it."""
+    _check(st)
+    run_ids = counted_run_ids(con, runs)
+    if st.method == "runs" or not run_ids:
+        return False
+    key = stability_key(con, run_ids, st, scope)
+    if stored.has(con, key, materialise.version_hash(con, version)):
+        return False
+    return (resolve(con, run_ids, st).method == "bootstrap"
+            and _BOOT_CACHE.peek(con, _boot_key(con, run_ids, st, scope)) is None)
+
+
+def prepare(con: Connection, runs: list[str] | None, st: StabilityConfig, scope: Scope,
+            progress: Progress | None = None) -> str:
+    """Make sure the threshold-free part for these inputs is stored (computing its counts
+    alone, with `progress`, if need be: nothing is kept in memory); where it came from."""
+    run_ids = counted_run_ids(con, runs)
+    if not run_ids:
+        return "none"
+    return _threshold_free(con, run_ids, st, scope, progress, keep_weights=False)[2]
 
 
 def stable_ranking(con: Connection, cfg: RankConfig | None = None,
                    st: StabilityConfig | None = None, *, scope: Scope | None = None
                    ) -> StableRanking:
-    """The ranking with stability from runs, or from bootstrap resamples (see `resolve`)."""
+    """The ranking with stability from runs, or from bootstrap resamples (see `resolve`);
+    the threshold-free part read from the store when it holds it for these inputs."""
     cfg = cfg or RankConfig()
     st = st or StabilityConfig()
     scope = scope or Scope()
     base = rank_con(con, cfg, scope=scope)  # validates cfg, the run names and the scope
     run_ids = counted_run_ids(con, cfg.runs)
-    info = resolve(con, run_ids, st)
-    if info.method == "runs" or not run_ids:
-        return StableRanking(base, info, run_ids, scope)
-    boot = _boot(con, run_ids, st, scope)
+    if not run_ids:
+        return StableRanking(base, resolve(con, run_ids, st), run_ids, scope,
+                             source="computed")
+    info, boot, source = _threshold_free(con, run_ids, st, scope)
+    if info.method == "runs" or boot is None:
+        return StableRanking(base, info, run_ids, scope, source=source)
     return StableRanking(bootstrap_ranking(con, cfg, info, base, boot), info, run_ids, scope,
-                         boot)
+                         boot, source)
 
 
 # ---------------------------------------------------------------------- sensitivity
@@ -277,7 +397,7 @@ def _sensitivity_boot(sr: StableRanking, cfg: RankConfig, chunk: int = 1 << 22
     The cost is O(pairs x critical resamples) instead of O(pairs x B x 6) count updates
     (6.1 s -> see bench/README "Pages" at 10k trajectories, B = 200)."""
     boot = sr.boot
-    assert boot is not None
+    assert isinstance(boot, Resamples)
     b = boot.w.shape[0]
     w = boot.w
     ms = np.arange(int(w.max(initial=0)) + 1)
@@ -411,5 +531,8 @@ def sensitivity(con: Connection, sr: StableRanking, cfg: RankConfig
     """Per labeled (trajectory, capability) pair of known outcome: the value whose
     setting would move the keep rule most, whether it flips kept/not kept, by how much."""
     if sr.boot is not None:
+        if not isinstance(sr.boot, Resamples):  # counts read from the store: draw the rest
+            st = StabilityConfig("bootstrap", int(sr.info.b or 0), int(sr.info.seed or 0))
+            sr.boot = _boot(con, sr.run_ids, st, sr.scope)
         return _sensitivity_boot(sr, cfg)
     return _sensitivity_runs(con, sr, cfg)

@@ -6,8 +6,9 @@ Design decisions
   family owns that family's SQL: `trajectories` (datasets, trajectories, messages, tool
   calls, expected actions, tool schemas), `derived` (`trajectory_derived` and the SQL
   definitions of its columns), `labels` (label runs, labels, edits, the label views),
-  `capabilities`, `environments` (environments, generation attempts), `embeddings`, and
-  `search` (the full-text side index beside the file); the job tables (jobs, adapters,
+  `capabilities`, `environments` (environments, generation attempts), `embeddings`,
+  `rank_stored` (the Rankings view's threshold-free parts, stored per labels' version),
+  and `search` (the full-text side index beside the file); the job tables (jobs, adapters,
   moe_models, routing_traces) belong to `jobs`. Callers pass a connection and get plain Python or pandas values back.
   The store as a whole: `integrity` (what `store check` verifies) and `backup` (a copy of
   the file and its search index taken under the store's lock, and its restore).

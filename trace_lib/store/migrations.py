@@ -405,10 +405,52 @@ IMPORT_REPORTS = """
 ALTER TABLE datasets ADD COLUMN n_trajectories INTEGER;
 """
 
+# Rankings (issue 35): the threshold-independent parts of the Rankings view, stored
+# (`trace_lib.store.rank_stored`, kept by `trace_lib.diagnose.rank_precompute` and
+# `stability`). One `rank_stability` row per inputs (`key`: the counted runs, the scope,
+# the requested method, B and seed) holds what `auto` resolved to and the store version it
+# was computed for (`version`: a hash of `materialise.version`; a row of another version
+# is never read); `rank_stability_counts` holds its per-resample counts (lf pf nf lp pp np
+# per capability), from which Cov and Delta follow for any rho, delta and K.
+# `rank_clusters` holds the failure clusters per (capabilities, scope) and version.
+# Written when a label run finishes, for the Rankings page's default inputs, and by any
+# ranking that had to compute them.
+RANK_STABILITY = """
+CREATE TABLE IF NOT EXISTS rank_stability (
+    key VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    method VARCHAR NOT NULL,
+    reason VARCHAR NOT NULL,
+    b INTEGER,
+    seed INTEGER,
+    capabilities VARCHAR[] NOT NULL,
+    computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    compute_s DOUBLE NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rank_stability_counts (
+    key VARCHAR NOT NULL,
+    resample INTEGER NOT NULL,
+    capability VARCHAR NOT NULL,
+    lf BIGINT NOT NULL,
+    pf BIGINT NOT NULL,
+    nf BIGINT NOT NULL,
+    lp BIGINT NOT NULL,
+    pp BIGINT NOT NULL,
+    np BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rank_clusters (
+    key VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    clusters JSON NOT NULL,
+    computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    compute_s DOUBLE NOT NULL
+);
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
-                         MESSAGE_META, IMPORT_REPORTS]
+                         MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -15,6 +15,12 @@ Design decisions
 - `version` is the key a page caches its one query result under: it changes with every
   label run, edit, undo and capability change (and only then), so a cached result is
   never stale and a slider move on an unchanged store recomputes nothing it need not.
+- The Rankings page's expensive parts (bootstrap stability's B resamples over every
+  trajectory, the failure clusters) are computed when a label run finishes and stored
+  (`diagnose.rank_precompute`, issue 35); `rankings` reads them. `rankings_state` tells the page, in the same connection
+  as the version, whether it is missing for the current labels (after an edit, an undo, a
+  capability change, or for other inputs); then the page calls `prepare_rankings` with
+  a progress bar before it ranks, rather than block in a plain spinner.
 - `label` takes the labeler's settings as keywords; LLM-only settings are dropped for the
   offline heuristic labeler (what both front ends did by hand before). `max_context` and
   `tokenizer` size an LLM labeler's prompts when the server does not say (issue 31).
@@ -252,21 +258,40 @@ class RankingsView:
     clusters: list[dict[str, Any]] = field(default_factory=list)
     document: list[dict[str, Any]] = field(default_factory=list)
     stability: StabilityInfo | None = None  # None: the plain run ranking
+    # Where the stability's threshold-free part came from: stored | memory | computed |
+    # chosen (`StableRanking.source`); None for the plain run ranking.
+    stability_source: str | None = None
+    clusters_source: str | None = None  # stored | computed (None: no details asked)
 
 
-def _failure_clusters(con: Any, capabilities: list[str], scope: Scope | None
-                      ) -> list[dict[str, Any]]:
-    """`ranking.failure_clusters`, kept per (store, store version, capabilities, scope):
-    they do not depend on the thresholds, and at 1M trajectories the query is 0.7 s of
-    each Rankings slider move."""
-    from trace_lib.diagnose.ranking import failure_clusters
-
-    sc, sp = (scope or Scope()).where(con, "t")
-    return _CLUSTERS.get(con, (tuple(capabilities), sc, tuple(map(str, sp))),
-                         lambda: failure_clusters(con, capabilities, scope=scope))
+@dataclass
+class RankingsState:
+    version: tuple[Any, ...]  # `version`: what the page keys its result on
+    pending: bool  # threshold-free parts to compute first (`prepare_rankings`)
 
 
-_CLUSTERS = materialise.StoreMemo(size=8)
+def rankings_state(db: Db, runs: list[str] | None, stability: StabilityConfig | None,
+                   scope: Scope | None = None) -> RankingsState:
+    """The store version and whether a Rankings view with these inputs would first compute
+    its threshold-free parts (bootstrap resamples, failure clusters: nothing stored for
+    the current labels): one connection, every rerun."""
+    from trace_lib.diagnose.rank_precompute import pending
+
+    with store.connect(db) as con:
+        v = materialise.version(con)
+        return RankingsState(v, pending(con, runs, stability, scope, version=v))
+
+
+def prepare_rankings(db: Db, runs: list[str] | None, stability: StabilityConfig | None,
+                     scope: Scope | None = None,
+                     progress: Callable[[float, str], None] | None = None) -> dict[str, str]:
+    """Compute and store a Rankings view's threshold-free parts for these inputs (what a
+    label run's finish stores for the defaults), reporting `progress(fraction, text)`;
+    returns where each came from (`stored` if it already was)."""
+    from trace_lib.diagnose.rank_precompute import prepare
+
+    with store.connect(db) as con:
+        return prepare(con, runs, stability, scope, progress)
 
 
 def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
@@ -278,23 +303,29 @@ def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
     failure clusters the page draws. Ranks once; the effective labels are read once.
     `stability` ranks K-of-N over runs or bootstrap resamples (`diagnose.agreement`)."""
     from trace_lib.diagnose.agreement import stable_ranking
+    from trace_lib.diagnose.rank_precompute import stored_failure_clusters
     from trace_lib.diagnose.ranking import greedy_cover, rank_con, selected_document
+    from trace_lib.diagnose.stability import counted_run_ids
 
-    info = None
+    info, source, clusters_source = None, None, None
     with store.connect(db) as con:
         if stability is None:
             ranking = rank_con(con, cfg, scope=scope)
+            run_ids = counted_run_ids(con, cfg.runs)
         else:
             sr = stable_ranking(con, cfg, stability, scope=scope)
-            ranking, info = sr.ranking, sr.info
+            ranking, info, source, run_ids = sr.ranking, sr.info, sr.source, sr.run_ids
         kept = [r.capability for r in ranking.selected]
         cover, clusters = [], []
         if details:
             cover = greedy_cover(con, kept, scope=scope)
-            clusters = _failure_clusters(con, [r.capability for r in ranking.rows
-                                               if r.status != "rejected"], scope)
+            # Threshold-free: stored at the label run's finish (or on first use) for the
+            # current labels, so neither a first visit nor a slider move recomputes them.
+            clusters, clusters_source = stored_failure_clusters(
+                con, run_ids, scope,
+                [r.capability for r in ranking.rows if r.status != "rejected"])
         doc = selected_document(con, cfg, ranking=ranking)
-    return RankingsView(ranking, kept, cover, clusters, doc, info)
+    return RankingsView(ranking, kept, cover, clusters, doc, info, source, clusters_source)
 
 
 # -------------------------------------------------------------- agreement, review queue
