@@ -13,7 +13,7 @@ Design decisions
   labels are brought up to date (`labeling`, `background_labeling`, `label_csv`): the
   page's default view (the whole store, every finished run, `StabilityConfig()`, the
   clusters over every capability not rejected). Its cost is a label run's, once; at 1M
-  trajectories x 1 run see bench/README.md ("Session 11: the first visit reads what the
+  trajectories x 1 run see bench/README.md ("Session 22: the first visit reads what the
   label run stored").
 - Any other inputs (a scope, a subset of runs, another B) are computed on first use and
   stored under their own key, as the defaults would have been. An edit, an undo, a new
