@@ -482,7 +482,7 @@ def record_loop(args: argparse.Namespace) -> None:
         raise SystemExit(f"loop {args.loop_id}: its test evaluation has not finished "
                          f"(state {state['state']}, stage {state.get('stage')})")
     folder = wb_loop.loops_dir() / args.loop_id
-    kept = Path(args.work) / "adapters" / "final" / args.loop_id
+    kept = Path(args.work) / "adapters" / args.as_policy / args.loop_id
     if not kept.exists():
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(folder / "per-request", kept,
@@ -510,6 +510,8 @@ def record_loop(args: argparse.Namespace) -> None:
     # GRPO seed) is recorded under its own name (`--as`); its base row is the same episodes.
     for policy, who, adapter in (("loop_base", "base", None), (args.as_policy, "final",
                                                               repo_path(kept))):
+        if ev[who].get("reused_from"):
+            continue  # the first loop's run, recorded with that loop
         record_row(args, policy, adapter, {**_settings(args), "engine": ev[who].get("engine"),
                                            "loop": args.loop_id},
                    Path(ev[who]["episodes_path"]), None, None)
