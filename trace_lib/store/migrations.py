@@ -464,10 +464,27 @@ CREATE TABLE IF NOT EXISTS rank_cover (
 );
 """
 
+# Trajectories (issue 35, part 2): the Trajectories page's unfiltered view (filter options,
+# overview frames, the first page of the listing), computed when trajectories are imported
+# and stored (`trace_lib.store.explore_stored`, kept by `trace_lib.explore.overview_stored`).
+# One row per frame: `data` is the frame as Parquet (dtypes kept), `version` the
+# trajectories' fingerprint it was computed for (a row of another version is never read).
+EXPLORE_STORED = """
+CREATE TABLE IF NOT EXISTS explore_stored (
+    key VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    frame VARCHAR NOT NULL,
+    data BLOB NOT NULL,
+    computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    compute_s DOUBLE NOT NULL
+);
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
-                         MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY, RANK_COVER]
+                         MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY, RANK_COVER,
+                         EXPLORE_STORED]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
