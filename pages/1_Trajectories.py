@@ -3,7 +3,9 @@
 Thin page: every number comes from `trace_lib.workbench.explore` (the `explore` verbs call
 the same functions), uploads go through `trace_lib.workbench.data.import_files` (what the
 `ingest` verb calls); this file only lays out widgets. The use cases open short
-read-only connections, so a CLI writer is blocked for milliseconds at most.
+read-only connections, so a CLI writer is blocked for milliseconds at most. The first
+visit's unfiltered view (filter options, overview, the listing's first page) is what the
+last import stored (issue 35): a store of any size opens without a whole-store query.
 """
 
 from __future__ import annotations

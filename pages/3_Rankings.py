@@ -11,8 +11,10 @@ Everything shown comes from ONE cached result (`_result`), keyed by the store ve
 and the page's inputs: the table, the figures (built once per result) and the export text.
 A rerun on an unchanged store with the same inputs recomputes nothing.
 
-What no slider moves (bootstrap stability's resamples, the failure clusters) is computed
-when a label run finishes and stored; the ranking reads it. When it is missing for the
+What no slider moves (bootstrap stability's resamples, the failure clusters, and the
+failed trajectories' cover signatures and examples that any kept set's cover and export
+document follow from) is computed when a label run finishes and stored; the ranking
+reads it. When it is missing for the
 current labels (after an edit, an undo, a capability change, or for another scope, run
 set or B) the page computes it first inside an `st.status` box with a progress bar and
 says it is stored for the next visit: seconds at 1M trajectories, never a silent wait.

@@ -155,4 +155,9 @@ def build_demo(
         from trace_lib.ingest import ingest_paths
 
         report["ingest"] = ingest_paths([path], db=db, progress=progress).to_json()
+        from trace_lib import store
+        from trace_lib.explore import overview_stored
+
+        with store.connect(db) as con:  # the Trajectories page's unfiltered view (issue 35)
+            overview_stored.store_default(con)
     return report

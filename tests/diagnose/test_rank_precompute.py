@@ -57,9 +57,11 @@ def test_a_scope_computes_and_stores_its_own_clusters(db_path: Path) -> None:
     _one_run_store(db_path)
     with store.connect(db_path) as con:
         assert rank_precompute.store_default(con) == {"stability": "computed",
-                                                      "clusters": "computed"}
+                                                      "clusters": "computed",
+                                                      "cover": "computed"}
         assert rank_precompute.store_default(con) == {"stability": "stored",
-                                                      "clusters": "stored"}
+                                                      "clusters": "stored",
+                                                      "cover": "stored"}
         con.execute("INSERT INTO datasets (id, name, format, content_sha256) "
                     "VALUES ('d2', 'other', 'test', 'y')")
         con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id IN ('f00', 'f01')")

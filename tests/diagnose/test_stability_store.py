@@ -265,20 +265,22 @@ def test_sensitivity_from_stored_counts_draws_the_same_resamples(
 
 
 def test_prepare_reports_progress_and_stores(db_path: Path, draws: list[int]) -> None:
-    """What the page calls when `rankings_state` says something is pending: both parts
+    """What the page calls when `rankings_state` says something is pending: every part
     computed with progress from 0 to 1, then nothing pending."""
     _one_run_store(db_path)
     seen: list[tuple[float, str]] = []
     st = wb.StabilityConfig(b=20)
     assert wb.rankings_state(db_path, None, st).pending
     assert wb.prepare_rankings(db_path, None, st, progress=lambda f, t: seen.append((f, t))
-                               ) == {"stability": "computed", "clusters": "computed"}
+                               ) == {"stability": "computed", "clusters": "computed",
+                                     "cover": "computed"}
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
     assert any("resamples" in t for _, t in seen)
     assert not wb.rankings_state(db_path, None, st).pending
     # Both in the store (and nothing kept in this process's memory).
     assert wb.prepare_rankings(db_path, None, st) == {"stability": "stored",
-                                                      "clusters": "stored"}
+                                                      "clusters": "stored",
+                                                      "cover": "stored"}
     # The plain run ranking (no stability) has only the clusters to wait for.
     assert not wb.rankings_state(db_path, None, None).pending

@@ -60,4 +60,22 @@ def test_a_read_only_connection_writes_nothing_and_fails_nothing(tmp_path: Path)
     with store.connect(db, read_only=True) as con:
         assert not rs.write(con, "k2", "v1", _entry(seed=1))
         assert not rs.write_clusters(con, "k2", "v1", [{"signature": "a", "n": 1}], 0.1)
+        assert not rs.write_cover(con, "k2", "v1", {"n": []}, {}, 0.1)
         assert rs.entries(con) == [("k1", "v1", "bootstrap")]
+
+
+def test_cover_rows_are_keyed_by_version_and_round_trip(tmp_path: Path) -> None:
+    sigs = {"capabilities": ["a", "b"], "lacking": [[2**64 - 1], [0]],
+            "labelled": [[3], [0]], "n": [5, 1]}  # a full uint64 word survives JSON
+    examples = {"a": [{"trajectory_id": "t1", "case": "d/task 1/trial 0"}], "b": []}
+    with store.connect(tmp_path / "s.duckdb") as con:
+        assert rs.write_cover(con, "k1", "v1", sigs, examples, 0.2)
+        assert rs.read_cover(con, "k1", "v1") == (sigs, examples)
+        assert rs.has_cover(con, "k1", "v1") and not rs.has_cover(con, "k1", "v2")
+        assert rs.read_cover(con, "k1", "v2") is None and rs.read_cover(con, "k2", "v1") is None
+        assert rs.write_cover(con, "k2", "v1", sigs, {}, 0.1)
+        assert rs.write_cover(con, "k1", "v2", sigs, {}, 0.1)  # a new version: the rest go
+        assert con.execute("SELECT key, version FROM rank_cover").fetchall() == [("k1", "v2")]
+        for i in range(rs.KEEP + 3):
+            rs.write_cover(con, f"k{i:02d}", "v2", sigs, {}, 0.0)
+        assert con.execute("SELECT count(*) FROM rank_cover").fetchall()[0][0] == rs.KEEP

@@ -447,10 +447,44 @@ CREATE TABLE IF NOT EXISTS rank_clusters (
 );
 """
 
+# Rankings (issue 35, part 2): what the Rankings view computes from its kept set, stored
+# threshold-free so that every kept set reads it (`trace_lib.store.rank_stored`, kept by
+# `trace_lib.diagnose.rank_precompute`). One row per scope (`key`) and store version: the
+# failed trajectories' cover signatures (`ranking.CoverSignatures`: which capabilities
+# each lacks and is labelled for, as bit sets, with counts), from which the greedy cover of
+# any kept set follows, and per capability its export examples (`ranking.failed_examples`).
+RANK_COVER = """
+CREATE TABLE IF NOT EXISTS rank_cover (
+    key VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    signatures JSON NOT NULL,
+    examples JSON NOT NULL,
+    computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    compute_s DOUBLE NOT NULL
+);
+"""
+
+# Trajectories (issue 35, part 2): the Trajectories page's unfiltered view (filter options,
+# overview frames, the first page of the listing), computed when trajectories are imported
+# and stored (`trace_lib.store.explore_stored`, kept by `trace_lib.explore.overview_stored`).
+# One row per frame: `data` is the frame as Parquet (dtypes kept), `version` the
+# trajectories' fingerprint it was computed for (a row of another version is never read).
+EXPLORE_STORED = """
+CREATE TABLE IF NOT EXISTS explore_stored (
+    key VARCHAR NOT NULL,
+    version VARCHAR NOT NULL,
+    frame VARCHAR NOT NULL,
+    data BLOB NOT NULL,
+    computed_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    compute_s DOUBLE NOT NULL
+);
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
-                         MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY]
+                         MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY, RANK_COVER,
+                         EXPLORE_STORED]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,11 +1,13 @@
 """The Rankings view's stored threshold-free parts: `rank_stability`,
-`rank_stability_counts` and `rank_clusters`.
+`rank_stability_counts`, `rank_clusters` and `rank_cover`.
 
 Design decisions
 - What is stored is what no slider of the Rankings page moves: per resample and
   capability the six counts (lf pf nf lp pp np) Cov and Delta come from, what `auto`
-  resolved to (runs or bootstrap, and why), and the failure clusters (a JSON list of at
-  most 20 signatures). `diagnose.stability` and `diagnose.rank_precompute` decide what to
+  resolved to (runs or bootstrap, and why), the failure clusters (a JSON list of at
+  most 20 signatures) and, for what the page computes from its kept set, the failed
+  trajectories' cover signatures (bit sets of lacking and labelled capabilities with
+  counts: a few thousand rows of JSON) and every capability's export examples. `diagnose.stability` and `diagnose.rank_precompute` decide what to
   store and when; this module only reads and writes it.
 - A row is keyed by its inputs (`key`, a JSON text the caller builds) and carries the
   store version it was computed for (`version`). `read` answers only for the version it is
@@ -146,16 +148,48 @@ def read_clusters(con: Connection, key: str, version: str) -> list[dict[str, Any
 def write_clusters(con: Connection, key: str, version: str, clusters: list[dict[str, Any]],
                    compute_s: float) -> bool:
     """Store the failure clusters for (`key`, `version`), as `write` does the counts."""
+    return _write_row(con, "rank_clusters", key, version,
+                      {"clusters": json.dumps(clusters), "compute_s": compute_s})
+
+
+def has_cover(con: Connection, key: str, version: str) -> bool:
+    """Whether cover signatures and examples for `key` computed at `version` are stored."""
+    return bool(con.execute("SELECT count(*) FROM rank_cover WHERE key = ? AND "
+                            "version = ?", [key, version]).fetchall()[0][0])
+
+
+def read_cover(con: Connection, key: str, version: str
+               ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(cover signatures, examples per capability) stored for `key` at `version` (the JSON
+    the writer was given), else None."""
+    got = con.execute("SELECT signatures, examples FROM rank_cover WHERE key = ? AND "
+                      "version = ?", [key, version]).fetchall()
+    return (json.loads(got[0][0]), json.loads(got[0][1])) if got else None
+
+
+def write_cover(con: Connection, key: str, version: str, signatures: dict[str, Any],
+                examples: dict[str, Any], compute_s: float) -> bool:
+    """Store the cover signatures and examples for (`key`, `version`), as `write` does."""
+    return _write_row(con, "rank_cover", key, version,
+                      {"signatures": json.dumps(signatures), "examples": json.dumps(examples),
+                       "compute_s": compute_s})
+
+
+def _write_row(con: Connection, table: str, key: str, version: str,
+               values: dict[str, Any]) -> bool:
+    # One row per key in `table` (rank_clusters, rank_cover): the key's row replaced, rows
+    # of other versions dropped, at most KEEP kept; one transaction, a lost race dropped.
     if _read_only(con):
         return False
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute("DELETE FROM rank_clusters WHERE version <> ? OR key = ?", [version, key])
-        con.execute("""DELETE FROM rank_clusters WHERE key IN (
-                           SELECT key FROM rank_clusters ORDER BY computed_at DESC, key
-                           OFFSET ?)""", [KEEP - 1])
-        con.execute("INSERT INTO rank_clusters (key, version, clusters, compute_s) "
-                    "VALUES (?, ?, ?, ?)", [key, version, json.dumps(clusters), compute_s])
+        con.execute(f"DELETE FROM {table} WHERE version <> ? OR key = ?", [version, key])
+        con.execute(f"""DELETE FROM {table} WHERE key IN (
+                            SELECT key FROM {table} ORDER BY computed_at DESC, key
+                            OFFSET ?)""", [KEEP - 1])
+        con.execute(f"INSERT INTO {table} (key, version, {', '.join(values)}) "
+                    f"VALUES (?, ?, {', '.join('?' for _ in values)})",
+                    [key, version, *values.values()])
         con.execute("COMMIT")
         return True
     except duckdb.TransactionException:

@@ -55,15 +55,20 @@ def import_files(sources: Sequence[str | Path | Upload], *, db: Db = None, fmt: 
     IngestReport. `sources` are paths on disk (`ingest`, a notebook) or one `Upload` (the
     Trajectories page): the same parser and the same rules either way."""
     from trace_lib.ingest import ingest_bytes, ingest_paths
+    from trace_lib.workbench.explore import store_overview
 
     uploads = [s for s in sources if isinstance(s, Upload)]
     if uploads:
         if len(sources) != 1:
             raise UserInputError("import: give paths, or one uploaded file at a time")
-        return ingest_bytes(uploads[0].name, uploads[0].content, db=db, fmt=fmt,
-                            skip_invalid=skip_invalid, **options)
-    return ingest_paths(list(sources), db=db, fmt=fmt, skip_invalid=skip_invalid,
-                        success_file=success_file, progress=progress, **options)
+        report = ingest_bytes(uploads[0].name, uploads[0].content, db=db, fmt=fmt,
+                              skip_invalid=skip_invalid, **options)
+    else:
+        report = ingest_paths(list(sources), db=db, fmt=fmt, skip_invalid=skip_invalid,
+                              success_file=success_file, progress=progress, **options)
+    # The Trajectories page's unfiltered view, stored for its next first visit (issue 35).
+    store_overview(db)
+    return report
 
 
 # What an upload may be (the file kinds the importers read); anything else is refused with
@@ -234,6 +239,9 @@ def delete_dataset(name: str, db: Db = None, *, backup: str | Path | None = None
             if audit is not None:
                 audit.unlink(missing_ok=True)
             raise
+    from trace_lib.workbench.explore import store_overview
+
+    store_overview(db)  # the Trajectories page's unfiltered view, without the dataset
     return {"id": dataset_id, "name": dataset_name,
             "removed": {k: int(v) for k, v in removed.items() if v},
             "audit_file": str(audit) if audit else None, "backup": kept}

@@ -16,7 +16,8 @@ Design decisions
   label run, edit, undo and capability change (and only then), so a cached result is
   never stale and a slider move on an unchanged store recomputes nothing it need not.
 - The Rankings page's expensive parts (bootstrap stability's B resamples over every
-  trajectory, the failure clusters) are computed when a label run finishes and stored
+  trajectory, the failure clusters, and the cover signatures and examples the kept set's
+  cover and export document come from) are computed when a label run finishes and stored
   (`diagnose.rank_precompute`, issue 35); `rankings` reads them. `rankings_state` tells the page, in the same connection
   as the version, whether it is missing for the current labels (after an edit, an undo, a
   capability change, or for other inputs); then the page calls `prepare_rankings` with
@@ -262,6 +263,9 @@ class RankingsView:
     # chosen (`StableRanking.source`); None for the plain run ranking.
     stability_source: str | None = None
     clusters_source: str | None = None  # stored | computed (None: no details asked)
+    # Where the cover's signatures and the export examples came from: stored | computed
+    # (None: no details asked).
+    kept_source: str | None = None
 
 
 @dataclass
@@ -303,11 +307,11 @@ def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
     failure clusters the page draws. Ranks once; the effective labels are read once.
     `stability` ranks K-of-N over runs or bootstrap resamples (`diagnose.agreement`)."""
     from trace_lib.diagnose.agreement import stable_ranking
-    from trace_lib.diagnose.rank_precompute import stored_failure_clusters
-    from trace_lib.diagnose.ranking import greedy_cover, rank_con, selected_document
+    from trace_lib.diagnose.rank_precompute import kept_details, stored_failure_clusters
+    from trace_lib.diagnose.ranking import rank_con, selected_document
     from trace_lib.diagnose.stability import counted_run_ids
 
-    info, source, clusters_source = None, None, None
+    info, source, clusters_source, kept_source = None, None, None, None
     with store.connect(db) as con:
         if stability is None:
             ranking = rank_con(con, cfg, scope=scope)
@@ -316,16 +320,18 @@ def rankings(db: Db, cfg: RankConfig, details: bool = True, *,
             sr = stable_ranking(con, cfg, stability, scope=scope)
             ranking, info, source, run_ids = sr.ranking, sr.info, sr.source, sr.run_ids
         kept = [r.capability for r in ranking.selected]
-        cover, clusters = [], []
+        cover, clusters, examples = [], [], None
         if details:
-            cover = greedy_cover(con, kept, scope=scope)
+            shown = [r.capability for r in ranking.rows if r.status != "rejected"]
             # Threshold-free: stored at the label run's finish (or on first use) for the
-            # current labels, so neither a first visit nor a slider move recomputes them.
-            clusters, clusters_source = stored_failure_clusters(
-                con, run_ids, scope,
-                [r.capability for r in ranking.rows if r.status != "rejected"])
-        doc = selected_document(con, cfg, ranking=ranking)
-    return RankingsView(ranking, kept, cover, clusters, doc, info, source, clusters_source)
+            # current labels, so neither a first visit nor a slider move recomputes them:
+            # the clusters, and the signatures any kept set's cover and examples come from.
+            clusters, clusters_source = stored_failure_clusters(con, run_ids, scope, shown)
+            got = kept_details(con, kept, scope, shown)
+            cover, examples, kept_source = got.cover, got.examples, got.source
+        doc = selected_document(con, cfg, ranking=ranking, examples=examples)
+    return RankingsView(ranking, kept, cover, clusters, doc, info, source, clusters_source,
+                        kept_source)
 
 
 # -------------------------------------------------------------- agreement, review queue

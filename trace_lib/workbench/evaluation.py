@@ -118,6 +118,9 @@ def import_episodes(db: Db, result: dict[str, Any],
 
     path = Path(result["episodes_path"]).resolve()
     report = ingest_paths([path], db=db, fmt="openai_jsonl")
+    from trace_lib.workbench.explore import store_overview
+
+    store_overview(db)  # the Trajectories page's unfiltered view (issue 35)
     return summary(result, report.datasets[0], job_id)
 
 

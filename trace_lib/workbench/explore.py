@@ -5,6 +5,11 @@ Design decisions
   read-only (a CLI writer waits milliseconds at most); only `embed` writes (the cache).
 - `overview` returns every frame of the page's charts tab at once, from the same filter
   the CLI compiles from its flags (`TrajectoryFilter`).
+- The page's unfiltered view (filter options, overview frames, the listing's first page)
+  is computed when trajectories are imported and stored (`explore.overview_stored`, issue
+  35): `trajectories_page` and `filter_options` read it on a first visit; a store written
+  otherwise has it computed on that visit and stored for the next (`store_overview`, also
+  what `data.import_files`, `evaluation.import_episodes` and `reindex` call).
 - Charts and transcript renderers are pure functions over the results (no store): their
   modules (`trajectory_charts`, `transcript_render`, `call_alignment`, `search_highlight`,
   `untrusted_text`) are re-exported here by name so a page needs nothing but
@@ -13,6 +18,7 @@ Design decisions
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +54,12 @@ class Overview:
 
 
 def filter_options(db: Db) -> pd.DataFrame:
-    """The values each filter widget offers, with counts."""
-    from trace_lib.explore import queries
+    """The values each filter widget offers, with counts (stored at import: read)."""
+    from trace_lib.explore import overview_stored, queries
 
     with store.connect(db, read_only=True) as con:
-        return queries.filter_options(con)
+        got = overview_stored.read(con, names=("options",))
+        return got["options"] if got is not None else queries.filter_options(con)
 
 
 def overview(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500) -> Overview:
@@ -99,6 +106,9 @@ class TrajectoriesPage:
 
     overview: Overview
     status: SearchStatus
+    # Unfiltered: stored (read what an import stored) or computed (and stored for the next
+    # visit where the store could be written); a filter: filtered (computed, not stored).
+    source: str = "filtered"
 
 
 def _status(con: Any) -> SearchStatus:
@@ -108,12 +118,51 @@ def _status(con: Any) -> SearchStatus:
     return SearchStatus(state.fresh, state.n_unindexed, derived.ready(con))
 
 
+def _from_frames(frames: dict[str, pd.DataFrame]) -> Overview:
+    return Overview(**{name: frames[name] for name in (
+        "summary", "by_domain", "terminations", "tool_calls", "tool_usage", "error_kinds",
+        "listing")})
+
+
 def trajectories_page(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500
                       ) -> TrajectoriesPage:
     """The Trajectories page's data: overview (summary, charts' frames, listing) and the
-    state of the fast paths."""
+    state of the fast paths. Unfiltered, the overview is what the last import stored
+    (`explore.overview_stored`); missing (a store written otherwise), it is computed and
+    stored for the next visit."""
+    from trace_lib.explore import overview_stored
+
+    fill = None
     with store.connect(db, read_only=True) as con:
-        return TrajectoriesPage(_overview(con, flt, limit), _status(con))
+        if not overview_stored.unfiltered(flt):
+            return TrajectoriesPage(_overview(con, flt, limit), _status(con))
+        frames, source = overview_stored.read(con, limit), "stored"
+        if frames is None:
+            v, t0 = overview_stored.version(con), time.perf_counter()
+            frames, source = overview_stored.compute(con, limit), "computed"
+            fill = (frames, v, time.perf_counter() - t0)
+        page = TrajectoriesPage(_from_frames(frames), _status(con), source)
+    if fill is not None:
+        store_overview(db, *fill, limit=limit)
+    return page
+
+
+def store_overview(db: Db, frames: dict[str, pd.DataFrame] | None = None,
+                   version: str | None = None, compute_s: float = 0.0, *,
+                   limit: int = 500) -> str | None:
+    """Store the unfiltered view (`frames` computed at `version`, else computed now):
+    what an import's finish calls. A cache fill: a store another writer holds for more
+    than a moment is left as it is (None), the next visit computes it again."""
+    from trace_lib.explore import overview_stored
+
+    try:
+        with store.connect(db, timeout_s=2.0) as con:
+            if frames is None:
+                return overview_stored.store_default(con, limit)
+            overview_stored.store(con, frames, version, compute_s, limit)
+            return "computed"
+    except store.StoreError:
+        return None
 
 
 def store_version(db: Db) -> tuple[float, ...]:
@@ -130,13 +179,16 @@ def search_status(db: Db) -> SearchStatus:
 
 def reindex(db: Db) -> dict[str, int]:
     """Backfill derived columns and rebuild the full-text index (`explore reindex`)."""
+    from trace_lib.explore import overview_stored
     from trace_lib.store import derived
 
     path = store.resolve_db_path(db)
     if not path.exists():
         raise UserInputError(f"{path}: no database here yet; nothing to index")
     with store.connect(path) as con:
-        return derived.rebuild(con, path)
+        out = derived.rebuild(con, path)
+        overview_stored.store_default(con)  # and the page's unfiltered view
+        return out
 
 
 def encoder_warmup():
