@@ -23,11 +23,9 @@ Design decisions
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 
-import duckdb
-
+from trace_lib.store import cache_fill
 from trace_lib.store.connection import Connection
 
 TABLE = "explore_stored"
@@ -38,10 +36,6 @@ def _table_exists(con: Connection) -> bool:
     return bool(con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'main' "
         "AND table_name = ?", [TABLE]).fetchall()[0][0])
-
-
-def _read_only(con: Connection) -> bool:
-    return con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
 
 
 def fingerprint(con: Connection) -> str:
@@ -72,10 +66,10 @@ def write(con: Connection, key: str, version: str, frames: dict[str, bytes],
     """Store `frames` for (`key`, `version`), replacing the key's rows and dropping rows of
     other versions; False when the connection is read-only or another connection's write
     won the race (its rows are the same frames)."""
-    if _read_only(con) or not _table_exists(con):
+    if not _table_exists(con):
         return False
-    con.execute("BEGIN TRANSACTION")
-    try:
+
+    def rows() -> None:
         con.execute(f"DELETE FROM {TABLE} WHERE version <> ? OR key = ?", [version, key])
         con.execute(f"""DELETE FROM {TABLE} WHERE key IN (
                             SELECT DISTINCT key FROM {TABLE} ORDER BY key
@@ -83,12 +77,5 @@ def write(con: Connection, key: str, version: str, frames: dict[str, bytes],
         for name, data in frames.items():
             con.execute(f"INSERT INTO {TABLE} (key, version, frame, data, compute_s) "
                         "VALUES (?, ?, ?, ?, ?)", [key, version, name, data, compute_s])
-        con.execute("COMMIT")
-        return True
-    except duckdb.TransactionException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("ROLLBACK")
-        return False
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+
+    return cache_fill.fill(con, rows)

@@ -27,14 +27,13 @@ Design decisions
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
 import numpy as np
 
+from trace_lib.store import cache_fill
 from trace_lib.store.connection import Connection
 
 SLOTS = ("lf", "pf", "nf", "lp", "pp", "np")
@@ -50,10 +49,6 @@ class StoredStability:
     caps: list[str]
     counts: np.ndarray | None  # (B, C, 6) float64; None for the runs method
     compute_s: float
-
-
-def _read_only(con: Connection) -> bool:
-    return con.execute("SELECT current_setting('access_mode')").fetchall()[0][0] == "read_only"
 
 
 def has(con: Connection, key: str, version: str) -> bool:
@@ -93,20 +88,7 @@ def write(con: Connection, key: str, version: str, entry: StoredStability) -> bo
     """Store `entry` for (`key`, `version`), replacing the key's row and dropping rows of
     other versions; False when another connection's write won the race (or the connection
     is read-only)."""
-    if _read_only(con):
-        return False
-    con.execute("BEGIN TRANSACTION")
-    try:
-        _write(con, key, version, entry)
-        con.execute("COMMIT")
-        return True
-    except duckdb.TransactionException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("ROLLBACK")
-        return False
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    return cache_fill.fill(con, lambda: _write(con, key, version, entry))
 
 
 def _write(con: Connection, key: str, version: str, entry: StoredStability) -> None:
@@ -179,10 +161,7 @@ def _write_row(con: Connection, table: str, key: str, version: str,
                values: dict[str, Any]) -> bool:
     # One row per key in `table` (rank_clusters, rank_cover): the key's row replaced, rows
     # of other versions dropped, at most KEEP kept; one transaction, a lost race dropped.
-    if _read_only(con):
-        return False
-    con.execute("BEGIN TRANSACTION")
-    try:
+    def rows() -> None:
         con.execute(f"DELETE FROM {table} WHERE version <> ? OR key = ?", [version, key])
         con.execute(f"""DELETE FROM {table} WHERE key IN (
                             SELECT key FROM {table} ORDER BY computed_at DESC, key
@@ -190,15 +169,8 @@ def _write_row(con: Connection, table: str, key: str, version: str,
         con.execute(f"INSERT INTO {table} (key, version, {', '.join(values)}) "
                     f"VALUES (?, ?, {', '.join('?' for _ in values)})",
                     [key, version, *values.values()])
-        con.execute("COMMIT")
-        return True
-    except duckdb.TransactionException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("ROLLBACK")
-        return False
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+
+    return cache_fill.fill(con, rows)
 
 
 def entries(con: Connection) -> list[tuple[str, str, str]]:
