@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_lib import jobs, store
-from trace_lib.diagnose import materialise, rank_precompute
+from trace_lib.diagnose import rank_precompute
 from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_job import read_labels, result_from_json, shard_name, write_shard
 from trace_lib.diagnose.label_runs import create_run
@@ -136,8 +136,7 @@ def store_label_results(db: str | Path | None, spec: jobs.JobSpec) -> dict[str, 
             store_labels.insert_labels(con, batch)
             store_labels.set_run_status(con, run_id, "finished", None, result.get("cost"),
                                         result.get("notes") or None)
-        materialise.sync(con)
-        rank_precompute.store_default(con)  # the Rankings page's default view, stored
+        rank_precompute.run_finished(con)  # materialised labels, then the default view
     return {"outcome": "recorded", "n_trajectories": len(results),
             "n_labels": batch.num_rows, "n_failed": result.get("n_failed", 0),
             "n_cut": grounds.n_cut, "n_unsupported": grounds.n_unsupported}

@@ -125,6 +125,6 @@ def import_labels(db: str | Path | None, path: str | Path, run: str, *,
                               columns=["run_id", "trajectory_id", "capability", "value"])
             store_labels.insert_labels(con, df)
             store_labels.set_run_status(con, run, "finished", None, None)
-        materialise.sync(con)  # the run counts from now: add it to the materialised labels
-        rank_precompute.store_default(con)  # and the Rankings page's default view
+        # the run counts from now: the materialised labels and the Rankings default view
+        rank_precompute.run_finished(con)
     return len(rows)

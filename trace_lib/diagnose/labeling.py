@@ -57,7 +57,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.data_model import Capability
-from trace_lib.diagnose import materialise, rank_precompute
+from trace_lib.diagnose import rank_precompute
 from trace_lib.diagnose.capability_curation import capabilities_on, ensure_builtin
 from trace_lib.diagnose.label_grounds import Grounds
 from trace_lib.diagnose.label_runs import create_run, writer_tag
@@ -189,8 +189,7 @@ class _Sink:
         with self._con() as con:
             store_labels.set_run_status(con, run_id, status, reason, cost, notes)
             if status == "finished":
-                materialise.sync(con)
-                rank_precompute.store_default(con)  # the Rankings page's first visit reads it
+                rank_precompute.run_finished(con)  # the Rankings page's first visit reads it
 
     def close(self) -> None:
         if self.con is not None:
@@ -219,8 +218,7 @@ def set_run_status(db: str | Path | None, run_id: str, status: str,
     with store.connect(db) as con:
         store_labels.set_run_status(con, run_id, status, reason, cost)
         if status == "finished":
-            materialise.sync(con)
-            rank_precompute.store_default(con)
+            rank_precompute.run_finished(con)
 
 
 def _resume_plan(db: str | Path | None, run_id: str) -> dict[str, Any]:

@@ -166,3 +166,11 @@ def store_default(con: Connection) -> dict[str, str]:
     """What a label run's finish calls: `prepare` for the Rankings page's default view
     (the whole store, every finished run, `StabilityConfig()`)."""
     return prepare(con, None, stability.StabilityConfig(), Scope())
+
+
+def run_finished(con: Connection) -> None:
+    """What every path that finishes a label run calls (a labeler's run, a background
+    job's, a CSV import): the materialised labels brought up to date, then the Rankings
+    page's default view stored (`store_default`), in that order, one call."""
+    materialise.sync(con)
+    store_default(con)
