@@ -123,9 +123,19 @@ def test_label_run_on_a_full_disk(small_disk, pristine_store: Path) -> None:
     before = table_hashes(db)
     disk.fill()
     proc = cli("label", "--labeler", "heuristic", "--run", "full", db=db)
+    # a check on the full device cannot open the index's WAL even to read: it says so
+    # (not "stale"), with what to do
+    check = cli("store", "check", db=db)
+    assert check.returncode == 1 and "Traceback" not in check.stdout + check.stderr
+    assert "could not be read (SQLite: disk I/O error)" in check.stdout, check.stdout
+    assert "free some space and check again" in check.stdout, check.stdout
     disk.free()
     _clear_error(proc, str(db))
     assert changed_tables(before, table_hashes(db)) == []
+    # space is back (a finished run writes its labels and its stored rankings: more than
+    # the filler's 3 MiB; a check that then cannot even open the index's WAL reads it as
+    # unreadable)
+    disk.grow(disk.size_kb + 32 * 1024)
     # no run row was left for a resume to trust: the run starts again whole
     ok(cli("label", "--labeler", "heuristic", "--run", "full", db=db))
     assert count(db, "SELECT count(*) FROM label_runs WHERE id LIKE 'full%' "

@@ -209,6 +209,12 @@ def search_index(con: duckdb.DuckDBPyConnection, sample: int = 50) -> list[Findi
         where = search.index_path(search.store_file(con) or Path("?"))
         return [Finding("search index", False, f"missing: {where} does not exist "
                         f"({state.n_trajectories} trajectories unindexed)", fix)]
+    if state.read_error:
+        return [Finding("search index", False, f"{state.path} could not be read "
+                        f"(SQLite: {state.read_error})",
+                        "on a full device (where even a read of a WAL-mode index needs "
+                        "room for its -shm file) free some space and check again; "
+                        "otherwise " + fix)]
     if not state.fresh:
         return [Finding("search index", False, f"{state.n_unindexed} of "
                         f"{state.n_trajectories} trajectories have no document in "

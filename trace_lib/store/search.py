@@ -268,6 +268,7 @@ class IndexState:
     n_documents: int
     n_trajectories: int
     n_unindexed: int  # store trajectories without a document
+    read_error: str = ""  # SQLite's message when the index could not be read at all
 
     @property
     def fresh(self) -> bool:
@@ -298,8 +299,10 @@ def index_state(con: duckdb.DuckDBPyConnection) -> IndexState:
                     "WHERE id NOT IN (SELECT id FROM _search_docs)").fetchall()[0][0])
             finally:
                 con.unregister("_search_docs")
-    except sqlite3.Error:
-        n_docs, missing = 0, n_traj
+    except sqlite3.Error as e:
+        # e.g. "disk I/O error": a read of a WAL-mode file must create its -shm, which a
+        # full device refuses (the index may be whole); or a damaged file
+        return IndexState(path, 0, n_traj, n_traj, read_error=str(e))
     finally:
         lite.close()
     return IndexState(path, n_docs, n_traj, missing)
