@@ -573,6 +573,14 @@ def table(args: argparse.Namespace) -> None:
               f"{_mean(r['recall']) if r.get('recall') else '—'} |")
     print(f"test-split runs made: {len(res['test_runs'])}")
     for split in sorted({r["split"] for r in res["rows"]}):
+        seeds = grpo_seeds(res, split)
+        if seeds:
+            print(f"\nthe loop's SFT+GRPO recipe over training seeds {seeds['seeds']} "
+                  f"({split}): passed {seeds['passes']} of {seeds['n']}; pass rate mean "
+                  f"{seeds['pass_rate_mean']:.3f}, SD {seeds['pass_rate_sd']:.3f}, range "
+                  f"{seeds['pass_rate_range'][0]:.3f}-{seeds['pass_rate_range'][1]:.3f}"
+                  + (f"; expected-action recall mean {seeds['recall_mean']:.3f}"
+                     if seeds["recall_mean"] is not None else ""))
         shares = oracle_shares(res, split)
         if shares:
             print(f"\nshare of the oracle's expected-action recall gain over base ({split}; "
@@ -581,6 +589,35 @@ def table(args: argparse.Namespace) -> None:
                 print(f"- {name}: {sh['share']:+.3f} [{sh['ci95'][0]:+.3f}, {sh['ci95'][1]:+.3f}]"
                       f" (recall {sh['recall']:.3f}; base {sh['base']:.3f}, "
                       f"{sh['oracle']} {sh['oracle_recall']:.3f}; {sh['tasks']} tasks)")
+
+
+def grpo_seeds(res: dict[str, Any], split: str) -> dict[str, Any] | None:
+    """The loop's recipe over its training seeds: `final` (the loop, its recorded seed,
+    0 when unset) and each `grpo_seed<N>` row (the same recipe with `--train-seed N`,
+    reusing the first loop's diagnosis) on `split`; their pass rates' mean, sample SD and
+    range, and the mean expected-action recall. None with fewer than two seeds."""
+    import statistics
+
+    seed0 = (res.get("training", {}).get("loop", {}).get("config", {}).get("train", {})
+             .get("seed") or 0)
+    rows = {}
+    for r in res["rows"]:
+        if r["split"] != split:
+            continue
+        if r["policy"] == "final":
+            rows[seed0] = r
+        elif r["policy"].startswith("grpo_seed") and r["policy"][9:].isdigit():
+            rows[int(r["policy"][9:])] = r
+    if len(rows) < 2:
+        return None
+    rates = [rows[k]["pass_rate"] for k in sorted(rows)]
+    recalls = [sum(r["recall"].values()) / len(r["recall"]) for r in
+               (rows[k] for k in sorted(rows)) if r.get("recall")]
+    return {"seeds": sorted(rows), "passes": [rows[k]["passes"] for k in sorted(rows)],
+            "n": [rows[k]["n"] for k in sorted(rows)],
+            "pass_rate_mean": statistics.fmean(rates), "pass_rate_sd": statistics.stdev(rates),
+            "pass_rate_range": [min(rates), max(rates)],
+            "recall_mean": statistics.fmean(recalls) if recalls else None}
 
 
 def _mean(recall: dict[str, float]) -> str:

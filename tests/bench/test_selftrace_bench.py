@@ -1,6 +1,7 @@
 """bench/selftrace.py's figures that are not a pass rate: expected-action recall per task
 (from an episodes file as `evaluate` writes it) and each policy's share of the oracle's
-recall gain over base, with its paired bootstrap interval."""
+recall gain over base, with its paired bootstrap interval; the loop's recipe over its
+training seeds (mean and spread)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from loop import expected_action_recall  # noqa: E402
-from selftrace import oracle_shares  # noqa: E402
+from selftrace import grpo_seeds, oracle_shares  # noqa: E402
 
 GET = {"name": "get_user_details", "arguments": {"user_id": "u1"}}
 CANCEL = {"name": "cancel_reservation", "arguments": {"reservation_id": "R1"}}
@@ -73,3 +74,25 @@ def test_no_share_without_an_oracle_gain_or_an_oracle_row_of_the_same_size() -> 
     small_oracle = _row("oracle_sft@20", {"t0": 1.0})
     assert oracle_shares({"rows": [_row("base", flat), small_oracle,
                                    _row("final", dict(flat))]}, "test") == {}
+
+
+def test_the_loop_recipe_over_training_seeds_is_final_and_each_grpo_seed_row() -> None:
+    def row(policy: str, passes: int, split: str = "test") -> dict:
+        return {"policy": policy, "split": split, "n": 150, "passes": passes,
+                "pass_rate": passes / 150, "recall": {"t0": passes / 100}}
+
+    res = {"training": {"loop": {"config": {"train": {"sft_steps": 8}}}},
+           "rows": [row("final", 25), row("grpo_seed1", 22), row("grpo_seed2", 28),
+                    row("grpo_seed1", 30, split="dev"), row("sft_equal_compute", 40),
+                    row("grpo_seedling", 0)]}
+    seeds = grpo_seeds(res, "test")
+    assert seeds["seeds"] == [0, 1, 2] and seeds["passes"] == [25, 22, 28]
+    assert seeds["pass_rate_mean"] == pytest.approx(25 / 150)
+    assert seeds["pass_rate_sd"] == pytest.approx(3 / 150)
+    assert seeds["pass_rate_range"] == pytest.approx([22 / 150, 28 / 150])
+    assert seeds["recall_mean"] == pytest.approx(0.25)
+    # the loop's own seed is the one it was trained with
+    res["training"]["loop"]["config"]["train"]["seed"] = 7
+    assert grpo_seeds(res, "test")["seeds"] == [1, 2, 7]
+    # one seed is not a spread
+    assert grpo_seeds(res, "dev") is None
