@@ -1,6 +1,7 @@
 """`python -m trace_lib store check`: passes on a healthy store; on each kind of mismatch
-(rows lost from a dataset, rows of no parent, materialised labels that differ from their
-definition, a search index that no longer matches the messages) it exits 1 and names the
+(rows lost from a dataset, rows of no parent, a label pair with two rows in one run,
+materialised labels that differ from their definition, a search index that no longer
+matches the messages) it exits 1 and names the
 mismatch and what to do; `--repair` mends what can be rebuilt."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _bad(report: dict, check: str) -> list[dict]:
 
 def test_a_healthy_store_passes_every_check(store_copy: Path) -> None:
     out = ok(cli("store", "check", db=store_copy)).stdout
-    for area in ("schema", "tables", "datasets", "labels", "search index"):
+    for area in ("schema", "tables", "datasets", "label rows", "labels", "search index"):
         assert f"ok    {area}" in out, out
     assert "materialised labels match their definition" in out
     assert "24 sampled trajectories found by a word of their messages" in out
@@ -68,6 +69,29 @@ def test_materialised_labels_that_differ_from_their_definition_fail_then_repair(
     repaired = ok(cli("store", "check", "--repair", db=store_copy)).stdout
     assert "materialised labels rebuilt from their definition" in repaired
     assert "every check passed" in repaired
+
+
+def test_a_label_pair_written_twice_in_a_run_fails_then_repairs_keeping_the_first(
+        store_copy: Path) -> None:
+    # `labels` has no key (schema 14): a second row of a pair, written with plain SQL,
+    # is what the writers never make and the check finds.
+    with store.connect(store_copy) as con:
+        run, tid, cap, value = con.execute(
+            "SELECT run_id, trajectory_id, capability, value FROM labels "
+            "ORDER BY ALL LIMIT 1").fetchall()[0]
+        other = "present" if value == "lacking" else "lacking"
+        con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) "
+                    "VALUES (?, ?, ?, ?)", [run, tid, cap, other])
+    bad = _bad(_failed(store_copy), "label rows")
+    assert bad and "1 (run, trajectory, capability) pairs have more than one row" in \
+        bad[0]["message"] and f"run {run}, trajectory {tid}, capability {cap}: 2 rows" in \
+        bad[0]["message"], bad
+    repaired = ok(cli("store", "check", "--repair", db=store_copy)).stdout
+    assert "1 repeated label rows deleted (the first of each pair kept)" in repaired
+    assert "every check passed" in repaired
+    with store.connect(store_copy, read_only=True) as con:
+        assert con.execute("SELECT value FROM labels WHERE run_id = ? AND trajectory_id = ? "
+                           "AND capability = ?", [run, tid, cap]).fetchall() == [(value,)]
 
 
 def test_labels_behind_a_recent_edit_are_stale_not_a_fault(store_copy: Path) -> None:

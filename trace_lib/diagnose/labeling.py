@@ -101,6 +101,11 @@ class RunSummary:
 def _select(db: str | Path | None, capabilities: list[str] | None,
             trajectory_ids: list[str] | None, scope: Scope | None = None
             ) -> tuple[list[Capability], list[str]]:
+    # A name given twice is labelled once: `labels` has no key to refuse a second row of
+    # the same pair (store migration LABELS_UNKEYED), so its writers never make one.
+    capabilities = list(dict.fromkeys(capabilities)) if capabilities else capabilities
+    trajectory_ids = list(dict.fromkeys(trajectory_ids)) if trajectory_ids is not None \
+        else None
     with store.connect(db) as con:
         ensure_builtin(con)
         catalog = {c.name: c for c in capabilities_on(con)}

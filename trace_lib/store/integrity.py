@@ -19,6 +19,8 @@ Design decisions
   and tool-call rows of its trajectories must number exactly what their counts say. Rows
   whose parent is gone (a message of no trajectory, a trajectory of no dataset) are listed
   too.
+- One row per (run, trajectory, capability) in `labels`, which has no key to refuse a
+  second one (schema version 14); the repair keeps each pair's first written row.
 - The search index against the messages: it must have a document for every trajectory
   (`search.index_state`), and a seeded sample of trajectories (`sample`, ordered by a hash
   of the id, so the same store gives the same sample) must be found by a word of their own
@@ -43,7 +45,7 @@ REPAIR = "python -m trace_lib store check --repair"
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # schema | tables | datasets | labels | search index
+    check: str  # schema | tables | datasets | label rows | labels | search index
     ok: bool
     message: str
     fix: str | None = None
@@ -161,6 +163,32 @@ def dataset_counts(con: duckdb.DuckDBPyConnection) -> list[Finding]:
 
 
 _TOKEN = re.compile(r"[A-Za-z0-9]{4,}")
+
+
+def label_rows(con: duckdb.DuckDBPyConnection) -> Finding:
+    """One row per (run, trajectory, capability): `labels` has no key that would refuse a
+    second (migration LABELS_UNKEYED), so the writers keep it and this checks it."""
+    twice = con.execute("""
+        SELECT run_id, trajectory_id, capability, count(*) AS n FROM labels
+        GROUP BY ALL HAVING count(*) > 1""").fetchall()
+    if not twice:
+        return Finding("label rows", True, "one row per labelled pair in every run")
+    shown = "; ".join(f"run {r}, trajectory {t}, capability {c}: {n} rows"
+                      for r, t, c, n in sorted(twice)[:3])
+    return Finding("label rows", False, f"{len(twice)} (run, trajectory, capability) pairs "
+                   f"have more than one row ({shown})",
+                   f"`{REPAIR}` keeps the first written row of each pair")
+
+
+def keep_first_label_rows(con: duckdb.DuckDBPyConnection) -> int:
+    """Delete every label row but the first written (lowest rowid) of its pair; returns
+    how many went. The repair of `label_rows`."""
+    return int(con.execute("""
+        DELETE FROM labels WHERE rowid IN (
+            SELECT rowid FROM (
+                SELECT rowid, row_number() OVER (PARTITION BY run_id, trajectory_id,
+                                                 capability ORDER BY rowid) AS k
+                FROM labels) WHERE k > 1)""").fetchall()[0][0])
 
 
 def _sample(con: duckdb.DuckDBPyConnection, n: int) -> list[tuple[str, str]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
 from trace_lib.store.connection import Connection, equals_filter
 
@@ -139,11 +140,25 @@ def left_out_runs(con: Connection) -> list[dict[str, Any]]:
 
 def insert_labels(con: Connection, batch: Any) -> None:
     """Append label rows (an Arrow table or DataFrame with `LABEL_COLUMNS`, or a subset of
-    them: the missing columns stay NULL) on the caller's transaction."""
+    them: the missing columns stay NULL) on the caller's transaction.
+
+    `labels` has no primary key (migration LABELS_UNKEYED: its index cost 20x the rows'
+    bytes and twice the write's CPU), so one pair twice in a batch is refused here, before
+    anything is written; a pair across batches is the writers' to avoid (a run labels a
+    trajectory once; a resume first deletes what it relabels), and `store check` finds
+    any that got through."""
     names = batch.column_names if hasattr(batch, "column_names") else list(batch.columns)
     cols = ", ".join(c for c in LABEL_COLUMNS if c in names)
     con.register("_new_labels", batch)
     try:
+        twice = con.execute("""
+            SELECT run_id, trajectory_id, capability, count(*) FROM _new_labels
+            GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 3""").fetchall()
+        if twice:
+            shown = "; ".join(f"run {r}, trajectory {t}, capability {c}: {n} rows"
+                              for r, t, c, n in twice)
+            raise UserInputError(f"labels: a pair labelled more than once in one write "
+                                 f"({shown}); nothing was written")
         con.execute(f"INSERT INTO labels ({cols}) SELECT {cols} FROM _new_labels")
     finally:
         con.unregister("_new_labels")

@@ -480,11 +480,45 @@ CREATE TABLE IF NOT EXISTS explore_stored (
 );
 """
 
+# Labels (issue 35): `labels` loses its primary key (run_id, trajectory_id, capability).
+# A label run writes 14 rows per trajectory, and DuckDB's ART index of that key cost more
+# than the rows (bench/label_write.py, one run over 1M trajectories, chunked commits as a
+# run makes them): 1,112 vs 55 MiB of file (the index was 65% of the 1M pages-bench
+# store, 1.7 GiB -> 0.6 GiB) and 30.6 vs 15.6 CPU-s; and the keys one statement adds are
+# held in memory until it commits (14M rows in one INSERT: 2.3 GiB; a 1 GiB limit fails
+# it), so a 10M-trajectory run written in one statement would not fit this machine.
+# `label_pairs` was already unkeyed. One row per pair and run is kept by the writers
+# (`insert_labels` refuses a pair twice in a write; a run labels a trajectory once; a
+# resume deletes what it relabels) and checked by `store check`. DuckDB cannot drop a
+# key, so the table is rebuilt (ordered by run and trajectory, so a run's rows stay
+# together for zone maps); the views over it bind by name and read the new table.
+LABELS_UNKEYED = """
+CREATE TABLE labels_unkeyed (
+    run_id VARCHAR NOT NULL,
+    trajectory_id VARCHAR NOT NULL,
+    capability VARCHAR NOT NULL,
+    value VARCHAR,
+    evidence JSON,
+    confidence DOUBLE,
+    error VARCHAR,
+    cut_messages INTEGER,
+    cut_tokens INTEGER,
+    evidence_dropped INTEGER,
+    unsupported BOOLEAN
+);
+INSERT INTO labels_unkeyed
+SELECT run_id, trajectory_id, capability, value, evidence, confidence, error, cut_messages,
+       cut_tokens, evidence_dropped, unsupported
+FROM labels ORDER BY run_id, trajectory_id, capability;
+DROP TABLE labels;
+ALTER TABLE labels_unkeyed RENAME TO labels;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
                          MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY, RANK_COVER,
-                         EXPLORE_STORED]
+                         EXPLORE_STORED, LABELS_UNKEYED]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

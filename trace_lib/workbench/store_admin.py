@@ -92,6 +92,7 @@ def _check(path: Path, sample: int) -> StoreReport:
         if not all(f.ok for f in found):
             return report  # a damaged table: the checks below would only repeat it
         report.findings += integrity.dataset_counts(con)
+        report.findings.append(integrity.label_rows(con))
         report.findings.append(_labels(con))
         report.findings += integrity.search_index(con, sample)
     return report
@@ -109,10 +110,16 @@ def check_store(db: Db = None, *, repair: bool = False, sample: int = 50) -> Sto
         return report
     repaired: list[str] = []
     areas = {f.check for f in report.problems}
-    if areas & {"search index", "labels"}:
+    if areas & {"search index", "labels", "label rows"}:
         from trace_lib.diagnose import materialise
 
         with store.connect(path) as con:
+            if "label rows" in areas:
+                with store.transaction(con):
+                    n = integrity.keep_first_label_rows(con)
+                repaired.append(f"{n} repeated label rows deleted (the first of each pair "
+                                "kept)")
+                areas.add("labels")  # the materialised labels counted the repeats
             if "search index" in areas:
                 aside = integrity.set_aside_unreadable_index(path)
                 if aside is not None:
