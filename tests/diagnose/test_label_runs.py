@@ -185,11 +185,8 @@ def test_every_call_failing_stops_after_the_first_few(demo_db: Path):
 def test_migration_marks_unfinished_old_runs_running(tmp_path: Path):
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    old = migrations.MIGRATIONS.index(migrations.LABEL_RUN_STATUS)
-    for i, sql in enumerate(migrations.MIGRATIONS[:old]):
-        con.execute(sql)
-        con.execute("INSERT INTO schema_version VALUES (?)", [i + 1])
+    migrations.apply_from(con, migrations.current_version(con),
+                          target=migrations.MIGRATIONS.index(migrations.LABEL_RUN_STATUS))
     con.execute("INSERT INTO label_runs (id, labeler, finished_at) VALUES "
                 "('complete', 'h', current_timestamp), ('partial', 'h', NULL)")
     con.execute("INSERT INTO labels (run_id, trajectory_id, capability, value) VALUES "

@@ -61,10 +61,7 @@ def _old_store(src: Path, dst: Path) -> None:
     """`src`'s data in a store at the schema version before `trajectory_derived`."""
     before = migrations.MIGRATIONS.index(migrations.EXPLORE_DERIVED)
     con = duckdb.connect(str(dst))
-    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for v in range(before):
-        con.execute(migrations.MIGRATIONS[v])
-        con.execute("INSERT INTO schema_version VALUES (?)", [v + 1])
+    migrations.apply_from(con, migrations.current_version(con), target=before)
     con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
     for table in ("datasets", "trajectories", "messages", "tool_calls", "expected_actions"):
         cols = [r[0] for r in con.execute(

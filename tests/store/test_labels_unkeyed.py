@@ -29,11 +29,8 @@ def test_a_version_13_store_migrates_with_its_rows_and_views_unchanged(tmp_path:
                                                                        ) -> None:
     path = tmp_path / "v13.duckdb"
     con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    before = migrations.MIGRATIONS.index(migrations.LABELS_UNKEYED)
-    for i, sql in enumerate(migrations.MIGRATIONS[:before]):
-        con.execute(sql)
-        con.execute("INSERT INTO schema_version VALUES (?)", [i + 1])
+    migrations.apply_from(con, migrations.current_version(con),
+                          target=migrations.MIGRATIONS.index(migrations.LABELS_UNKEYED))
     con.execute("INSERT INTO label_runs (id, labeler, finished_at, status) VALUES "
                 "('r1', 'h', current_timestamp, 'finished'), "
                 "('r2', 'h', current_timestamp, 'finished')")

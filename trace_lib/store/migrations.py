@@ -534,13 +534,16 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     return schema_version(con)
 
 
-def apply_from(con: duckdb.DuckDBPyConnection, current: int) -> None:
-    """Bring a file at version `current` to `SCHEMA_VERSION` in one transaction."""
-    if current >= SCHEMA_VERSION:
+def apply_from(con: duckdb.DuckDBPyConnection, current: int,
+               target: int = SCHEMA_VERSION) -> None:
+    """Bring a file at version `current` to `target` (this trace_lib's by default; an older
+    one makes the store an older trace_lib wrote, for migration tests) in one
+    transaction."""
+    if current >= target:
         return
     con.execute("BEGIN TRANSACTION")
     try:
-        for version in range(current, SCHEMA_VERSION):
+        for version in range(current, target):
             con.execute(MIGRATIONS[version])
             con.execute("INSERT INTO schema_version VALUES (?)", [version + 1])
         con.execute("COMMIT")
