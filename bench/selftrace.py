@@ -58,6 +58,10 @@ Design decisions
   check that the engine gives the same verdicts twice); the loop's settings, stages' CPU
   and provenance go under `training.loop`, and the served model (the per-request export:
   router.json and one adapter per capability) is kept in the state folder.
+- A row of a folder named by path (`NAME=FOLDER`: a loop's single adapter, a linear
+  merge) records the folder as given; the loops' adapters are kept in the state folder,
+  and a linear merge (`python -m trace_lib moe-merge`, exact and deterministic) is made
+  again from them with the command bench/README.md gives, so it is not kept twice.
 - Every row carries the behaviour counters of its transcripts (episodes with a call, calls
   equal to an expected action, writes, episodes without any call, call text the parser did
   not read) and, beside base, the paired McNemar test on the tasks both ran.
