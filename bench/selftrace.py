@@ -614,11 +614,11 @@ def grpo_seeds(res: dict[str, Any], split: str) -> dict[str, Any] | None:
             rows[int(r["policy"][9:])] = r
     if len(rows) < 2:
         return None
-    rates = [rows[k]["pass_rate"] for k in sorted(rows)]
-    recalls = [sum(r["recall"].values()) / len(r["recall"]) for r in
-               (rows[k] for k in sorted(rows)) if r.get("recall")]
-    return {"seeds": sorted(rows), "passes": [rows[k]["passes"] for k in sorted(rows)],
-            "n": [rows[k]["n"] for k in sorted(rows)],
+    ordered = [rows[k] for k in sorted(rows)]
+    rates = [r["pass_rate"] for r in ordered]
+    recalls = [sum(r["recall"].values()) / len(r["recall"]) for r in ordered if r.get("recall")]
+    return {"seeds": sorted(rows), "passes": [r["passes"] for r in ordered],
+            "n": [r["n"] for r in ordered],
             "pass_rate_mean": statistics.fmean(rates), "pass_rate_sd": statistics.stdev(rates),
             "pass_rate_range": [min(rates), max(rates)],
             "recall_mean": statistics.fmean(recalls) if recalls else None}

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import duckdb
 
+from trace_lib.store import labels as store_labels
 from trace_lib.store import migrations, search
 from trace_lib.store.connection import damage_error
 
@@ -168,14 +169,10 @@ _TOKEN = re.compile(r"[A-Za-z0-9]{4,}")
 def label_rows(con: duckdb.DuckDBPyConnection) -> Finding:
     """One row per (run, trajectory, capability): `labels` has no key that would refuse a
     second (migration LABELS_UNKEYED), so the writers keep it and this checks it."""
-    twice = con.execute("""
-        SELECT run_id, trajectory_id, capability, count(*) AS n FROM labels
-        GROUP BY ALL HAVING count(*) > 1""").fetchall()
-    if not twice:
+    n_twice, shown = store_labels.repeated_pairs(con)
+    if not n_twice:
         return Finding("label rows", True, "one row per labelled pair in every run")
-    shown = "; ".join(f"run {r}, trajectory {t}, capability {c}: {n} rows"
-                      for r, t, c, n in sorted(twice)[:3])
-    return Finding("label rows", False, f"{len(twice)} (run, trajectory, capability) pairs "
+    return Finding("label rows", False, f"{n_twice} (run, trajectory, capability) pairs "
                    f"have more than one row ({shown})",
                    f"`{REPAIR}` keeps the first written row of each pair")
 
