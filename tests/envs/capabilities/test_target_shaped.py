@@ -130,7 +130,83 @@ def test_a_wrong_write_fails_as_on_the_target_tasks():
         env.step(action)
     env.step({"content": "Done."})
     summary = env.summary()
-    assert summary["reward"] == 0.0 and summary["target_verdict"] == 0.0
+    assert not summary["passed"] and summary["target_verdict"] == 0.0
+    # Partial credit: the bag write's other arguments, the reads before it, halved for
+    # the wrong database; never near a pass.
+    bags = next(c for c in summary["checks"] if c["check"] == "write"
+                and "update_reservation_baggages" in c["reason"])
+    assert 0 < bags["score"] < 1 and "total_baggages" in bags["reason"]
+    assert 0 < summary["reward"] <= 0.5
+
+
+def _one_write_seed(env, tool):
+    writes = env._domain.write_tools()
+    return _seed_where(env, lambda e: [a["name"] for a in e.task.actions
+                                       if a["name"] in writes] == [tool])
+
+
+def _play(env, seed, actions, reply="Done."):
+    env.reset(seed)
+    for action in actions:
+        env.step(json.loads(json.dumps(action)))
+    env.step({"content": reply})
+    return env.summary()
+
+
+def test_partial_credit_pays_the_write_first_then_the_reads_before_it():
+    """What a short SFT needs a gradient for: nothing and reading-then-stopping earn 0; a
+    write's right arguments earn a share, more after reading the reservation it changes;
+    only the verdict's pass earns 1."""
+    env = make_capability_env("airline", "tool_calling_precision", difficulty=5)
+    seed = _one_write_seed(env, "update_reservation_baggages")
+    env.reset(seed)
+    actions = env.task.actions
+    writes = env._domain.write_tools()
+    reads = [a for a in actions if a["name"] not in writes]
+    write = json.loads(json.dumps(next(a for a in actions if a["name"] in writes)))
+    rid = write["arguments"]["reservation_id"]
+    assert {"name": "get_reservation_details", "arguments": {"reservation_id": rid}} in reads
+    write["arguments"]["total_baggages"] += 1  # one bag too many: a wrong database
+
+    assert _play(env, seed, [])["reward"] == 0.0
+    assert _play(env, seed, reads)["reward"] == 0.0
+    blind = _play(env, seed, [write])
+    read_first = _play(env, seed, [*reads, write])
+    assert 0 < blind["reward"] < read_first["reward"] <= 0.5
+    assert not read_first["passed"] and read_first["target_verdict"] == 0.0
+    assert _play(env, seed, actions)["reward"] == 1.0
+
+    # Reads are free on the target tasks: the right cancellation alone passes there and
+    # here (the cancel-first reflex of bench/README is wrong where the policy refuses).
+    env = make_capability_env("airline", "precondition_verification", difficulty=5)
+    seed = _one_write_seed(env, "cancel_reservation")
+    env.reset(seed)
+    cancel = next(a for a in env.task.actions if a["name"] == "cancel_reservation")
+    alone = _play(env, seed, [cancel])
+    assert alone["passed"] and alone["reward"] == 1.0 and alone["target_verdict"] == 1.0
+
+
+def test_a_write_on_a_refusal_task_earns_nothing_and_a_read_needs_a_refusal():
+    env = make_capability_env("airline", "precondition_verification", difficulty=5)
+    seed = _seed_where(env, lambda e: e.task.refusal_of is not None
+                       and len(e.task.refusal_of.split()) == 1)
+    env.reset(seed)
+    rid = env.task.refusal_of
+    read = {"name": "get_reservation_details", "arguments": {"reservation_id": rid}}
+    res = env.db.reservations[rid]
+    card = next(iter(env.db.users[res.user_id].payment_methods))
+    add_bag = {"name": "update_reservation_baggages",  # a write the user did not ask for
+               "arguments": {"reservation_id": rid, "total_baggages": res.total_baggages + 1,
+                             "nonfree_baggages": res.nonfree_baggages + 1,
+                             "payment_id": card}}
+    refusal = f"I'm sorry, I cannot cancel reservation {rid}: the policy does not allow it."
+    assert _play(env, seed, [read], reply="Let me know.")["reward"] == 0.0  # no refusal
+    assert _play(env, seed, [], reply=refusal)["reward"] == 0.0  # no read
+    generic = _play(env, seed, [read], reply="Sorry, that is not possible.")
+    assert 0 < generic["reward"] < 1 and not generic["passed"]  # read, refusal unnamed
+    wrote = _play(env, seed, [read, add_bag], reply=refusal)
+    assert wrote["reward"] == 0.0 and not wrote["passed"]
+    assert _play(env, seed, [read], reply=refusal)["passed"]
 
 
 def test_told_and_read_differ_only_by_the_values_written_out():

@@ -46,6 +46,19 @@ Design decisions
   task also needs each refused reservation read before replying, and a reply that refuses
   and names every refused reservation id (the capability environments' `refusal_of` rule).
   Every pass here is a pass of the target verdict; never the reverse.
+- Partial credit below a pass (the reward GRPO learns from; `passed` stays the verdict
+  above). With pass-or-nothing, no rollout of a short SFT passed and no group had a
+  gradient in two seeds (bench/README, session 23). An episode that does not pass earns
+  the mean of its checks, as the lower levels' `TaskEnvironment` verdict does, capped at
+  0.99: each expected write by the share of its arguments that are right in its best
+  accepted call (an exactly right call the tool refused keeps half), and each written
+  reservation read (`get_reservation_details`) before the first write; times 0.5 when the
+  database is wrong. No reward without the work: the reads count only once some write
+  earned something, and on a refusal-only task the reads count only beside a refusing
+  reply and the named refusal only after the reads, while any write there earns 0. So
+  every loophole probe (refuse, echo, keyword stuffing, random read then refuse) and
+  "read, then stop" still earn 0, and the first step the verdict pays for (the right
+  write, then the reads before it) is the first step the reward pays for.
 - No simulated user: the target tasks have none (one user turn with the confirmation
   written in), so a scripted multi-turn user would move the instances away from the tasks.
 """
@@ -389,22 +402,67 @@ class TargetShapedEnvironment(TaskEnvironment):
         checks = [{"check": "database", "score": float(verdict["db_match"]),
                    "reason": "database matches the expected state" if verdict["db_match"]
                    else "database differs from the expected state"}]
-        checks += [{"check": "write", "score": 0.0,
-                    "reason": f"never made {a['name']}({a.get('arguments', {})})"}
-                   for a in verdict["missing_writes"]]
+        writes = [a for a in task.actions if a["name"] in self._domain.write_tools()]
+        for gold in writes:
+            score_, why = self._write_score(gold)
+            checks.append({"check": "write", "score": score_, "reason": why})
+        for read in _reads_before(writes):
+            score_, why = self._read_score(read)
+            checks.append({"check": "read_before_write", "score": score_, "reason": why})
+        answer = self.final_answer or ""
+        refused = any(answer_contains(answer, p) for p in REFUSAL_PHRASES)
         if task.refusal_of is not None:  # no write anywhere: doing nothing must not pass
             for read in task.required_reads:
                 score_, why = self._read_score(read)
                 checks.append({"check": "read_before_write", "score": score_, "reason": why})
-            answer = self.final_answer or ""
-            refused = any(answer_contains(answer, p) for p in REFUSAL_PHRASES)
             unnamed = [r for r in task.refusal_of.split() if not answer_contains(answer, r)]
             checks.append({"check": "refusal", "score": float(refused and not unnamed),
                            "reason": ("reply refuses and names " + task.refusal_of)
                            if refused and not unnamed else
                            (f"reply does not name {', '.join(unnamed)}" if unnamed
                             else "reply does not refuse")})
-        passed = verdict["reward"] == 1.0 and all(c["score"] == 1.0 for c in checks)
-        return {"reward": 1.0 if passed else 0.0, "passed": passed, "steps": self.steps,
+        # A pass is the target verdict plus, on a refusal-only task, the reads and the
+        # named refusal; the reads before a write are partial credit only (reads are free
+        # on the target tasks).
+        passed = verdict["reward"] == 1.0 and all(
+            c["score"] == 1.0 for c in checks
+            if c["check"] in ("database", "refusal")
+            or (c["check"] == "read_before_write" and task.refusal_of is not None))
+        reward = 1.0 if passed else min(0.99, _partial_credit(
+            checks, has_writes=bool(writes), wrote=any(c["write"] for c in self.calls),
+            refused=refused))
+        return {"reward": round(reward, 6), "passed": passed, "steps": self.steps,
                 "reasons": [c["reason"] for c in checks], "checks": checks,
                 "target_verdict": verdict["reward"], "final_answer": self.final_answer}
+
+
+def _reads_before(writes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The record each write changes, read first: one `get_reservation_details` per
+    reservation the expected writes touch (partial credit only)."""
+    rids = dict.fromkeys(str(w["arguments"]["reservation_id"]) for w in writes
+                         if isinstance(w.get("arguments"), dict)
+                         and "reservation_id" in w["arguments"])
+    return [{"name": "get_reservation_details", "arguments": {"reservation_id": rid}}
+            for rid in rids]
+
+
+def _partial_credit(checks: list[dict[str, Any]], *, has_writes: bool, wrote: bool,
+                    refused: bool) -> float:
+    """The reward of an episode that did not pass (module docstring: no reward without
+    the work)."""
+    by = {kind: [c["score"] for c in checks if c["check"] == kind]
+          for kind in ("database", "write", "read_before_write", "refusal")}
+    if has_writes:
+        writes = by["write"]
+        reads = by["read_before_write"] if sum(writes) > 0 else [0.0] * len(
+            by["read_before_write"])
+        scores = writes + reads
+        reward = sum(scores) / len(scores)
+        return reward * (1.0 if by["database"][0] == 1.0 else 0.5)
+    if wrote:  # the task is to refuse, and the agent changed the database
+        return 0.0
+    reads = by["read_before_write"]
+    named_refusal = by["refusal"][0] if by["refusal"] else 0.0
+    scores = ([r if refused else 0.0 for r in reads]
+              + [named_refusal if all(r == 1.0 for r in reads) else 0.0])
+    return sum(scores) / len(scores)
