@@ -1,18 +1,22 @@
-"""The batch writer: duplicates across batches without an import-wide set, batches that do
-not outlive their INSERT, and the orjson fast path reading exactly what `json` reads."""
+"""The batch writer: duplicates across batches and against the store (16 bytes a record,
+`KeyRuns`), an id taken by other content refused, batches that do not outlive their
+INSERT, and the orjson fast path reading exactly what `json` reads."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from trace_lib import store
+from trace_lib.errors import UserInputError
 from trace_lib.ingest import ingest_paths
 from trace_lib.ingest.formats import load
 from trace_lib.ingest.importer import ParseContext
+from trace_lib.ingest.key_runs import KeyRuns
 from trace_lib.ingest.source import Source, fast_loads
 from trace_lib.ingest.writer import Writer
 
@@ -39,7 +43,7 @@ def test_repeats_inside_one_import_are_duplicates_in_any_batch(
     tmp_path: Path, db_path: Path
 ) -> None:
     # Record 0 again at 3 (same batch of 7) and at 10 and 20 (later batches): the later
-    # ones are found in the store by the transaction's own earlier inserts.
+    # ones are found among the contents the writer added in earlier batches.
     records = [rec(i) for i in range(25)]
     for at in (3, 10, 20):
         records[at] = rec(0)
@@ -61,6 +65,52 @@ def test_same_source_id_with_other_content_across_batches_is_warned(
     assert report.trajectories == 20
     assert len(report.warnings) == 1 and "1 source id(s)" in report.warnings[0]
     assert "'r2'" in report.warnings[0]
+
+
+def test_an_id_already_taken_by_other_content_stops_the_import_whole(
+    tmp_path: Path, db_path: Path
+) -> None:
+    # No key refuses a second row with an id (schema 15): the writer does. Two SHA-256
+    # digests that agree in their first 64 bits cannot be made on purpose, so the store
+    # gets a row whose content hash shares the first 64 bits of record 3's and differs
+    # after them, as another trajectory's would.
+    path = write_jsonl(tmp_path / "a.jsonl", [rec(i) for i in range(6)])
+    probe = tmp_path / "probe.duckdb"
+    ingest_paths([path], db=probe)
+    with store.connect(probe, read_only=True) as con:
+        tid, sha = con.execute("SELECT id, content_sha256 FROM trajectories "
+                               "WHERE source_id = 'r3'").fetchone()
+    other = sha[:16] + ("0" if sha[16] != "0" else "1") + sha[17:]
+    ingest_paths([write_jsonl(tmp_path / "b.jsonl", [rec(100)])], db=db_path)
+    with store.connect(db_path) as con:
+        con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) VALUES "
+                    "(?, 'd_other', ?)", [tid, other])
+        before = store.table_counts(con)
+    with pytest.raises(UserInputError, match=rf"a.jsonl: record r3: its id {tid} is already "
+                                             r"the id of a trajectory with other content"):
+        ingest_paths([path], db=db_path, batch_size=2)
+    with store.connect(db_path, read_only=True) as con:
+        assert store.table_counts(con) == before
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_key_runs_answer_as_a_dict_would(seed: int) -> None:
+    # Batches of uneven sizes, so runs merge at every depth; keys across the whole range.
+    rng = np.random.default_rng(seed)
+    runs, truth = KeyRuns(), {}
+    for size in rng.integers(0, 300, 40):
+        keys = rng.integers(0, 2**64, int(size), dtype=np.uint64)
+        keys = np.unique(np.concatenate([keys, np.array([0, 2**64 - 1], np.uint64)]))
+        probe = np.concatenate([keys, rng.choice(np.array(list(truth) or [5], np.uint64), 50)])
+        found, values = runs.get(probe)
+        for k, f, v in zip(probe.tolist(), found.tolist(), values.tolist(), strict=True):
+            assert f == (k in truth) and (not f or v == truth[k])
+        new = keys[~runs.get(keys)[0]]
+        vals = rng.integers(0, 2**64, len(new), dtype=np.uint64)
+        runs.add(new, vals)
+        truth.update(zip(new.tolist(), vals.tolist(), strict=True))
+    assert len(runs) == len(truth) and runs.nbytes == 16 * len(truth)
+    assert len(runs._runs) <= int(np.log2(max(2, len(truth)))) + 1
 
 
 def test_batches_are_not_held_until_commit(tmp_path: Path, db_path: Path) -> None:

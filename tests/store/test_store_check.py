@@ -1,5 +1,6 @@
 """`python -m trace_lib store check`: passes on a healthy store; on each kind of mismatch
-(rows lost from a dataset, rows of no parent, a label pair with two rows in one run,
+(rows lost from a dataset, rows of no parent, a trajectory stored twice, a label pair with
+two rows in one run,
 materialised labels that differ from their definition, a search index that no longer
 matches the messages) it exits 1 and names the
 mismatch and what to do; `--repair` mends what can be rebuilt."""
@@ -32,7 +33,8 @@ def _bad(report: dict, check: str) -> list[dict]:
 
 def test_a_healthy_store_passes_every_check(store_copy: Path) -> None:
     out = ok(cli("store", "check", db=store_copy)).stdout
-    for area in ("schema", "tables", "datasets", "label rows", "labels", "search index"):
+    for area in ("schema", "tables", "datasets", "trajectory rows", "label rows", "labels",
+                 "search index"):
         assert f"ok    {area}" in out, out
     assert "materialised labels match their definition" in out
     assert "24 sampled trajectories found by a word of their messages" in out
@@ -92,6 +94,32 @@ def test_a_label_pair_written_twice_in_a_run_fails_then_repairs_keeping_the_firs
     with store.connect(store_copy, read_only=True) as con:
         assert con.execute("SELECT value FROM labels WHERE run_id = ? AND trajectory_id = ? "
                            "AND capability = ?", [run, tid, cap]).fetchall() == [(value,)]
+
+
+def test_a_trajectory_stored_twice_fails_then_repairs_keeping_the_first(
+        store_copy: Path) -> None:
+    # The bulk tables have no keys (schema 15): a trajectory's rows written a second time
+    # with plain SQL are what the import never makes, and the check finds them.
+    with store.connect(store_copy) as con:
+        tid, n_messages = con.execute("SELECT id, n_messages FROM trajectories "
+                                      "ORDER BY id LIMIT 1").fetchone()
+        for table, key in (("trajectories", "id"), ("messages", "trajectory_id"),
+                           ("tool_calls", "trajectory_id")):
+            con.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE {key} = ?", [tid])
+        before = store.table_counts(con)
+    bad = _bad(_failed(store_copy), "trajectory rows")
+    assert bad and f"1 trajectory ids have more than one row in trajectories (trajectory " \
+        f"{tid}: 2 rows)" in bad[0]["message"], bad
+    assert f"{n_messages} (trajectory, message) keys have more than one row in messages" in \
+        bad[0]["message"]
+    repaired = ok(cli("store", "check", "--repair", db=store_copy)).stdout
+    assert "repeated rows deleted (the first of each kept): trajectories 1, messages " \
+        f"{n_messages}" in repaired
+    assert "every check passed" in repaired
+    with store.connect(store_copy, read_only=True) as con:
+        after = store.table_counts(con)
+        assert after["trajectories"] == before["trajectories"] - 1
+        assert after["messages"] == before["messages"] - n_messages
 
 
 def test_labels_behind_a_recent_edit_are_stale_not_a_fault(store_copy: Path) -> None:

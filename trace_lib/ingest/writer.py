@@ -8,12 +8,14 @@ Design decisions
   (bench/ingest.py compares it with executemany), and the parsed records never outlive
   their batch. The caller holds the transaction, so a failure in batch 40 still leaves the
   store as it was.
-- Memory that grows with the import is DuckDB's alone: its indexes (~31 MiB per 100k
-  trajectories) and what its transaction keeps of the uncommitted rows. Nothing in this
-  module keeps a per-record object for the whole import except one pair of 64-bit hashes
-  per source id; the Arrow batches are handed over as relations, because a table given to
-  `con.register` stays referenced until COMMIT (it held every batch, ~100 MiB per 100k).
-  The statements themselves are `store.trajectories`' (`insert_arrow`, `known_shas`).
+- Memory that grows with the import is 32 bytes per record: two `KeyRuns` (key_runs.py)
+  of 64-bit pairs, the contents seen (stored or imported) and the file's source ids. The
+  bulk tables have no keys (migration BULK_TABLES_UNKEYED), so the open transaction keeps
+  no in-memory index of its new rows (it was ~250 MiB per 1M trajectories and a 10M import
+  ran out of DuckDB's 768 MiB) and DuckDB can spill the uncommitted rows to disk. The
+  Arrow batches are handed over as relations, because a table given to `con.register`
+  stays referenced until COMMIT (it held every batch, ~100 MiB per 100k). The statements
+  themselves are `store.trajectories`' (`insert_arrow`, `content_keys`).
 - Input: what importers yield, validated `Trajectory` models or `TrajectoryRows` (rows.py;
   the OpenAI importer's fast route builds those without models). Models are turned into
   rows first (`as_rows`), so the hash and the rows are computed from one shape: the same
@@ -21,9 +23,13 @@ Design decisions
 - Identity: a trajectory is its content hash (`t_` + 16 hex of it is its id). The hash is
   taken over the strings this module builds for the rows anyway (the arguments' JSON,
   the contents, the ids), so no record is serialised twice. Duplicates — already in the
-  store, or twice in this import — are counted, not inserted: each batch is joined with
-  the store (which already holds the earlier batches of this transaction, so nothing the
-  size of the import is kept in Python) and with the batch's own digests.
+  store, or twice in this import — are counted, not inserted: the first 128 bits of every
+  stored content hash are read once, at the first batch (16 bytes per stored trajectory;
+  it was a join of each batch with the whole table, quadratic in the import), and each
+  batch's new ones are added. The writer is the one place that keeps a trajectory id
+  unique (no key does): an id already taken by other content (two digests agreeing in
+  their first 64 bits, ~3e-6 for 10M trajectories) stops the import with a clear error,
+  as the key's violation did; `store check` finds repeated ids in a store.
 - The same source id twice in one file with different content is not a duplicate: both
   rows are kept and the ids are listed in the report's warnings (a harness that reuses
   ids, or two runs concatenated), never silently.
@@ -53,11 +59,14 @@ from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from trace_lib import store
 from trace_lib.data_model import ToolSchema, Trajectory
+from trace_lib.errors import UserInputError
 from trace_lib.ingest import schemas as schema_mod
+from trace_lib.ingest.key_runs import KeyRuns, as_u64, sha_halves
 from trace_lib.ingest.normalise import ParsedFile
 from trace_lib.ingest.rows import TrajectoryRows, as_rows
 from trace_lib.ingest.schemas import DEFAULT_DOMAIN
@@ -269,6 +278,7 @@ class Writer:
         self._connect = connect
         self._con: store.Connection | None = None
         self._known: set[str] | None = None
+        self._contents: KeyRuns | None = None  # content hashes' first 128 bits seen
         self.sources = sources
         self.batch_size = batch_size
         self.observer = schema_mod.SchemaObserver()
@@ -279,6 +289,14 @@ class Writer:
         if self._con is None:
             self._con = self._connect()
         return self._con
+
+    @property
+    def contents(self) -> KeyRuns:
+        """id (first 64 bits of the content hash) -> next 64 bits, of every trajectory
+        stored or written by this writer."""
+        if self._contents is None:
+            self._contents = KeyRuns(*store_trajectories.content_keys(self.con))
+        return self._contents
 
     @property
     def known_datasets(self) -> set[str]:
@@ -309,10 +327,10 @@ class Writer:
 
     def write_file(self, f: ParsedFile, on_batch: Any = None) -> FileResult:
         result = FileResult("", f.name, f.format, 0, True)
-        # source id -> content, both as 64-bit hashes: what this check needs of 1M records
-        # is ~100 MiB of small ints, not every id string and digest (a collision can only
-        # miss a warning, at odds of ~1e-7 for 1M ids).
-        by_source: dict[int, int] = {}
+        # source id -> content, both as 64-bit hashes in sorted numpy runs: 16 bytes a
+        # record, not every id string and digest (a collision can only miss a warning, at
+        # odds of ~1e-7 for 1M ids).
+        by_source = KeyRuns()
         dup_ids: list[str] = []
         batch = _Batch()
         for index, record in enumerate(f.records):
@@ -329,18 +347,15 @@ class Writer:
                 traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
             except ValueError:
                 traj, sha, args_json, meta_json = self._digest_finite(traj, f, index, result)
-            if traj.source_id is not None:
-                key = hash(sha)
-                prior = by_source.setdefault(hash(traj.source_id), key)
-                if prior != key and traj.source_id not in dup_ids:
-                    dup_ids.append(traj.source_id)
             batch.pending.append((traj, sha, Trajectory.id_from_sha(sha), args_json, meta_json))
             if len(batch) >= self.batch_size:
+                _note_repeated_sources(batch, by_source, dup_ids)
                 self._flush(batch, f, result)
                 batch = _Batch()
                 _release_freed_memory()
                 if on_batch is not None:
                     on_batch()
+        _note_repeated_sources(batch, by_source, dup_ids)
         self._flush(batch, f, result)
         result.records = f.n_records
         ds = result.dataset_id = dataset_id(f.sha256)
@@ -394,19 +409,25 @@ class Writer:
         # Streaming formats know the file's hash only at its end; they hash it up front
         # (`ParsedFile.sha256` set before the first record) so rows can name the dataset.
         ds = dataset_id(f.sha256)
-        in_store = self._existing([sha for _, sha, _, _, _ in batch.pending])
+        hi, lo = sha_halves([sha for _, sha, _, _, _ in batch.pending])
+        found, known_lo = self.contents.get(hi)
+        new_hi: dict[int, int] = {}  # this batch's new contents: id bits -> next 64 bits
         m_tid, m_idx, m_rows = batch.msg_tid.extend, batch.msg_idx.extend, batch.msg_rows.extend
         c_row = batch.calls.append
         t_cols = [batch.traj[k].append for k in TRAJECTORY_COLUMNS]
-        # Earlier batches of this import are in the store already (same transaction), so
-        # the join above finds them: only this batch's own repeats need a set.
-        seen: set[str] = set()
         observe = self.observer.add_call  # inferred schemas, fed by the loop over the calls
-        for traj, sha, tid, args_json, meta_json in batch.pending:
-            if sha in seen or sha in in_store:
+        for i, (traj, sha, tid, args_json, meta_json) in enumerate(batch.pending):
+            h, low = int(hi[i]), int(lo[i])
+            prior = int(known_lo[i]) if found[i] else new_hi.get(h)
+            if prior == low:
                 result.duplicates += 1
                 continue
-            seen.add(sha)
+            if prior is not None:
+                raise UserInputError(
+                    f"{f.name}: record {traj.source_id or '(no id)'}: its id {tid} is already the id "
+                    f"of a trajectory with other content (two SHA-256 digests agree in their "
+                    f"first 64 bits); it cannot be stored. Nothing was imported.")
+            new_hi[h] = low
             result.count(traj.outcome or "unknown")
             domain = traj.domain or DEFAULT_DOMAIN
             n_calls = n_errors = 0
@@ -437,6 +458,8 @@ class Writer:
             for append, v in zip(t_cols, row, strict=True):
                 append(v)
         batch.pending.clear()
+        self.contents.add(np.fromiter(new_hi, np.uint64, len(new_hi)),
+                          np.fromiter(new_hi.values(), np.uint64, len(new_hi)))
         self._insert("trajectories",
                      {k: pa.array(v, _TYPES.get(k, _STR)) for k, v in batch.traj.items()},
                      ("meta",))
@@ -454,9 +477,6 @@ class Writer:
                       for k, v in zip(TOOL_CALL_COLUMNS, columns, strict=True)},
                      ("arguments",))
 
-    def _existing(self, shas: list[str]) -> set[str]:
-        return store_trajectories.known_shas(self.con, shas)
-
     def _insert(self, table: str, columns: dict[str, pa.Array],
                 json_cols: tuple[str, ...] = ()) -> None:
         store_trajectories.insert_arrow(self.con, table, columns, json_cols)
@@ -473,6 +493,28 @@ class Writer:
         rows = schema_mod.resolve(existing, self.given + inferred)
         store_trajectories.upsert_tool_schemas(
             self.con, [(s.domain, s.name, _dumps(_finite(s.schema_)), s.source) for s in rows])
+
+
+def _note_repeated_sources(batch: _Batch, by_source: KeyRuns, dup_ids: list[str]) -> None:
+    """Add to `dup_ids` each source id of this batch that came earlier in the file (or
+    earlier in the batch) with other content, once; remember the batch's first ones."""
+    pairs = [(traj.source_id, sha) for traj, sha, _, _, _ in batch.pending
+             if traj.source_id is not None]
+    if not pairs:
+        return
+    keys = as_u64([hash(src) for src, _ in pairs])
+    values = as_u64([hash(sha) for _, sha in pairs])
+    found, prior = by_source.get(keys)
+    first: dict[int, int] = {}  # this batch's new source ids -> their first content
+    named = set(dup_ids)
+    for i, (src, _) in enumerate(pairs):
+        key, value = int(keys[i]), int(values[i])
+        before = int(prior[i]) if found[i] else first.setdefault(key, value)
+        if before != value and src not in named:
+            dup_ids.append(src)
+            named.add(src)
+    by_source.add(np.fromiter(first, np.uint64, len(first)),
+                  np.fromiter(first.values(), np.uint64, len(first)))
 
 
 def _release_freed_memory() -> None:

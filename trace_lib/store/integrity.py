@@ -19,8 +19,9 @@ Design decisions
   and tool-call rows of its trajectories must number exactly what their counts say. Rows
   whose parent is gone (a message of no trajectory, a trajectory of no dataset) are listed
   too.
-- One row per (run, trajectory, capability) in `labels`, which has no key to refuse a
-  second one (schema version 14); the repair keeps each pair's first written row.
+- One row per identity in the unkeyed tables (`store.row_identity`: a trajectory id, a
+  message, a tool call, a labelled pair of a run), which no key refuses a second of
+  (schema versions 14 and 15); the repair keeps each identity's first written row.
 - The search index against the messages: it must have a document for every trajectory
   (`search.index_state`), and a seeded sample of trajectories (`sample`, ordered by a hash
   of the id, so the same store gives the same sample) must be found by a word of their own
@@ -37,8 +38,7 @@ from pathlib import Path
 
 import duckdb
 
-from trace_lib.store import labels as store_labels
-from trace_lib.store import migrations, search
+from trace_lib.store import migrations, row_identity, search
 from trace_lib.store.connection import damage_error
 
 REPAIR = "python -m trace_lib store check --repair"
@@ -46,7 +46,7 @@ REPAIR = "python -m trace_lib store check --repair"
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # schema | tables | datasets | label rows | labels | search index
+    check: str  # schema | tables | datasets | trajectory rows | label rows | labels | search index
     ok: bool
     message: str
     fix: str | None = None
@@ -166,26 +166,25 @@ def dataset_counts(con: duckdb.DuckDBPyConnection) -> list[Finding]:
 _TOKEN = re.compile(r"[A-Za-z0-9]{4,}")
 
 
-def label_rows(con: duckdb.DuckDBPyConnection) -> Finding:
-    """One row per (run, trajectory, capability): `labels` has no key that would refuse a
-    second (migration LABELS_UNKEYED), so the writers keep it and this checks it."""
-    n_twice, shown = store_labels.repeated_pairs(con)
-    if not n_twice:
-        return Finding("label rows", True, "one row per labelled pair in every run")
-    return Finding("label rows", False, f"{n_twice} (run, trajectory, capability) pairs "
-                   f"have more than one row ({shown})",
-                   f"`{REPAIR}` keeps the first written row of each pair")
-
-
-def keep_first_label_rows(con: duckdb.DuckDBPyConnection) -> int:
-    """Delete every label row but the first written (lowest rowid) of its pair; returns
-    how many went. The repair of `label_rows`."""
-    return int(con.execute("""
-        DELETE FROM labels WHERE rowid IN (
-            SELECT rowid FROM (
-                SELECT rowid, row_number() OVER (PARTITION BY run_id, trajectory_id,
-                                                 capability ORDER BY rowid) AS k
-                FROM labels) WHERE k > 1)""").fetchall()[0][0])
+def row_identities(con: duckdb.DuckDBPyConnection) -> list[Finding]:
+    """One row per identity in the unkeyed tables (`row_identity.ROW_KEYS`): no key
+    refuses a repeat, so the writers keep it and this checks it. Two findings: the
+    trajectories with their messages and tool calls, and the labels."""
+    out = []
+    for check, tables, ok in (
+            ("trajectory rows", ("trajectories", "messages", "tool_calls"),
+             "one row per trajectory id, message and tool call"),
+            ("label rows", ("labels",), "one row per labelled pair in every run")):
+        found = []
+        for table in tables:
+            n_twice, shown = row_identity.repeated(con, table)
+            if n_twice:
+                found.append(f"{n_twice} {row_identity.identity_words(table)} have more "
+                             f"than one row in {table} ({shown})")
+        out.append(Finding(check, True, ok) if not found else Finding(
+            check, False, "; ".join(found),
+            f"`{REPAIR}` keeps the first written row of each"))
+    return out
 
 
 def _sample(con: duckdb.DuckDBPyConnection, n: int) -> list[tuple[str, str]]:

@@ -29,6 +29,7 @@ import pandas as pd
 
 from trace_lib.errors import UserInputError
 from trace_lib.scope import Scope
+from trace_lib.store import row_identity
 from trace_lib.store.connection import Connection, equals_filter
 
 # The columns of a label row, in the order a batch carries them.
@@ -151,27 +152,13 @@ def insert_labels(con: Connection, batch: Any) -> None:
     cols = ", ".join(c for c in LABEL_COLUMNS if c in names)
     con.register("_new_labels", batch)
     try:
-        n_twice, shown = repeated_pairs(con, "_new_labels")
+        n_twice, shown = row_identity.repeated(con, "labels", "_new_labels")
         if n_twice:
             raise UserInputError(f"labels: a pair labelled more than once in one write "
                                  f"({shown}); nothing was written")
         con.execute(f"INSERT INTO labels ({cols}) SELECT {cols} FROM _new_labels")
     finally:
         con.unregister("_new_labels")
-
-
-def repeated_pairs(con: Connection, source: str = "labels") -> tuple[int, str]:
-    """How many (run, trajectory, capability) pairs have more than one row in `source`
-    (the table, or a write's rows registered under a name), and the first three, worded:
-    the one definition of a repeat, for `insert_labels` and `store check`."""
-    rows = con.execute(f"""
-        SELECT run_id, trajectory_id, capability, n, count(*) OVER () FROM (
-            SELECT run_id, trajectory_id, capability, count(*) AS n FROM {source}
-            GROUP BY ALL HAVING count(*) > 1)
-        ORDER BY ALL LIMIT 3""").fetchall()
-    shown = "; ".join(f"run {r}, trajectory {t}, capability {c}: {n} rows"
-                      for r, t, c, n, _ in rows)
-    return (rows[0][4] if rows else 0), shown
 
 
 def delete_run_labels(con: Connection, run_id: str) -> None:

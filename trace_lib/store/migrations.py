@@ -514,11 +514,74 @@ DROP TABLE labels;
 ALTER TABLE labels_unkeyed RENAME TO labels;
 """
 
+# Scale (issue 35): the bulk tables lose their keys, as `labels` did. An import is one
+# transaction, and DuckDB keeps the keys of a transaction's new rows in memory until it
+# commits: 2M trajectories' keys took 490 MiB (the content hash's UNIQUE 225, the messages'
+# key 179, the id 87), so a 10M import ran out of the 768 MiB it may use. The writer keeps
+# ids unique (`ingest.writer`, 16 bytes a trajectory) and `store check` finds repeats.
+# Rows are copied in their order (rowid), so what was written together stays together.
+BULK_TABLES_UNKEYED = """
+CREATE TABLE trajectories_unkeyed (
+    id VARCHAR NOT NULL,
+    dataset_id VARCHAR NOT NULL,
+    source_id VARCHAR,
+    task_id VARCHAR,
+    trial INTEGER,
+    agent_model VARCHAR,
+    domain VARCHAR,
+    reward DOUBLE,
+    success BOOLEAN,
+    termination VARCHAR,
+    n_messages INTEGER,
+    n_tool_calls INTEGER,
+    n_tool_errors INTEGER,
+    content_sha256 VARCHAR NOT NULL,
+    meta JSON,
+    outcome VARCHAR
+);
+INSERT INTO trajectories_unkeyed
+SELECT id, dataset_id, source_id, task_id, trial, agent_model, domain, reward, success,
+       termination, n_messages, n_tool_calls, n_tool_errors, content_sha256, meta, outcome
+FROM trajectories ORDER BY rowid;
+DROP TABLE trajectories;
+ALTER TABLE trajectories_unkeyed RENAME TO trajectories;
+CREATE TABLE messages_unkeyed (
+    trajectory_id VARCHAR NOT NULL,
+    idx INTEGER NOT NULL,
+    role VARCHAR NOT NULL,
+    content VARCHAR,
+    tool_call_id VARCHAR,
+    name VARCHAR,
+    turn_idx INTEGER,
+    meta JSON
+);
+INSERT INTO messages_unkeyed
+SELECT trajectory_id, idx, role, content, tool_call_id, name, turn_idx, meta
+FROM messages ORDER BY rowid;
+DROP TABLE messages;
+ALTER TABLE messages_unkeyed RENAME TO messages;
+CREATE TABLE tool_calls_unkeyed (
+    trajectory_id VARCHAR NOT NULL,
+    message_idx INTEGER NOT NULL,
+    call_idx INTEGER NOT NULL,
+    call_id VARCHAR,
+    name VARCHAR NOT NULL,
+    arguments JSON,
+    requestor VARCHAR,
+    error VARCHAR
+);
+INSERT INTO tool_calls_unkeyed
+SELECT trajectory_id, message_idx, call_idx, call_id, name, arguments, requestor, error
+FROM tool_calls ORDER BY rowid;
+DROP TABLE tool_calls;
+ALTER TABLE tool_calls_unkeyed RENAME TO tool_calls;
+"""
+
 # Append-only. Index i holds the SQL that brings a file from version i to i + 1.
 MIGRATIONS: list[str] = [V1_BASE, V2_LABEL_UNDO, V3_ENV_GENERATION, INGEST_OUTCOME_REQUESTOR,
                          LABEL_RUN_STATUS, MATERIALISED_LABELS, EXPLORE_DERIVED, LABEL_GROUNDS,
                          MESSAGE_META, IMPORT_REPORTS, RANK_STABILITY, RANK_COVER,
-                         EXPLORE_STORED, LABELS_UNKEYED]
+                         EXPLORE_STORED, LABELS_UNKEYED, BULK_TABLES_UNKEYED]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from trace_lib import store
 from trace_lib.store import backup as store_backup
-from trace_lib.store import derived, integrity, migrations, search
+from trace_lib.store import derived, integrity, migrations, row_identity, search
 
 Db = str | Path | None
 
@@ -92,7 +92,7 @@ def _check(path: Path, sample: int) -> StoreReport:
         if not all(f.ok for f in found):
             return report  # a damaged table: the checks below would only repeat it
         report.findings += integrity.dataset_counts(con)
-        report.findings.append(integrity.label_rows(con))
+        report.findings += integrity.row_identities(con)
         report.findings.append(_labels(con))
         report.findings += integrity.search_index(con, sample)
     return report
@@ -110,13 +110,20 @@ def check_store(db: Db = None, *, repair: bool = False, sample: int = 50) -> Sto
         return report
     repaired: list[str] = []
     areas = {f.check for f in report.problems}
-    if areas & {"search index", "labels", "label rows"}:
+    if areas & {"search index", "labels", "label rows", "trajectory rows"}:
         from trace_lib.diagnose import materialise
 
         with store.connect(path) as con:
+            if "trajectory rows" in areas:
+                with store.transaction(con):
+                    n = {t: row_identity.keep_first(con, t)
+                         for t in ("trajectories", "messages", "tool_calls")}
+                repaired.append("repeated rows deleted (the first of each kept): "
+                                + ", ".join(f"{k} {v}" for k, v in n.items()))
+                areas |= {"labels", "search index"}  # both counted the repeats
             if "label rows" in areas:
                 with store.transaction(con):
-                    n = integrity.keep_first_label_rows(con)
+                    n = row_identity.keep_first(con, "labels")
                 repaired.append(f"{n} repeated label rows deleted (the first of each pair "
                                 "kept)")
                 areas.add("labels")  # the materialised labels counted the repeats
