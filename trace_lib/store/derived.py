@@ -49,13 +49,10 @@ from typing import Any
 
 from duckdb.sqltypes import VARCHAR
 
-from trace_lib.store import search
+from trace_lib.store import chunk_stage, search
 from trace_lib.store.connection import Connection, transaction
 
 TABLE = "trajectory_derived"
-_NEW = "_derive_new"
-_NEW_CHUNK = "_derive_chunk"
-_CHUNK = 50_000
 
 
 def table_exists(con: Connection) -> bool:
@@ -97,20 +94,14 @@ def derive_missing(con: Connection) -> int:
     """Insert the derived row of every trajectory without one; returns how many.
 
     Needs a writable, migrated connection. Runs inside the caller's transaction if any.
+    A chunk of trajectories at a time (the embedding texts of a 1M import at once are
+    ~800 MiB), staged once so the whole pass is linear (`chunk_stage`).
     """
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {_NEW} AS SELECT id FROM trajectories "
-                f"WHERE id NOT IN (SELECT trajectory_id FROM {TABLE})")
-    try:
-        n = int(con.execute(f"SELECT count(*) FROM {_NEW}").fetchall()[0][0])
-        # A chunk at a time: the embedding texts of a 1M import at once are ~800 MiB.
-        for start in range(0, n, _CHUNK):
-            con.execute(f"CREATE OR REPLACE TEMP TABLE {_NEW_CHUNK} AS SELECT id FROM {_NEW} "
-                        f"ORDER BY id LIMIT {_CHUNK} OFFSET {start}")
-            _derive_chunk(con, f"t.id IN (SELECT id FROM {_NEW_CHUNK})")
-        return n
-    finally:
-        con.execute(f"DROP TABLE IF EXISTS {_NEW}")
-        con.execute(f"DROP TABLE IF EXISTS {_NEW_CHUNK}")
+    missing = f"SELECT id FROM trajectories WHERE id NOT IN (SELECT trajectory_id FROM {TABLE})"
+    with chunk_stage.staged(con, missing) as stage:
+        for k in range(stage.n_chunks if stage.n else 0):
+            _derive_chunk(con, stage.prefix(k))
+        return stage.n
 
 
 # Python's `str.strip()` strips exactly the characters for which `str.isspace()` holds;
@@ -158,35 +149,37 @@ def _text_sha256_sql(scope: str) -> str:
     """
 
 
-def _derive_chunk(con: Connection, scope: str) -> None:
+def _derive_chunk(con: Connection, prefix: str) -> None:
+    """The rows of the trajectories `prefix` (a `chunk_stage` chunk) makes the tables hold."""
     # A temp table, not con.register of an Arrow table: a registered table stays
     # referenced until the transaction commits, so every chunk would be held to the end.
-    con.execute(f"CREATE TEMP TABLE _derive_texts AS {_text_sha256_sql(scope)}")
+    con.execute(f"CREATE TEMP TABLE _derive_texts AS {prefix} "
+                f"SELECT * FROM ({_text_sha256_sql('true')})")
     sql = f"""
         INSERT INTO {TABLE} (trajectory_id, error_kinds, error_tool, error_kind,
                              deviation, text_sha256)
-        {signature_parts_sql(con, scope, failures_only=False)},
+        {prefix} SELECT * FROM (
+        {signature_parts_sql(con, 'true', failures_only=False)},
         kinds AS (
             SELECT c.trajectory_id,
                    -- sorted: DISTINCT alone gives the kinds in any order, run to run
                    list(DISTINCT {error_kind_sql("c.error")}
                         ORDER BY {error_kind_sql("c.error")}) FILTER (
                        WHERE {error_kind_sql("c.error")} IS NOT NULL) AS kinds
-            FROM tool_calls c JOIN trajectories t ON t.id = c.trajectory_id
-            WHERE c.error IS NOT NULL AND {scope}
+            FROM tool_calls c
+            WHERE c.error IS NOT NULL
             GROUP BY 1
         )
         SELECT s.id, coalesce(k.kinds, []::VARCHAR[]), s.sig_error_tool,
                s.sig_error_kind, s.sig_deviation, x.text_sha256
         FROM sig s
         LEFT JOIN kinds k ON k.trajectory_id = s.id
-        LEFT JOIN _derive_texts x ON x.trajectory_id = s.id
+        LEFT JOIN _derive_texts x ON x.trajectory_id = s.id)
     """
     try:
         con.execute(sql)
     finally:
         con.execute("DROP TABLE IF EXISTS _derive_texts")
-
 
 
 @contextlib.contextmanager

@@ -66,6 +66,7 @@ import duckdb
 import pyarrow as pa
 
 from trace_lib.errors import is_disk_full, writing
+from trace_lib.store import chunk_stage
 
 MODES: tuple[str, ...] = ("words", "substring")
 INDEX_SUFFIX = ".search.sqlite"
@@ -161,30 +162,34 @@ def _documents_sql(scope: str) -> str:
 
 def _add_missing(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> int:
     """Index every store trajectory the index lacks; returns how many. Caller holds the
-    SQLite transaction. Documents are built `_CHUNK` trajectories at a time, so memory
-    is bounded by a chunk's text whatever the store's size."""
-    # from_arrow(...).query, not register: a registered table stays referenced until the
-    # import's transaction commits, so every chunk would be held to the end.
-    indexed = pa.table({"id": pa.array(
-        [r[0] for r in lite.execute("SELECT trajectory_id FROM docs")], pa.string())})
-    todo = [r[0] for r in duck.from_arrow(indexed).query(
-        "_search_indexed",
-        "SELECT t.id FROM trajectories t WHERE t.id NOT IN (SELECT id FROM _search_indexed)",
-    ).fetchall()]
-    del indexed
-    next_row = lite.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchall()[0][0] + 1
-    for start in range(0, len(todo), _CHUNK):
-        chunk = todo[start:start + _CHUNK]
-        rows = duck.from_arrow(pa.table({"id": pa.array(chunk, pa.string())})).query(
-            "_search_chunk", _documents_sql("t.id IN (SELECT id FROM _search_chunk)")
-        ).fetchall()
-        ids = range(next_row, next_row + len(rows))
-        lite.executemany("INSERT INTO docs (rowid, trajectory_id) VALUES (?, ?)",
-                         zip(ids, (r[0] for r in rows), strict=True))
-        lite.executemany("INSERT INTO fts (rowid, body, system) VALUES (?, ?, ?)",
-                         zip(ids, (r[1] for r in rows), (r[2] for r in rows), strict=True))
-        next_row += len(rows)
-    return len(todo)
+    SQLite transaction. Documents are built a `chunk_stage` chunk at a time, so memory
+    is bounded by a chunk's text whatever the store's size, and the pass is linear."""
+    # The index's ids go to DuckDB an Arrow batch at a time (a 10M index's ids as one
+    # Python list are ~700 MiB); from_arrow(...).query, not register: a registered table
+    # stays referenced until the import's transaction commits.
+    duck.execute("CREATE OR REPLACE TEMP TABLE _search_indexed (id VARCHAR)")
+    try:
+        cursor = lite.execute("SELECT trajectory_id FROM docs")
+        while rows := cursor.fetchmany(_CHUNK):
+            duck.from_arrow(pa.table({"id": pa.array([r[0] for r in rows], pa.string())})
+                            ).query("_search_batch",
+                                    "INSERT INTO _search_indexed SELECT id FROM _search_batch")
+        next_row = lite.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchall()[0][0] + 1
+        missing = "SELECT t.id FROM trajectories t WHERE t.id NOT IN (SELECT id FROM _search_indexed)"
+        with chunk_stage.staged(duck, missing) as stage:
+            for k in range(stage.n_chunks if stage.n else 0):
+                rows = duck.execute(f"{stage.prefix(k)} SELECT * FROM "
+                                    f"({_documents_sql('true')})").fetchall()
+                ids = range(next_row, next_row + len(rows))
+                lite.executemany("INSERT INTO docs (rowid, trajectory_id) VALUES (?, ?)",
+                                 zip(ids, (r[0] for r in rows), strict=True))
+                lite.executemany("INSERT INTO fts (rowid, body, system) VALUES (?, ?, ?)",
+                                 zip(ids, (r[1] for r in rows), (r[2] for r in rows),
+                                     strict=True))
+                next_row += len(rows)
+            return stage.n
+    finally:
+        duck.execute("DROP TABLE IF EXISTS _search_indexed")
 
 
 class IndexBehind(Exception):  # noqa: N818 - a state, not a failure of the import
