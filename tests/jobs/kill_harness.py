@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ CTX.set_forkserver_preload([
     "trace_lib.ingest.pipeline", "trace_lib.diagnose.labeling", "trace_lib.diagnose.labels",
     "trace_lib.jobs.runner", "trace_lib.train.trainer", "trace_lib.evaluate.runner",
 ])
+# The interpreter's own `__main__` (pytest's), kept at import: a page script a test ran
+# in-process (streamlit's AppTest) can be left as `__main__`, and a forkserver child
+# re-runs whatever `__main__` is when it starts (seen: pages/8_Improve.py failing in
+# every child when the workbench tests ran before these).
+_MAIN = sys.modules["__main__"]
 
 
 @dataclass
@@ -61,7 +67,11 @@ def run(target: Callable[..., None], args: tuple, kill: Kill | None = None, *,
     parent, child = CTX.Pipe(duplex=False)
     proc = CTX.Process(target=_child, args=(target, child, *args), daemon=True)
     t0 = time.monotonic()
-    proc.start()
+    current, sys.modules["__main__"] = sys.modules["__main__"], _MAIN
+    try:
+        proc.start()
+    finally:
+        sys.modules["__main__"] = current
     child.close()
     seen = 0
     while proc.is_alive() and time.monotonic() - t0 < timeout_s:

@@ -97,13 +97,15 @@ def test_a_table_added_later_is_covered(two_datasets: Path) -> None:
 
 
 def test_a_failure_half_way_leaves_the_store_unchanged(two_datasets: Path) -> None:
-    # A row that references a trajectory through a foreign key under another column name:
-    # DuckDB refuses to delete that trajectory, after messages, labels... were deleted in
-    # the same transaction. All of it must roll back, and no audit file may stay behind.
+    # A row that references the dataset through a foreign key under another column name:
+    # DuckDB refuses to delete that dataset, after its trajectories, messages, labels...
+    # were deleted in the same transaction. All of it must roll back, and no audit file
+    # may stay behind. (The dataset, not a trajectory: trajectories have no key to
+    # reference since schema 15.)
     with store.connect(two_datasets) as con:
-        con.execute("CREATE TABLE pins (pinned VARCHAR REFERENCES trajectories (id))")
-        con.execute("INSERT INTO pins SELECT id FROM trajectories "
-                    "WHERE agent_model = 'model-mine' LIMIT 1")
+        con.execute("CREATE TABLE pins (pinned VARCHAR REFERENCES datasets (id))")
+        con.execute("INSERT INTO pins SELECT DISTINCT dataset_id FROM trajectories "
+                    "WHERE agent_model = 'model-mine'")
     before = _counts(two_datasets)
     with pytest.raises(store.StoreError, match="Nothing was removed"):
         data.delete_dataset("mine.jsonl", db=two_datasets)
