@@ -88,3 +88,21 @@ def test_transaction_rolls_back(db_path: Path) -> None:
                             "VALUES ('x', 'd', 'user', 'proposed')")
                 raise RuntimeError("boom")
         assert con.execute("SELECT count(*) FROM capabilities").fetchone()[0] == 0
+
+
+def test_trace_db_memory_limits_every_store_connection(tmp_path, monkeypatch):
+    """`TRACE_DB_MEMORY` caps DuckDB per store connection (a 10M store's label finish
+    otherwise takes 80% of the machine); a value that is no amount is a clear error."""
+    db = tmp_path / "m.duckdb"
+    monkeypatch.setenv("TRACE_DB_MEMORY", "300MB")
+    with store.connect(db) as con:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] \
+            == "286.1 MiB"
+    with store.connect(db, read_only=True) as con:
+        assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] \
+            == "286.1 MiB"
+    monkeypatch.setenv("TRACE_DB_MEMORY", "lots")
+    with pytest.raises(store.StoreError, match=r"TRACE_DB_MEMORY='lots': expected an "
+                                               r"amount of memory such as 4GB"):
+        with store.connect(db):
+            pass

@@ -45,6 +45,12 @@ OutOfMemoryError = duckdb.OutOfMemoryException
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DB = REPO_ROOT / "data" / "trace.duckdb"
 ENV_DB = "TRACE_DB"
+# The most memory DuckDB may use per store connection ("4GB", "2.5GiB", "25%"); unset:
+# DuckDB's own default, 80% of the machine. A 10M-trajectory store's label finish took
+# 19 GB that way and the OOM killer took a training job beside it (bench/README,
+# session 24); under a limit DuckDB spills to disk instead.
+ENV_MEMORY = "TRACE_DB_MEMORY"
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB|%)", re.IGNORECASE)
 
 
 class StoreError(RuntimeError):
@@ -212,6 +218,7 @@ def open_connection(
             time.sleep(delay * (1 + random.random()))
             delay = min(delay * 2, 1.0)
     try:
+        _limit_memory(con)
         if read_only:
             _check_version(con, path)
         elif migrate:
@@ -224,6 +231,17 @@ def open_connection(
         con.close()
         raise
     return con
+
+
+def _limit_memory(con: duckdb.DuckDBPyConnection) -> None:
+    """`TRACE_DB_MEMORY`, if set, as the connection's DuckDB memory limit."""
+    limit = os.environ.get(ENV_MEMORY, "").strip()
+    if not limit:
+        return
+    if not _MEMORY.fullmatch(limit):
+        raise StoreError(f"{ENV_MEMORY}={limit!r}: expected an amount of memory such as "
+                         f"4GB, 2.5GiB or 25%")
+    con.execute(f"SET memory_limit = '{limit}'")
 
 
 def _store_words(path: Path) -> str:
