@@ -120,3 +120,21 @@ def test_grid_save_confirmation_names_each_saved_edit_by_id() -> None:
         "saved 0 edit(s); 1 already had that value, 16:20:05")
     many = lb.describe_grid_save([(f"t_{i}", "a", "na") for i in range(5)], list(range(5)), at)
     assert many.startswith("saved 5 edit(s): #0 t_0 · a → na; #1 ") and "; and 2 more, " in many
+
+
+@pytest.mark.parametrize("labeled", [
+    "t00 t01 t02 t03 t04 t05 t06 t07 t08 t09 t10 t11 t12 t13 t14 t15 t16 t17 t18 t19",
+    "t17 t18 t19",  # none among the first 4 x limit by id: the page comes from every one
+    "t01 t05 t09 t10 t16",  # the candidates hold some, not a full page
+])
+def test_the_grid_page_is_the_first_labeled_trajectories_by_id(db_path: Path,
+                                                               labeled: str) -> None:
+    # `grid_rows` looks for the page among the first 4 x limit trajectories by id first
+    # (a 10M store: 21 s -> 0.6 s); the page must be what the whole search gives.
+    done = set(labeled.split())
+    tids = [f"t{i:02d}" for i in range(20)]
+    make_store(db_path, dict.fromkeys(tids, False), {"r1": {"tool_calling_precision": [
+        "lacking" if t in done else None for t in tids]}})
+    grid = lb.label_grid(db_path, lb.LabelFilter(capabilities=["tool_calling_precision"],
+                                                 limit=2))
+    assert list(grid["trajectory_id"]) == sorted(done)[:2]
