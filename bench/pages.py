@@ -236,6 +236,17 @@ def _kind(step: str) -> str:
             "visit" if step.startswith("visit") else "action")
 
 
+def _commit() -> str | None:
+    """The checkout's commit (with `+` when its tracked files differ from it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=REPO).returncode
+        return head + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def json_rows(n: int, runs: int, db: Path, steps: dict[str, Step]) -> list[dict]:
     """pages.json rows of one store's medians (see the module docstring)."""
     built = json.loads(_build_record(db).read_text()) if _build_record(db).exists() else {}
@@ -249,6 +260,7 @@ def json_rows(n: int, runs: int, db: Path, steps: dict[str, Step]) -> list[dict]
               "import_cpu_s": built.get("import_cpu_s"),
               "import_peak_mib": built.get("import_peak_mib"),
               "load_average": round(os.getloadavg()[0], 2),
+              "commit": _commit(),
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     def sec(x: float) -> float | None:  # past the step limit: no figure
         return None if x == float("inf") else round(x, 3)
