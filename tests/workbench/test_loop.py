@@ -204,6 +204,8 @@ def test_a_pid_taken_by_another_program_is_not_a_running_loop(tmp_path, monkeypa
     (["--capabilities", "tool_calling_precision", "--budget-cpu-hours", "0.000001"],
      "too small for one training step"),
     (["--resume", "loop-nope"], "loop 'loop-nope': no such loop"),
+    (["--capabilities", "tool_calling_precision", "--train-temperature", "0"],
+     "field `temperature` is 0.0; expected a sampling temperature > 0"),
 ])
 def test_bad_input_is_a_clear_error_and_changes_nothing(db_path, tmp_path, args, message):
     runs = tmp_path / "runs"
@@ -257,3 +259,15 @@ def test_the_loop_evaluates_on_one_vllm_server(db_path, tmp_path):
             if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
             and "--served-model-name tiny" in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+def test_the_training_temperature_reaches_the_adapters_config():
+    from trace_lib.cli import build_parser
+    from trace_lib.cli.loop import config_from_args
+    from trace_lib.workbench import training
+
+    args = build_parser().parse_args(["loop", "--model", "tiny", "--train-temperature", "0.7"])
+    cfg = config_from_args(args)
+    assert cfg.train["temperature"] == 0.7
+    assert training.build_config("airline/tool_calling_precision", "tiny",
+                                 **cfg.train)["temperature"] == 0.7

@@ -63,6 +63,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--train-autocast", choices=AUTOCAST_NAMES, default=None,
                    help="the adapters' SFT and GRPO matmuls in bf16 over float32 weights "
                         "(train --autocast)")
+    p.add_argument("--train-temperature", type=float, default=None,
+                   help="GRPO's sampling temperature (default 1.0): SmolLM2-135M after a "
+                        "short SFT samples no tool call at all at 1.0, so every group "
+                        "scores the same and nothing is learned")
     p.add_argument("--train-seed", type=int, default=None,
                    help="the adapters' training seed (GRPO's sampling, the SFT batches)")
     p.add_argument("--train-difficulty", type=int, choices=DIFFICULTIES, default=None,
