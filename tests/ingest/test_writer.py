@@ -93,6 +93,17 @@ def test_an_id_already_taken_by_other_content_stops_the_import_whole(
         assert store.table_counts(con) == before
 
 
+def test_a_stored_hash_that_is_not_hex_does_not_stop_an_import(tmp_path: Path,
+                                                                db_path: Path) -> None:
+    # Rows written by hand (fixtures, plain SQL) may carry any text as their hash.
+    with store.connect(db_path) as con:
+        con.execute("INSERT INTO trajectories (id, dataset_id, content_sha256) VALUES "
+                    "('t_x', 'd_x', 'sha-x'), ('t_y', 'd_x', '')")
+    report = ingest_paths([write_jsonl(tmp_path / "a.jsonl", [rec(i) for i in range(3)])],
+                          db=db_path)
+    assert (report.trajectories, report.duplicates) == (3, 0)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_key_runs_answer_as_a_dict_would(seed: int) -> None:
     # Batches of uneven sizes, so runs merge at every depth; keys across the whole range.

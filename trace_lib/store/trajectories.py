@@ -311,10 +311,13 @@ def content_keys(con: Connection) -> tuple[np.ndarray, np.ndarray]:
     """The first and the next 64 bits of every stored trajectory's content hash, as two
     uint64 arrays (the first 64 are the id's hex digits): what an import checks its
     records against, 16 bytes per trajectory, read in one scan."""
-    cols = con.execute(
-        "SELECT ('0x' || substr(content_sha256, 1, 16))::UBIGINT AS hi, "
-        "('0x' || substr(content_sha256, 17, 16))::UBIGINT AS lo FROM trajectories"
-    ).fetchnumpy()
+    # A hash that is not hex (a fixture's, a row written by hand) matches no import's.
+    cols = con.execute("""
+        SELECT hi, lo FROM (
+            SELECT TRY_CAST('0x' || substr(content_sha256, 1, 16) AS UBIGINT) AS hi,
+                   TRY_CAST('0x' || substr(content_sha256, 17, 16) AS UBIGINT) AS lo
+            FROM trajectories)
+        WHERE hi IS NOT NULL AND lo IS NOT NULL""").fetchnumpy()
     return np.asarray(cols["hi"], np.uint64), np.asarray(cols["lo"], np.uint64)
 
 
