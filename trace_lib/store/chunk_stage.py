@@ -11,7 +11,7 @@ Design decisions
   sorted by it (one join and one sort; DuckDB spills both past its memory limit), so a
   chunk's query reads its own row groups (zone maps on the sorted column) and the whole
   pass is linear in the set.
-- A chunk is read under the tables' own names: `Stage.prefix(k)` is a WITH clause whose
+- A chunk is read under the tables' own names: each of `Stage.prefixes()` is a WITH clause whose
   CTEs `trajectories`, `messages` and `tool_calls` shadow the tables, and callers run
   `{prefix} SELECT * FROM ({their SQL})`. The SQL definitions (`derived`, `search`) stay
   the one definition and run unchanged on a chunk or on the whole store.
@@ -38,12 +38,13 @@ class Stage:
     n: int  # trajectories staged
     n_chunks: int
 
-    @staticmethod
-    def prefix(k: int) -> str:
-        """The WITH clause that makes the three tables read chunk `k` only."""
-        return "WITH " + ", ".join(
-            f"{t} AS (SELECT * EXCLUDE (chunk) FROM _stage_{t} WHERE chunk = {int(k)})"
-            for t in TABLES) + " "
+    def prefixes(self) -> Iterator[str]:
+        """Per chunk, the WITH clause that makes the three tables read that chunk only
+        (none when nothing was staged)."""
+        for k in range(self.n_chunks if self.n else 0):
+            yield "WITH " + ", ".join(
+                f"{t} AS (SELECT * EXCLUDE (chunk) FROM _stage_{t} WHERE chunk = {k})"
+                for t in TABLES) + " "
 
 
 @contextlib.contextmanager
@@ -52,18 +53,18 @@ def staged(con: Connection, ids_sql: str, chunk: int | None = None) -> Iterator[
     (default `CHUNK`) to a chunk; the temp tables are dropped on exit."""
     chunk = chunk or CHUNK
     try:
-        n = int(con.execute(f"SELECT count(*) FROM ({ids_sql})").fetchall()[0][0])
+        # `ids_sql` is an anti-join over the store (what has no row yet): run it once.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_ids AS SELECT id FROM ({ids_sql})")
+        n = int(con.execute("SELECT count(*) FROM _stage_ids").fetchall()[0][0])
         n_chunks = max(1, -(-n // chunk))
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_ids AS SELECT id, "
-                    f"hash(id) % {n_chunks} AS chunk FROM ({ids_sql})")
         for table, column in TABLES.items():
             if n == 0:  # the same empty shape, without reading the table
                 con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_{table} AS "
                             f"SELECT 0::UBIGINT AS chunk, * FROM {table} LIMIT 0")
                 continue
             con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_{table} AS "
-                        f"SELECT s.chunk, x.* FROM {table} x "
-                        f"JOIN _stage_ids s ON s.id = x.{column} ORDER BY s.chunk")
+                        f"SELECT hash(s.id) % {n_chunks} AS chunk, x.* FROM {table} x "
+                        f"JOIN _stage_ids s ON s.id = x.{column} ORDER BY chunk")
         yield Stage(n, n_chunks)
     finally:
         for table in ("ids", *TABLES):

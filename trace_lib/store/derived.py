@@ -99,8 +99,8 @@ def derive_missing(con: Connection) -> int:
     """
     missing = f"SELECT id FROM trajectories WHERE id NOT IN (SELECT trajectory_id FROM {TABLE})"
     with chunk_stage.staged(con, missing) as stage:
-        for k in range(stage.n_chunks if stage.n else 0):
-            _derive_chunk(con, stage.prefix(k))
+        for prefix in stage.prefixes():
+            _derive_chunk(con, prefix)
         return stage.n
 
 

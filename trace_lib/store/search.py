@@ -177,8 +177,8 @@ def _add_missing(duck: duckdb.DuckDBPyConnection, lite: sqlite3.Connection) -> i
         next_row = lite.execute("SELECT coalesce(max(rowid), 0) FROM docs").fetchall()[0][0] + 1
         missing = "SELECT t.id FROM trajectories t WHERE t.id NOT IN (SELECT id FROM _search_indexed)"
         with chunk_stage.staged(duck, missing) as stage:
-            for k in range(stage.n_chunks if stage.n else 0):
-                rows = duck.execute(f"{stage.prefix(k)} SELECT * FROM "
+            for prefix in stage.prefixes():
+                rows = duck.execute(f"{prefix} SELECT * FROM "
                                     f"({_documents_sql('true')})").fetchall()
                 ids = range(next_row, next_row + len(rows))
                 lite.executemany("INSERT INTO docs (rowid, trajectory_id) VALUES (?, ?)",
