@@ -233,3 +233,33 @@ def test_page_use_case_reads_once_and_reports_status(real_db: Path, tmp_path: Pa
     assert explore.store_version(real_db) == explore.store_version(real_db)
     with pytest.raises(UserInputError, match="no database here yet"):
         explore.reindex(tmp_path / "none.duckdb")
+
+
+def test_the_fast_document_count_equals_the_exact_one(tmp_path: Path):
+    """`index_state` reads the largest document number as the count: true after imports,
+    a failed import and a rebuild (only damage from outside, `store check`'s case, breaks
+    it, and that check counts row by row)."""
+    from trace_lib.ingest import ingest_paths
+
+    db = tmp_path / "s.duckdb"
+
+    def agree() -> int:
+        with store.connect(db, read_only=True) as con:
+            fast, exact = search.index_state(con), search.index_state(con, exact=True)
+        assert fast == exact
+        return fast.n_documents
+
+    ingest_paths([_write(tmp_path / "a.jsonl", [_record(i, f"echo {i}") for i in range(3)])],
+                 db=db)
+    assert agree() == 3
+    ingest_paths([_write(tmp_path / "b.jsonl", [_record(i, f"fox {i}") for i in range(3, 7)])],
+                 db=db)
+    assert agree() == 7
+    with pytest.raises(UserInputError):
+        ingest_paths([_write(tmp_path / "c.jsonl", [_record(i, "golf") for i in range(7, 9)],
+                             tail='{"id": "broken", "messages": "not a list"}\n')],
+                     db=db, batch_size=1)
+    assert agree() == 7
+    with store.connect(db) as con:
+        store_derived.rebuild(con, db)
+    assert agree() == 7

@@ -129,9 +129,13 @@ def store(con: Connection, frames: dict[str, pd.DataFrame], v: str, compute_s: f
 def store_default(con: Connection, limit: int = LIMIT) -> str:
     """What an import's finish calls: compute and store the unfiltered view unless it is
     stored for these trajectories; where it came from (stored | computed)."""
+    from trace_lib.explore import overview_rollup
+
     v = explore_stored.fingerprint(con)
+    # The filters' rollup too (`overview_rollup`): a filter change then reads cells.
+    rolled = overview_rollup.store_default(con, v)
     if explore_stored.read(con, key(limit), v) is not None:
-        return "stored"
+        return "stored" if rolled == "stored" else "computed"
     t0 = time.perf_counter()
     frames = compute(con, limit)
     store(con, frames, v, time.perf_counter() - t0, limit)

@@ -169,7 +169,7 @@ def _df(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pd.DataF
     return con.execute(sql, params).df()
 
 
-def _outcome_sql(alias: str = "t") -> str:
+def outcome_sql(alias: str = "t") -> str:
     return (
         f"CASE WHEN {alias}.success THEN 'success' WHEN NOT {alias}.success THEN 'failure' "
         f"WHEN {alias}.outcome = 'error' THEN 'error' ELSE 'unknown' END"
@@ -203,7 +203,7 @@ def list_trajectories(
             WHERE c.error IS NOT NULL GROUP BY c.trajectory_id
         )
         SELECT f.id, d.name AS dataset, f.domain, f.task_id, f.trial, f.agent_model,
-               {_outcome_sql("f")} AS outcome, f.reward, f.termination,
+               {outcome_sql("f")} AS outcome, f.reward, f.termination,
                f.n_messages, f.n_tool_calls, coalesce(f.n_tool_errors, 0) AS n_tool_errors,
                e.first_error_tool, left(e.first_error, 120) AS first_error
         FROM f
@@ -255,7 +255,7 @@ def filter_options(
         SELECT 'termination', termination, termination, count(*) FROM f
         WHERE termination IS NOT NULL GROUP BY 2
         UNION ALL
-        SELECT 'outcome', {_outcome_sql("f")}, {_outcome_sql("f")}, count(*) FROM f GROUP BY 2
+        SELECT 'outcome', {outcome_sql("f")}, {outcome_sql("f")}, count(*) FROM f GROUP BY 2
         UNION ALL
         SELECT 'tool', c.name, c.name, count(*) FROM tool_calls c {scope} GROUP BY 2
         UNION ALL
@@ -302,14 +302,20 @@ def success_by_domain_agent(
     500.
     """
     where, params = filter_sql(con, flt)
-    sql = f"""
-        WITH g AS (
+    return _df(con, success_by_domain_agent_sql(f"""
             SELECT coalesce(domain, '(none)') AS domain,
                    coalesce(agent_model, '(unknown)') AS agent_model,
                    count(*) AS n, count(success) AS n_known,
                    count(*) FILTER (WHERE success) AS n_success
-            FROM trajectories t WHERE {where} GROUP BY ALL
-        ),
+            FROM trajectories t WHERE {where} GROUP BY ALL"""), params)
+
+
+def success_by_domain_agent_sql(grouped: str) -> str:
+    """The success-rate bars from `grouped`, a query of (domain, agent_model, n, n_known,
+    n_success): the rate and its Wilson interval (also over the stored rollup,
+    `explore.overview_rollup`)."""
+    return f"""
+        WITH g AS ({grouped}),
         r AS (SELECT *, n_success / nullif(n_known, 0) AS p FROM g)
         SELECT domain, agent_model, n, n_known, n_success, p AS success_rate,
                CASE WHEN n_known > 0 THEN
@@ -320,7 +326,6 @@ def success_by_domain_agent(
                    + 0.9604 / (n_known * n_known))) / (1 + 3.8416 / n_known) END AS ci_high
         FROM r ORDER BY domain, agent_model
     """
-    return _df(con, sql, params)
 
 
 def termination_counts(
@@ -330,7 +335,7 @@ def termination_counts(
     where, params = filter_sql(con, flt)
     sql = f"""
         SELECT coalesce(termination, '(none)') AS termination,
-               {_outcome_sql()} AS outcome, count(*) AS n
+               {outcome_sql()} AS outcome, count(*) AS n
         FROM trajectories t WHERE {where} GROUP BY ALL ORDER BY n DESC, termination, outcome
     """
     return _df(con, sql, params)
@@ -342,7 +347,7 @@ def tool_call_histogram(
     """How many trajectories made k tool calls, per outcome."""
     where, params = filter_sql(con, flt)
     sql = f"""
-        SELECT coalesce(n_tool_calls, 0) AS n_tool_calls, {_outcome_sql()} AS outcome,
+        SELECT coalesce(n_tool_calls, 0) AS n_tool_calls, {outcome_sql()} AS outcome,
                count(*) AS n
         FROM trajectories t WHERE {where} GROUP BY ALL ORDER BY n_tool_calls, outcome
     """
@@ -377,11 +382,14 @@ def tool_usage(
     return _df(con, sql, params)
 
 
+ERROR_KINDS_LIMIT = 50  # (tool, kind) rows the page's table shows
+
+
 def tool_error_kinds(
     con: duckdb.DuckDBPyConnection,
     flt: TrajectoryFilter | None = None,
     *,
-    limit: int = 50,
+    limit: int = ERROR_KINDS_LIMIT,
 ) -> pd.DataFrame:
     """Tool errors grouped by (tool, error kind), with one example text each."""
     where, params = filter_sql(con, flt)

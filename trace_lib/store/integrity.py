@@ -224,7 +224,7 @@ def set_aside_unreadable_index(db: Path) -> Path | None:
 
 def search_index(con: duckdb.DuckDBPyConnection, sample: int = 50) -> list[Finding]:
     """The side index covers every trajectory, and finds sampled ones by their own words."""
-    state = search.index_state(con)
+    state = search.index_state(con, exact=True)
     fix = (f"`{REPAIR}` rebuilds it from the messages (so does `explore reindex`); until "
            "then text searches use a slower scan and give the same answers")
     if state.n_trajectories == 0:

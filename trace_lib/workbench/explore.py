@@ -69,8 +69,14 @@ def overview(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500) -> O
 
 
 def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
-    from trace_lib.explore import queries
+    from trace_lib.explore import overview_rollup, overview_stored, queries
 
+    listing = queries.list_trajectories(con, flt, limit=limit)
+    # A filter on trajectory columns only: the aggregates from the rollup stored at import.
+    rolled = overview_rollup.frames(con, flt, overview_stored.version(con)) \
+        if overview_rollup.servable(flt) else None
+    if rolled is not None:
+        return Overview(**rolled, listing=listing)
     # One connection: a text filter's matching ids are computed once and every query
     # below semi-joins them (store.search.bind).
     return Overview(
@@ -80,7 +86,7 @@ def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
         tool_calls=queries.tool_call_histogram(con, flt),
         tool_usage=queries.tool_usage(con, flt),
         error_kinds=queries.tool_error_kinds(con, flt),
-        listing=queries.list_trajectories(con, flt, limit=limit),
+        listing=listing,
     )
 
 

@@ -1,0 +1,144 @@
+"""The filters' rollup stored at import (issue 35): every aggregate frame it answers equals
+the one computed over the trajectories, for filters of every field it serves and their
+combinations, on the hand-built store (NULL outcomes, domains, tool errors), the demo
+and the real tau-bench / tau2 files; a filter it cannot answer, or a store changed since,
+is computed as before."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from trace_lib import store
+from trace_lib.demo import build_demo
+from trace_lib.explore import overview_rollup, overview_stored, queries
+from trace_lib.explore.queries import TrajectoryFilter as F
+from trace_lib.workbench import explore as wb
+
+COMPUTED = {"summary": queries.outcome_summary, "by_domain": queries.success_by_domain_agent,
+            "terminations": queries.termination_counts,
+            "tool_calls": queries.tool_call_histogram, "tool_usage": queries.tool_usage,
+            "error_kinds": queries.tool_error_kinds}
+
+
+def _filters(con) -> list[F]:
+    """One filter per served field and value, and pairs of them (the page's combinations)."""
+    opts = queries.filter_options(con)
+    values = {f: tuple(opts[opts.field == f].value) for f in
+              ("dataset", "domain", "agent_model", "termination")}
+    single = [F(datasets=(v,)) for v in values["dataset"]]
+    single += [F(domains=(v,)) for v in values["domain"]]
+    single += [F(agent_models=(v,)) for v in values["agent_model"]]
+    single += [F(terminations=(v,)) for v in values["termination"]]
+    single += [F(outcomes=(o,)) for o in queries.OUTCOMES]
+    single += [F(outcomes=("success", "unknown")), F(tool_error=True), F(tool_error=False)]
+    pairs = [F(**{**_fields(a), **_fields(b)}) for a, b in itertools.combinations(single, 2)
+             if not set(_fields(a)) & set(_fields(b))]
+    return single + pairs[::3] + [F(domains=("no such domain",))]
+
+
+def _fields(flt: F) -> dict:
+    return {k: v for k, v in vars(flt).items() if v != getattr(F(), k)}
+
+
+def _assert_rollup_equals_computed(db: Path) -> int:
+    with store.connect(db) as con:
+        overview_rollup.store_default(con)
+    checked = 0
+    with store.connect(db, read_only=True) as con:
+        version = overview_stored.version(con)
+        for flt in _filters(con):
+            got = overview_rollup.frames(con, flt, version)
+            assert got is not None, flt
+            for name, computed in COMPUTED.items():
+                try:
+                    pd.testing.assert_frame_equal(got[name], computed(con, flt))
+                except AssertionError as e:
+                    raise AssertionError(f"{flt}: {name}: {e}") from None
+            checked += 1
+    return checked
+
+
+def test_equal_to_computed_on_the_hand_built_store(known_db: Path) -> None:
+    assert _assert_rollup_equals_computed(known_db) > 20
+
+
+def test_equal_to_computed_on_the_demo(tmp_path: Path) -> None:
+    db = tmp_path / "demo.duckdb"
+    build_demo(tmp_path / "files", n=40, seed=3, db=db)
+    assert _assert_rollup_equals_computed(db) > 20
+
+
+def test_equal_to_computed_on_real_files(real_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "real.duckdb"
+    shutil.copy(real_db, db)  # the session's store is read-only to tests
+    assert _assert_rollup_equals_computed(db) > 20
+
+
+def test_task_ids_past_the_limit_are_counted_from_the_trajectories(
+        known_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(overview_rollup, "TASK_ROWS", 2)
+    with store.connect(known_db) as con:
+        assert "tasks" not in overview_rollup.compute(con)
+    assert _assert_rollup_equals_computed(known_db) > 20
+
+
+@pytest.mark.parametrize(("flt", "served"), [
+    (None, False), (F(), False), (F(outcomes=("failure",)), True),
+    (F(domains=("retail",), tool_error=True), True), (F(text="  "), False),
+    (F(outcomes=("failure",), text="refund"), False),
+    (F(outcomes=("failure",), text_mode="substring"), True),
+    (F(tools_used=("book",)), False), (F(error_kinds=("x",)), False),
+    (F(task_ids=("1",)), False), (F(trajectory_ids=("t_f1",)), False),
+])
+def test_which_filters_it_serves(flt: F | None, served: bool) -> None:
+    assert overview_rollup.servable(flt) is served
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Path:
+    db = tmp_path / "demo.duckdb"
+    build_demo(tmp_path / "files", n=24, seed=0, db=db)  # the import stores the rollup
+    return db
+
+
+def test_the_page_reads_it_for_a_served_filter(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flt = F(outcomes=("failure",))
+    with store.connect(demo, read_only=True) as con:
+        want = {name: fn(con, flt) for name, fn in COMPUTED.items()}
+    calls: list[str] = []
+    for name in ("outcome_summary", "success_by_domain_agent", "termination_counts",
+                 "tool_call_histogram", "tool_usage", "tool_error_kinds"):
+        real = getattr(queries, name)
+        monkeypatch.setattr(queries, name,
+                            lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    page = wb.trajectories_page(demo, flt)
+    assert not calls  # no aggregate over the trajectories: the cells answered
+    for name, frame in want.items():
+        pd.testing.assert_frame_equal(getattr(page.overview, name), frame)
+    assert len(page.overview.listing) == min(500, int(want["summary"].n_trajectories.iloc[0]))
+    wb.trajectories_page(demo, F(tools_used=("get_user_details",)))
+    assert len(calls) == 6  # a filter it does not serve is computed
+
+
+def test_a_store_changed_since_is_computed(demo: Path) -> None:
+    flt = F(outcomes=("failure",))
+    with store.connect(demo) as con:  # plain SQL: nothing stored the rollup again
+        con.execute("UPDATE trajectories SET success = NOT success WHERE id IN "
+                    "(SELECT min(id) FROM trajectories)")
+    with store.connect(demo, read_only=True) as con:
+        assert overview_rollup.frames(con, flt, overview_stored.version(con)) is None
+        want = queries.outcome_summary(con, flt)
+    pd.testing.assert_frame_equal(wb.trajectories_page(demo, flt).overview.summary, want)
+
+
+def test_a_read_only_store_stores_nothing_and_fails_nothing(known_db: Path) -> None:
+    with store.connect(known_db, read_only=True) as con:
+        assert overview_rollup.store_default(con) == "unwritable"
+        assert overview_rollup.frames(con, F(outcomes=("failure",)),
+                                      overview_stored.version(con)) is None
