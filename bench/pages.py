@@ -200,7 +200,8 @@ def store_rank_view(db: Path) -> float | None:
 
 def store_explore_view(db: Path) -> float | None:
     """What an import's finish does (`workbench.data.import_files`, issue 35): compute
-    and store the Trajectories page's unfiltered view. A store reused from before imports
+    and store the Trajectories page's unfiltered view and the filters' rollup
+    (`explore.overview_rollup`). A store reused from before imports
     stored it gets it here, so the first visit times the page. Returns the seconds it
     took (None: already there)."""
     from trace_lib import store
