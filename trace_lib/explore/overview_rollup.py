@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from trace_lib.explore import queries
 from trace_lib.explore.queries import TrajectoryFilter
-from trace_lib.store import derived, explore_stored
+from trace_lib.store import derived, explore_stored, search
 from trace_lib.store.connection import Connection
 from trace_lib.store.derived import error_kind_sql
 
@@ -133,21 +133,22 @@ _LOCK = threading.Lock()
 
 
 def _load(con: Connection, version: str) -> dict[str, pa.Table] | None:
-    path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                       "current_database()").fetchall()[0][0]
-    key = (path, version)  # two stores of the same trajectories: each its own rollup
+    path = search.store_file(con)
+    # Two stores of the same trajectories: each its own rollup; an in-memory one: not kept.
+    key = (path, version) if path else None
     with _LOCK:
-        if path and key in _LOADED:
+        if key in _LOADED:
             _LOADED.move_to_end(key)
             return _LOADED[key]
     got = explore_stored.read(con, KEY, version)
     if got is None:
         return None
     tables = {name: pq.read_table(io.BytesIO(data)) for name, data in got.items()}
-    with _LOCK:
-        _LOADED[key] = tables
-        while len(_LOADED) > 4:
-            _LOADED.popitem(last=False)
+    if key is not None:
+        with _LOCK:
+            _LOADED[key] = tables
+            while len(_LOADED) > 4:
+                _LOADED.popitem(last=False)
     return tables
 
 

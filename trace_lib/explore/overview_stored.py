@@ -35,7 +35,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 
 import pandas as pd
 
@@ -73,9 +72,8 @@ def key(limit: int) -> str:
 
 def version(con: Connection) -> str:
     """`explore_stored.fingerprint`, kept per store file state in this process."""
-    path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                       "current_database()").fetchall()[0][0]
-    state = (path, *search.file_version(Path(path))) if path else None
+    path = search.store_file(con)
+    state = (str(path), *search.file_version(path)) if path else None
     with _VERSIONS_LOCK:
         if state is not None and state in _VERSIONS:
             return _VERSIONS[state]

@@ -54,7 +54,9 @@ def staged(con: Connection, ids_sql: str, chunk: int | None = None) -> Iterator[
     chunk = chunk or CHUNK
     try:
         # `ids_sql` is an anti-join over the store (what has no row yet): run it once.
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_ids AS SELECT id FROM ({ids_sql})")
+        # Each id's hash once here, not once per message and call row of the join below.
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_ids AS "
+                    f"SELECT id, hash(id) AS h FROM ({ids_sql})")
         n = int(con.execute("SELECT count(*) FROM _stage_ids").fetchall()[0][0])
         n_chunks = max(1, -(-n // chunk))
         for table, column in TABLES.items():
@@ -63,7 +65,7 @@ def staged(con: Connection, ids_sql: str, chunk: int | None = None) -> Iterator[
                             f"SELECT 0::UBIGINT AS chunk, * FROM {table} LIMIT 0")
                 continue
             con.execute(f"CREATE OR REPLACE TEMP TABLE _stage_{table} AS "
-                        f"SELECT hash(s.id) % {n_chunks} AS chunk, x.* FROM {table} x "
+                        f"SELECT s.h % {n_chunks} AS chunk, x.* FROM {table} x "
                         f"JOIN _stage_ids s ON s.id = x.{column} ORDER BY chunk")
         yield Stage(n, n_chunks)
     finally:
