@@ -1,8 +1,9 @@
 """The filters' rollup stored at import (issue 35): every aggregate frame it answers equals
 the one computed over the trajectories, for filters of every field it serves and their
 combinations, on the hand-built store (NULL outcomes, domains, tool errors), the demo
-and the real tau-bench / tau2 files; a filter it cannot answer, or a store changed since,
-is computed as before."""
+and the real tau-bench / tau2 files; a filter it cannot answer (text, tools, error kinds,
+ids) is evaluated once and the same cells built over its trajectories, with the same
+frames; a store changed since is computed."""
 
 from __future__ import annotations
 
@@ -61,6 +62,65 @@ def _assert_rollup_equals_computed(db: Path) -> int:
                     raise AssertionError(f"{flt}: {name}: {e}") from None
             checked += 1
     return checked
+
+
+def _unserved_filters(con) -> list[F]:
+    """Filters the stored cells cannot answer: text in each mode, tools used, error kinds,
+    task and trajectory ids, each alone and beside a served field, and one matching
+    nothing."""
+    opts = queries.filter_options(con)
+    tools = tuple(opts[opts.field == "tool"].value)
+    kinds = tuple(opts[opts.field == "error_kind"].value)
+    ids = [r[0] for r in con.execute(
+        "SELECT id FROM trajectories ORDER BY id LIMIT 3").fetchall()]
+    tasks = [r[0] for r in con.execute(
+        "SELECT DISTINCT task_id FROM trajectories WHERE task_id IS NOT NULL "
+        "ORDER BY 1 LIMIT 2").fetchall()]
+    out = [F(text=w, text_mode=m) for w in ("user", "reservation", "cancel flight")
+           for m in ("words", "substring")]
+    out += [F(text="policy", text_system=True), F(text="zzzz no such words")]
+    out += [F(tools_used=(t,)) for t in tools[:4]] + [F(tools_used=tools[:2])]
+    out += [F(error_kinds=(k,)) for k in kinds[:3]]
+    out += [F(task_ids=tuple(tasks)), F(trajectory_ids=tuple(ids))]
+    out += [F(outcomes=("failure",), text="user"), F(tool_error=True, tools_used=tools[:1]),
+            F(domains=("no such domain",), text="user")]
+    return out
+
+
+def _assert_filtered_equals_computed(db: Path) -> int:
+    checked = 0
+    with store.connect(db, read_only=True) as con:
+        for flt in _unserved_filters(con):
+            got = overview_rollup.filtered_frames(con, flt)
+            assert got is not None, flt
+            for name, computed in COMPUTED.items():
+                try:
+                    pd.testing.assert_frame_equal(got[name], computed(con, flt))
+                except AssertionError as e:
+                    raise AssertionError(f"{flt}: {name}: {e}") from None
+            checked += 1
+        # the temporary tables are gone: nothing of a filter stays on the connection
+        assert not con.execute("SELECT table_name FROM duckdb_tables() "
+                               "WHERE temporary").fetchall()
+    return checked
+
+
+def test_a_filter_it_cannot_serve_is_evaluated_once_with_the_same_frames(
+        known_db: Path, tmp_path: Path) -> None:
+    assert _assert_filtered_equals_computed(known_db) > 15
+    db = tmp_path / "demo.duckdb"
+    build_demo(tmp_path / "files", n=40, seed=3, db=db)
+    assert _assert_filtered_equals_computed(db) > 15
+
+
+def test_a_filter_it_cannot_serve_on_real_files(real_db: Path) -> None:
+    assert _assert_filtered_equals_computed(real_db) > 15
+
+
+@pytest.mark.parametrize("flt", [None, F(), F(text="   "), F(text_mode="substring")])
+def test_no_filter_is_not_a_filtered_rollup(known_db: Path, flt: F | None) -> None:
+    with store.connect(known_db, read_only=True) as con:
+        assert overview_rollup.filtered_frames(con, flt) is None
 
 
 def test_equal_to_computed_on_the_hand_built_store(known_db: Path) -> None:
@@ -122,8 +182,12 @@ def test_the_page_reads_it_for_a_served_filter(
     for name, frame in want.items():
         pd.testing.assert_frame_equal(getattr(page.overview, name), frame)
     assert len(page.overview.listing) == min(500, int(want["summary"].n_trajectories.iloc[0]))
-    wb.trajectories_page(demo, F(tools_used=("get_user_details",)))
-    assert len(calls) == 6  # a filter it does not serve is computed
+    flt = F(tools_used=("get_user_details",))
+    page = wb.trajectories_page(demo, flt)
+    assert not calls  # a filter it does not serve: evaluated once, the same cells summed
+    with store.connect(demo, read_only=True) as con:
+        for name, fn in COMPUTED.items():
+            pd.testing.assert_frame_equal(getattr(page.overview, name), fn(con, flt))
 
 
 def test_a_store_changed_since_is_computed(demo: Path) -> None:

@@ -263,3 +263,36 @@ def test_the_fast_document_count_equals_the_exact_one(tmp_path: Path):
     with store.connect(db) as con:
         store_derived.rebuild(con, db)
     assert agree() == 7
+
+
+def test_hits_read_in_ranges_and_ids_holding_a_newline(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """The index's answer comes back a range of documents at a time as one joined string:
+    every range size, and an id holding the separator (the importer's ids never do; a
+    store written otherwise may: that range is read row by row), give the scan's ids."""
+    from trace_lib.ingest import ingest_paths
+
+    db = tmp_path / "s.duckdb"
+    records = [_record(i, f"alpha {i}" if i % 3 else f"bravo {i}") for i in range(10)]
+    ingest_paths([_write(tmp_path / "a.jsonl", records)], db=db)
+    odd = ["line\none", "line\n\ntwo", "é \t ok"]
+    with store.connect(db) as con:  # plain SQL, then `explore reindex`
+        first = con.execute("SELECT min(id) FROM trajectories").fetchall()[0][0]
+        for tid in odd:
+            con.execute("INSERT INTO trajectories SELECT * REPLACE (? AS id) FROM trajectories "
+                        "WHERE id = ?", [tid, first])
+            con.execute("INSERT INTO messages SELECT * REPLACE (? AS trajectory_id, "
+                        "'alpha again' AS content) FROM messages WHERE trajectory_id = ?",
+                        [tid, first])
+        store_derived.rebuild(con, db)
+    with store.connect(db, read_only=True) as con:
+        want = _scan(con, "alpha")
+        assert set(odd) <= want and len(want) == 9
+        for size in (1, 2, 4, 1000):
+            monkeypatch.setattr(search, "_HITS_RANGE", size)
+            search.clear_cache()
+            found = search.hits(con, "alpha")
+            assert found.source == "index" and sorted(found.ids) == sorted(want), size
+            assert found.array.type == "string"
+        assert search.hits(con, "nothing matches this").ids == ()
+        assert set(list_trajectories(con, F(text="alpha"), limit=100).id) == want

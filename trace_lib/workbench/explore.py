@@ -72,13 +72,16 @@ def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
     from trace_lib.explore import overview_rollup, overview_stored, queries
 
     listing = queries.list_trajectories(con, flt, limit=limit)
-    # A filter on trajectory columns only: the aggregates from the rollup stored at import.
+    # A filter on trajectory columns only: the aggregates from the rollup stored at import;
+    # any other: the filter evaluated once and the same cells built over its trajectories.
     rolled = overview_rollup.frames(con, flt, overview_stored.version(con)) \
         if overview_rollup.servable(flt) else None
+    if rolled is None:
+        rolled = overview_rollup.filtered_frames(con, flt)
     if rolled is not None:
         return Overview(**rolled, listing=listing)
-    # One connection: a text filter's matching ids are computed once and every query
-    # below semi-joins them (store.search.bind).
+    # No filter (or the computed paths asked for): the six aggregates; a text filter's
+    # matching ids are computed once and every query semi-joins them (store.search.bind).
     return Overview(
         summary=queries.outcome_summary(con, flt),
         by_domain=queries.success_by_domain_agent(con, flt),
