@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import duckdb
 import pytest
 from synthetic import make_store
 
@@ -162,3 +163,39 @@ def test_a_trajectory_moved_between_datasets_is_noticed(random_store: Path) -> N
         con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id = 't2'")
         assert materialise.sync(con).action == "rebuilt"
         _assert_equal_to_definition(con)
+
+
+def test_the_trajectories_hash_is_kept_per_file_state_and_never_inside_a_transaction(
+        random_store: Path) -> None:
+    """A page action asks for the version several times: the hash over every trajectory
+    is computed once per state of the store's files. A commit (explicit or a plain
+    statement's) changes that state; inside a transaction (rows not on disk yet) it is
+    computed every time."""
+    materialise._TRAJECTORY_HASHES.clear()
+    with store.connect(random_store) as con:
+        assert materialise.sync(con).action == "rebuilt"
+        first = materialise._fingerprint(con)
+        state, kept = next(reversed(materialise._TRAJECTORY_HASHES.items()))
+        assert state == (*materialise._file_state(con), 60)  # the newest: this state
+        assert kept == first.n_trajectories
+        materialise._TRAJECTORY_HASHES[state] = 12345  # what the next read must reuse
+        assert materialise._fingerprint(con).n_trajectories == 12345
+        materialise._TRAJECTORY_HASHES[state] = kept
+        con.execute("BEGIN TRANSACTION")  # a writer's transaction: on disk at its commit
+        con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id = 't2'")
+        assert materialise._file_state(con) is None
+        with pytest.raises(duckdb.TransactionException):
+            materialise.sync(con)  # it noticed the change, and cannot nest its own BEGIN
+        con.execute("ROLLBACK")
+        assert materialise._file_state(con) == state[:-1]  # outside one again
+        con.execute("BEGIN TRANSACTION")
+        con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id = 't2'")
+        con.execute("COMMIT")
+        assert materialise.sync(con).action == "rebuilt"
+        _assert_equal_to_definition(con)
+        assert materialise.sync(con).action == "fresh"
+        con.execute("UPDATE trajectories SET success = NOT success WHERE id = 't3'")
+        assert materialise.sync(con).action == "rebuilt"  # autocommit: a new file state
+        _assert_equal_to_definition(con)
+    with store.connect(random_store) as other:  # another connection, same file state
+        assert materialise.sync(other).action == "fresh"

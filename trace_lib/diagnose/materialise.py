@@ -69,19 +69,59 @@ class Fingerprint:
     edit_count: int
 
 
+# The trajectories' part of the fingerprint per store file state in this process
+# (`_file_state`): one page action asks for the store's version several times (the sync
+# before each read, the memo keys), and that part is a hash over every trajectory (0.044 s
+# at 1M, six times per Rankings slider move). The other parts are counts and maxima of
+# small tables or row-group metadata, read every time.
+_TRAJECTORY_HASHES: OrderedDict[tuple, int] = OrderedDict()
+_HASHES_LOCK = threading.Lock()
+
+
+def _file_state(con: duckdb.DuckDBPyConnection) -> tuple | None:
+    """What identifies the store's committed content on disk (its file's and WAL's sizes
+    and times), or None where it may not: an in-memory store, and a connection inside an
+    explicit transaction (its own writes are not on disk until it commits). Two reads of
+    the transaction id tell: each statement outside one is its own transaction."""
+    from trace_lib.store.search import file_version, store_file
+
+    path = store_file(con)
+    if path is None:
+        return None
+    ids = [con.execute("SELECT current_transaction_id()").fetchall()[0][0] for _ in range(2)]
+    return None if ids[0] == ids[1] else (str(path), *file_version(path))
+
+
+def _trajectories_hash(con: duckdb.DuckDBPyConnection) -> int:
+    # (id, dataset, agent model, domain, outcome) of every trajectory, not a count: the
+    # counts are keyed by those columns, so a trajectory moved to another dataset (or a
+    # dataset deleted) must be noticed too. Kept in the state's `n_trajectories` column.
+    state = _file_state(con)
+    if state is not None:  # the count too: a coarse file clock cannot hide a delete
+        state = (*state, con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0])
+        with _HASHES_LOCK:
+            if state in _TRAJECTORY_HASHES:
+                _TRAJECTORY_HASHES.move_to_end(state)
+                return _TRAJECTORY_HASHES[state]
+    h = int(con.execute(
+        "SELECT coalesce((bit_xor(hash(id, dataset_id, agent_model, domain, success)) >> 2)"
+        "::BIGINT, 0) FROM trajectories").fetchall()[0][0])
+    if state is not None:
+        with _HASHES_LOCK:
+            _TRAJECTORY_HASHES[state] = h
+            while len(_TRAJECTORY_HASHES) > 16:
+                _TRAJECTORY_HASHES.popitem(last=False)
+    return h
+
+
 def _fingerprint(con: duckdb.DuckDBPyConnection) -> Fingerprint:
     finished = tuple(r[0] for r in con.execute(
         f"SELECT id FROM label_runs WHERE {FINISHED} ORDER BY id").fetchall())
-    # Trajectories enter as a fingerprint of (id, dataset, agent model, domain, outcome),
-    # not a count: the counts are keyed by those columns, so a trajectory moved to another
-    # dataset (or a dataset deleted) must be noticed too. It is kept in the state's
-    # `n_trajectories` column (a BIGINT).
-    n_labels, n_traj, emax, ecount = con.execute(
-        "SELECT (SELECT count(*) FROM labels), (SELECT coalesce((bit_xor(hash(id, dataset_id, "
-        "agent_model, domain, success)) >> 2)::BIGINT, 0) FROM trajectories), "
-        "(SELECT coalesce(max(id), 0) FROM label_edits), (SELECT count(*) FROM label_edits)"
-    ).fetchone()
-    return Fingerprint(finished, int(n_labels), int(n_traj), int(emax), int(ecount))
+    n_labels, emax, ecount = con.execute(
+        "SELECT (SELECT count(*) FROM labels), (SELECT coalesce(max(id), 0) FROM label_edits), "
+        "(SELECT count(*) FROM label_edits)").fetchall()[0]
+    return Fingerprint(finished, int(n_labels), _trajectories_hash(con), int(emax),
+                       int(ecount))
 
 
 def _stored(con: duckdb.DuckDBPyConnection) -> tuple[dict[str, int], Fingerprint] | None:
