@@ -46,6 +46,14 @@ def _fields(flt: F) -> dict:
     return {k: v for k, v in vars(flt).items() if v != getattr(F(), k)}
 
 
+def _assert_frames_equal(got: dict, con, flt: F) -> None:
+    for name, computed in COMPUTED.items():
+        try:
+            pd.testing.assert_frame_equal(got[name], computed(con, flt))
+        except AssertionError as e:
+            raise AssertionError(f"{flt}: {name}: {e}") from None
+
+
 def _assert_rollup_equals_computed(db: Path) -> int:
     with store.connect(db) as con:
         overview_rollup.store_default(con)
@@ -55,11 +63,7 @@ def _assert_rollup_equals_computed(db: Path) -> int:
         for flt in _filters(con):
             got = overview_rollup.frames(con, flt, version)
             assert got is not None, flt
-            for name, computed in COMPUTED.items():
-                try:
-                    pd.testing.assert_frame_equal(got[name], computed(con, flt))
-                except AssertionError as e:
-                    raise AssertionError(f"{flt}: {name}: {e}") from None
+            _assert_frames_equal(got, con, flt)
             checked += 1
     return checked
 
@@ -93,11 +97,7 @@ def _assert_filtered_equals_computed(db: Path) -> int:
         for flt in _unserved_filters(con):
             got = overview_rollup.filtered_frames(con, flt)
             assert got is not None, flt
-            for name, computed in COMPUTED.items():
-                try:
-                    pd.testing.assert_frame_equal(got[name], computed(con, flt))
-                except AssertionError as e:
-                    raise AssertionError(f"{flt}: {name}: {e}") from None
+            _assert_frames_equal(got, con, flt)
             checked += 1
         # the temporary tables are gone: nothing of a filter stays on the connection
         assert not con.execute("SELECT table_name FROM duckdb_tables() "
