@@ -98,6 +98,11 @@ def _assert_filtered_equals_computed(db: Path) -> int:
             got = overview_rollup.filtered_frames(con, flt)
             assert got is not None, flt
             _assert_frames_equal(got, con, flt)
+            # the page's use case: the same frames, and the listing from the same table
+            page = wb._overview(con, flt, 7)
+            _assert_frames_equal(vars(page), con, flt)
+            pd.testing.assert_frame_equal(page.listing,
+                                          queries.list_trajectories(con, flt, limit=7))
             checked += 1
         # the temporary tables are gone: nothing of a filter stays on the connection
         assert not con.execute("SELECT table_name FROM duckdb_tables() "

@@ -21,11 +21,11 @@ Design decisions
   of them), so `queries.where_sql` applies to a cell as to a trajectory.
 - Anything else in the filter (tools used, error kinds, task or trajectory ids, text) is
   not a cell column: `frames` answers None. Those filters are evaluated once instead of
-  six times (`filtered_frames`): the matching trajectories go into a temporary table,
-  the same cells are built over it and summed by the same queries. Each of the six
-  aggregates used to semi-join the filter (a text search's hits, the tool calls of a
-  tools-used filter) on its own; a search matching every trajectory of 1M spent ~1.9 s
-  CPU there. The listing (500 rows in order) is always a query.
+  seven times (`filtered`): the matching trajectories go into a temporary table, the
+  same cells are built over it and summed by the same queries (`frames_of`), and the
+  listing's 500 rows are taken from it. Each of the six aggregates and the listing used
+  to semi-join the filter (a text search's hits, the tool calls of a tools-used filter)
+  on its own; a search matching every trajectory of 1M spent ~1.9 s CPU there.
 - Stored like the unfiltered view (`store.explore_stored`, Parquet frames under the
   trajectories' fingerprint): a store written otherwise, or changed since, has no rollup
   for its fingerprint, and filters are computed. Task ids per cell are not stored past
@@ -35,6 +35,7 @@ Design decisions
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
@@ -42,6 +43,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import fields
 
 import pandas as pd
@@ -90,9 +92,10 @@ _BUILD: dict[str, str] = {
               FROM tool_calls c JOIN {{src}} t ON t.id = c.trajectory_id
               WHERE c.error IS NOT NULL GROUP BY ALL) GROUP BY ALL""",
 }
-# What a filtered rollup keeps of each matching trajectory: what `_DIMS` and the cells read.
+# What a filtered rollup keeps of each matching trajectory: what `_DIMS`, the cells and the
+# listing (`queries.list_trajectories(source=...)`) read.
 _COLUMNS = ("id, task_id, dataset_id, domain, agent_model, termination, success, outcome, "
-            "n_tool_errors, n_tool_calls, reward")
+            "n_tool_errors, n_tool_calls, reward, trial, n_messages")
 
 
 def servable(flt: TrajectoryFilter | None) -> bool:
@@ -183,26 +186,41 @@ def frames(con: Connection, flt: TrajectoryFilter | None, version: str
     return _registered_frames(con, tables, f"_rollup_{version[:12]}", where, params)
 
 
-def filtered_frames(con: Connection, flt: TrajectoryFilter | None
-                    ) -> dict[str, pd.DataFrame] | None:
-    """The six frames for a filter the stored cells cannot answer (text, tools used, error
-    kinds, ids): the filter is evaluated once, its trajectories kept in a temporary
-    table, and the rollup built over them is summed as the stored one is. None for no
-    filter, and where the computed paths are asked for (bench/explore.py's peer)."""
+@contextlib.contextmanager
+def filtered(con: Connection, flt: TrajectoryFilter | None) -> Iterator[str | None]:
+    """A filter the stored cells cannot answer (text, tools used, error kinds, ids),
+    evaluated once: the name of a temporary table of its trajectories (the columns the
+    cells and the listing read), dropped on exit. None for no filter, and where the
+    computed paths are asked for (bench/explore.py's peer)."""
     if flt is None or derived.computed_paths(con):
-        return None
+        yield None
+        return
     where, params = queries.filter_sql(con, flt)
     if where == "TRUE":  # no filter (a search mode without text): the unfiltered view's
-        return None
+        yield None
+        return
     # A name of its own: two page sessions may share a process (not a connection).
     src = f"_filtered_{uuid.uuid4().hex[:12]}"
     con.execute(f"CREATE TEMP TABLE {src} AS SELECT {_COLUMNS} FROM trajectories t "
                 f"WHERE {where}", params)
     try:
-        tables = compute(con, src, tasks=False)
-        return _registered_frames(con, tables, src, "TRUE", [], trajectories=src)
+        yield src
     finally:
         con.execute(f"DROP TABLE IF EXISTS {src}")
+
+
+def frames_of(con: Connection, src: str) -> dict[str, pd.DataFrame]:
+    """The six frames over `src` (`filtered`'s table): the rollup built over its
+    trajectories, summed as the stored one is."""
+    return _registered_frames(con, compute(con, src, tasks=False), src, "TRUE", [],
+                              trajectories=src)
+
+
+def filtered_frames(con: Connection, flt: TrajectoryFilter | None
+                    ) -> dict[str, pd.DataFrame] | None:
+    """The six frames for a filter the stored cells cannot answer; None as `filtered`."""
+    with filtered(con, flt) as src:
+        return None if src is None else frames_of(con, src)
 
 
 def _registered_frames(con: Connection, tables: dict[str, pa.Table], prefix: str,

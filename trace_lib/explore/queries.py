@@ -185,12 +185,17 @@ def list_trajectories(
     *,
     limit: int = 500,
     offset: int = 0,
+    source: str | None = None,
 ) -> pd.DataFrame:
-    """One row per trajectory (newest dataset first), with its first tool error."""
-    where, params = filter_sql(con, flt)
+    """One row per trajectory (newest dataset first), with its first tool error.
+
+    `source`: instead of `flt`, a relation holding exactly the filter's trajectories with
+    the columns listed here (`overview_rollup.filtered`'s table: the filter evaluated
+    once for the page's aggregates and its listing)."""
+    where, params = filter_sql(con, flt) if source is None else ("TRUE", [])
     sql = f"""
         WITH f AS (
-            SELECT t.* FROM trajectories t WHERE {where}
+            SELECT t.* FROM {source or 'trajectories'} t WHERE {where}
             ORDER BY t.dataset_id, t.domain, try_cast(t.task_id AS BIGINT), t.task_id,
                      t.trial, t.id
             LIMIT ? OFFSET ?

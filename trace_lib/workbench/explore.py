@@ -71,15 +71,18 @@ def overview(db: Db, flt: TrajectoryFilter | None = None, limit: int = 500) -> O
 def _overview(con: Any, flt: TrajectoryFilter | None, limit: int) -> Overview:
     from trace_lib.explore import overview_rollup, overview_stored, queries
 
-    listing = queries.list_trajectories(con, flt, limit=limit)
     # A filter on trajectory columns only: the aggregates from the rollup stored at import;
-    # any other: the filter evaluated once and the same cells built over its trajectories.
+    # any other: the filter evaluated once, the same cells built over its trajectories and
+    # the listing taken from them.
     rolled = overview_rollup.frames(con, flt, overview_stored.version(con)) \
         if overview_rollup.servable(flt) else None
-    if rolled is None:
-        rolled = overview_rollup.filtered_frames(con, flt)
     if rolled is not None:
-        return Overview(**rolled, listing=listing)
+        return Overview(**rolled, listing=queries.list_trajectories(con, flt, limit=limit))
+    with overview_rollup.filtered(con, flt) as src:
+        if src is not None:
+            return Overview(**overview_rollup.frames_of(con, src),
+                            listing=queries.list_trajectories(con, limit=limit, source=src))
+    listing = queries.list_trajectories(con, flt, limit=limit)
     # No filter (or the computed paths asked for): the six aggregates; a text filter's
     # matching ids are computed once and every query semi-joins them (store.search.bind).
     return Overview(
