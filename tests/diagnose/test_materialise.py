@@ -4,6 +4,7 @@ the ranking over the tables equals the direct SQL, whole-store and scoped."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from trace_lib.diagnose import labels as lb
 from trace_lib.diagnose.labeling import set_run_status
 from trace_lib.diagnose.ranking import RankConfig, rank_con
 from trace_lib.scope import Scope
+from trace_lib.store import file_memo
 
 CAPS = ("tool_calling_precision", "upselling", "precondition_verification")
 VALUES = ("lacking", "present", "na", None)
@@ -168,26 +170,26 @@ def test_a_trajectory_moved_between_datasets_is_noticed(random_store: Path) -> N
 def test_the_trajectories_hash_is_kept_per_file_state_and_never_inside_a_transaction(
         random_store: Path) -> None:
     """A page action asks for the version several times: the hash over every trajectory
-    is computed once per state of the store's files. A commit (explicit or a plain
-    statement's) changes that state; inside a transaction (rows not on disk yet) it is
-    computed every time."""
-    materialise._TRAJECTORY_HASHES.clear()
+    is computed once per state of the store's files (and kept beside the store for the
+    next process). A commit (explicit or a plain statement's) changes that state; inside
+    a transaction (rows not on disk yet) it is computed every time."""
+    memo = materialise._TRAJECTORY_HASHES
+    memo.clear()
     with store.connect(random_store) as con:
         assert materialise.sync(con).action == "rebuilt"
         first = materialise._fingerprint(con)
-        state, kept = next(reversed(materialise._TRAJECTORY_HASHES.items()))
-        assert state == (*materialise._file_state(con), 60)  # the newest: this state
-        assert kept == first.n_trajectories
-        materialise._TRAJECTORY_HASHES[state] = 12345  # what the next read must reuse
+        full = (*file_memo.file_state(con), 60)
+        assert memo._items[full] == first.n_trajectories  # the newest state: this one
+        memo._items[full] = 12345  # what the next read must reuse
         assert materialise._fingerprint(con).n_trajectories == 12345
-        materialise._TRAJECTORY_HASHES[state] = kept
+        memo._items[full] = first.n_trajectories
         con.execute("BEGIN TRANSACTION")  # a writer's transaction: on disk at its commit
         con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id = 't2'")
-        assert materialise._file_state(con) is None
+        assert file_memo.file_state(con, committed_only=True) is None
         with pytest.raises(duckdb.TransactionException):
             materialise.sync(con)  # it noticed the change, and cannot nest its own BEGIN
         con.execute("ROLLBACK")
-        assert materialise._file_state(con) == state[:-1]  # outside one again
+        assert file_memo.file_state(con, committed_only=True) == full[:-1]
         con.execute("BEGIN TRANSACTION")
         con.execute("UPDATE trajectories SET dataset_id = 'd2' WHERE id = 't2'")
         con.execute("COMMIT")
@@ -197,5 +199,20 @@ def test_the_trajectories_hash_is_kept_per_file_state_and_never_inside_a_transac
         con.execute("UPDATE trajectories SET success = NOT success WHERE id = 't3'")
         assert materialise.sync(con).action == "rebuilt"  # autocommit: a new file state
         _assert_equal_to_definition(con)
-    with store.connect(random_store) as other:  # another connection, same file state
-        assert materialise.sync(other).action == "fresh"
+    # A writer's close checkpoints (a new file state); the next reader computes it once,
+    # and a new process (the memo cleared) then reads it from the side file.
+    with store.connect(random_store) as reader:
+        assert materialise.sync(reader).action == "fresh"
+        state = (*file_memo.file_state(reader), 60)
+        now = materialise._fingerprint(reader).n_trajectories
+    side = file_memo.memo_path(random_store)
+    data = json.loads(side.read_text())
+    assert [list(state), now] in data["labels_trajectory_hash"]
+    for entry in data["labels_trajectory_hash"]:
+        if tuple(entry[0]) == state:
+            entry[1] = 777  # what only the side file can answer
+    side.write_text(json.dumps(data))
+    memo.clear()
+    with store.connect(random_store) as other:
+        assert (*file_memo.file_state(other), 60) == state  # a reader's close wrote nothing
+        assert materialise._fingerprint(other).n_trajectories == 777

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from trace_lib.store.file_memo import MEMO_SUFFIX
+
 sys.path.insert(0, str(Path(__file__).parent))
 from store_faults import (  # noqa: E402
     INDEX_SUFFIX,
@@ -58,11 +60,12 @@ def _disk_for_store(small_disk, pristine: Path):
 
 
 def _left_behind(folder: Path) -> list[str]:
-    """Files other than the store, its index and the filler: a temp file or a WAL that
+    """Files other than the store, its index, its memo and the filler: a temp file or a WAL that
     a failed write left. (SQLite's own -wal/-shm beside the index are its journal, which
     SQLite itself replays or discards on the next open: not a file anyone else trusts.)"""
     keep = {"trace.duckdb", "trace.duckdb" + INDEX_SUFFIX,
-            "trace.duckdb" + INDEX_SUFFIX + "-wal", "trace.duckdb" + INDEX_SUFFIX + "-shm"}
+            "trace.duckdb" + INDEX_SUFFIX + "-wal", "trace.duckdb" + INDEX_SUFFIX + "-shm",
+            "trace.duckdb" + MEMO_SUFFIX}  # a cache, replaced whole (store.file_memo)
     return sorted(p.name for p in folder.iterdir()
                   if p.name not in keep and not p.name.startswith(".filler"))
 

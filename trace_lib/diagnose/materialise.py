@@ -50,6 +50,8 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from trace_lib.store import file_memo
+
 T = TypeVar("T")
 
 KEYS = "dataset_id, agent_model, domain"
@@ -69,49 +71,25 @@ class Fingerprint:
     edit_count: int
 
 
-# The trajectories' part of the fingerprint per store file state in this process
-# (`_file_state`): one page action asks for the store's version several times (the sync
-# before each read, the memo keys), and that part is a hash over every trajectory (0.044 s
-# at 1M, six times per Rankings slider move). The other parts are counts and maxima of
-# small tables or row-group metadata, read every time.
-_TRAJECTORY_HASHES: OrderedDict[tuple, int] = OrderedDict()
-_HASHES_LOCK = threading.Lock()
-
-
-def _file_state(con: duckdb.DuckDBPyConnection) -> tuple | None:
-    """What identifies the store's committed content on disk (its file's and WAL's sizes
-    and times), or None where it may not: an in-memory store, and a connection inside an
-    explicit transaction (its own writes are not on disk until it commits). Two reads of
-    the transaction id tell: each statement outside one is its own transaction."""
-    from trace_lib.store.search import file_version, store_file
-
-    path = store_file(con)
-    if path is None:
-        return None
-    ids = [con.execute("SELECT current_transaction_id()").fetchall()[0][0] for _ in range(2)]
-    return None if ids[0] == ids[1] else (str(path), *file_version(path))
+# The trajectories' part of the fingerprint, kept per state of the store's files
+# (`store.file_memo`, in the process and the store's side file): one page action asks for
+# the store's version several times (the sync before each read, the memo keys), and that
+# part is a hash over every trajectory (0.044 s at 1M, six times per Rankings slider move).
+# Never kept inside an explicit transaction (a writer's rows are not on disk until it
+# commits). The other parts are counts and maxima of small tables or row-group metadata.
+_TRAJECTORY_HASHES: file_memo.FileMemo[int] = file_memo.FileMemo(
+    "labels_trajectory_hash", 16, persist=True, committed_only=True)
 
 
 def _trajectories_hash(con: duckdb.DuckDBPyConnection) -> int:
     # (id, dataset, agent model, domain, outcome) of every trajectory, not a count: the
     # counts are keyed by those columns, so a trajectory moved to another dataset (or a
     # dataset deleted) must be noticed too. Kept in the state's `n_trajectories` column.
-    state = _file_state(con)
-    if state is not None:  # the count too: a coarse file clock cannot hide a delete
-        state = (*state, con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0])
-        with _HASHES_LOCK:
-            if state in _TRAJECTORY_HASHES:
-                _TRAJECTORY_HASHES.move_to_end(state)
-                return _TRAJECTORY_HASHES[state]
-    h = int(con.execute(
+    # The count joins the key: a coarse file clock cannot hide a delete.
+    n = con.execute("SELECT count(*) FROM trajectories").fetchall()[0][0]
+    return _TRAJECTORY_HASHES.get(con, (n,), lambda: int(con.execute(
         "SELECT coalesce((bit_xor(hash(id, dataset_id, agent_model, domain, success)) >> 2)"
-        "::BIGINT, 0) FROM trajectories").fetchall()[0][0])
-    if state is not None:
-        with _HASHES_LOCK:
-            _TRAJECTORY_HASHES[state] = h
-            while len(_TRAJECTORY_HASHES) > 16:
-                _TRAJECTORY_HASHES.popitem(last=False)
-    return h
+        "::BIGINT, 0) FROM trajectories").fetchall()[0][0]))
 
 
 def _fingerprint(con: duckdb.DuckDBPyConnection) -> Fingerprint:
@@ -446,10 +424,8 @@ class StoreMemo:
         self._lock = threading.Lock()
 
     def _full(self, con: duckdb.DuckDBPyConnection, key: tuple) -> tuple | None:
-        # fetchall, not fetchone: a result left unread blocks `register` on this connection
-        path = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = "
-                           "current_database()").fetchall()[0][0]
-        return (path, version(con), *key) if path else None
+        path = file_memo.store_file(con)
+        return (str(path), version(con), *key) if path else None
 
     def peek(self, con: duckdb.DuckDBPyConnection, key: tuple) -> Any | None:
         """What is kept for `key` at the store's version, without computing (None)."""

@@ -17,10 +17,11 @@ Design decisions
   the trajectories, their calls or the datasets' names (an importer that did not call
   `store_default`, a deleted dataset, plain SQL), the stored view is not read for them; the
   next visit computes it (what every visit did before) and stores it, if it can write.
-- The fingerprint is one scan of two tables; a process keeps the last few per store file
-  state (`search.file_version`: the store's, its WAL's and the index's sizes and mtimes,
-  the key the page caches its results under), so the options and the overview of one visit
-  fingerprint once.
+- The fingerprint is one scan of two tables; it is kept per store file state
+  (`store.file_memo`: the store's, its WAL's and the index's sizes and mtimes, the key
+  the page caches its results under), in the process and in the store's side file, so
+  the options and the overview of one visit fingerprint once, and a server restart on an
+  unchanged store not at all.
 - A filter (any field set) is computed as before: what an action costs is the filter's.
   `bench/explore.py`'s computed-paths peer (`derived.computed_paths`) never reads it.
 - Frames are stored as Parquet (pyarrow): dtypes, NaN and None come back as computed, so
@@ -31,16 +32,14 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 import pandas as pd
 
 from trace_lib.explore import queries
 from trace_lib.explore.queries import TrajectoryFilter
-from trace_lib.store import derived, explore_stored, search
+from trace_lib.store import derived, explore_stored, file_memo
 from trace_lib.store.connection import Connection
 
 LIMIT = 500  # the listing's rows on the page (`workbench.explore.trajectories_page`)
@@ -57,8 +56,9 @@ FRAMES: dict[str, Callable[[Connection], pd.DataFrame]] = {
 }
 LISTING = "listing"
 
-_VERSIONS: OrderedDict[tuple, str] = OrderedDict()
-_VERSIONS_LOCK = threading.Lock()
+# Kept per state of the store's files, in the process and beside the store (a first visit
+# after a server start does not hash every trajectory again).
+_VERSIONS: file_memo.FileMemo[str] = file_memo.FileMemo("explore_fingerprint", 8, persist=True)
 
 
 def unfiltered(flt: TrajectoryFilter | None) -> bool:
@@ -71,19 +71,8 @@ def key(limit: int) -> str:
 
 
 def version(con: Connection) -> str:
-    """`explore_stored.fingerprint`, kept per store file state in this process."""
-    path = search.store_file(con)
-    state = (str(path), *search.file_version(path)) if path else None
-    with _VERSIONS_LOCK:
-        if state is not None and state in _VERSIONS:
-            return _VERSIONS[state]
-    v = explore_stored.fingerprint(con)
-    if state is not None:
-        with _VERSIONS_LOCK:
-            _VERSIONS[state] = v
-            while len(_VERSIONS) > 8:
-                _VERSIONS.popitem(last=False)
-    return v
+    """`explore_stored.fingerprint`, kept per store file state (`store.file_memo`)."""
+    return _VERSIONS.get(con, (), lambda: explore_stored.fingerprint(con))
 
 
 def compute(con: Connection, limit: int = LIMIT) -> dict[str, pd.DataFrame]:
