@@ -69,7 +69,7 @@ _DIMS = """t.dataset_id, t.domain, t.agent_model, t.termination, t.success,
 _DIM_NAMES = "dataset_id, domain, agent_model, termination, success, outcome, n_tool_errors"
 
 # The rollup's tables over `{src}`, a relation with the trajectory columns (the store's
-# `trajectories`, or one filter's matching trajectories, `filtered_frames`).
+# `trajectories`, or one filter's matching trajectories, `filtered`).
 _BUILD: dict[str, str] = {
     "cells": f"""
         SELECT {_DIMS}, t.n_tool_calls, count(*) AS n, sum(t.reward) AS sum_reward,
