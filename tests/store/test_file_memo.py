@@ -73,7 +73,8 @@ def test_a_new_process_reads_the_side_file(store_copy: Path) -> None:
         assert memo.get(con, (), lambda: _count(con, calls)) == n and len(calls) == 1
 
 
-@pytest.mark.parametrize("damage", ["not json", "[1, 2]", '{"test_count": [[1], "x"]}'])
+@pytest.mark.parametrize("damage", ["not json", "[1, 2]", '{"test_count": [[1], "x"]}',
+                                    '{"test_count": 5}', '{"test_count": [[5, 1]]}'])
 def test_a_damaged_side_file_is_a_miss_and_is_replaced(store_copy: Path, damage: str) -> None:
     side = file_memo.memo_path(store_copy)
     side.write_text(damage)

@@ -104,27 +104,32 @@ class FileMemo(Generic[T]):
             self._items.clear()
 
 
-def _load(path: Path) -> dict[str, list]:
+def _entries(path: Path, name: str) -> tuple[dict, list[list]]:
+    """The side file's document and its well-formed `[state, value]` entries for `name`;
+    anything unreadable or of another shape reads as nothing kept."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return {}, []
+    if not isinstance(data, dict):
+        return {}, []
+    got = data.get(name)
+    return data, [e for e in got if isinstance(e, list) and len(e) == 2
+                  and isinstance(e[0], list)] if isinstance(got, list) else []
 
 
 def _read_persisted(db: str, name: str, full: tuple) -> tuple[Any] | None:
-    for entry in _load(memo_path(db)).get(name, []):
-        if isinstance(entry, list) and len(entry) == 2 and tuple(entry[0]) == full:
-            return (entry[1],)
+    for state, value in _entries(memo_path(db), name)[1]:
+        if tuple(state) == full:
+            return (value,)
     return None
 
 
 def _write_persisted(db: str, name: str, full: tuple, value: Any) -> None:
     path = memo_path(db)
     with _FILE_LOCK, contextlib.suppress(OSError, TypeError, ValueError):
-        data = _load(path)
-        kept = [e for e in data.get(name, []) if isinstance(e, list) and len(e) == 2
-                and tuple(e[0]) != full]
+        data, entries = _entries(path, name)
+        kept = [e for e in entries if tuple(e[0]) != full]
         data[name] = (kept + [[list(full), value]])[-_PERSISTED_PER_NAME:]
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
