@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from trace_lib.store import file_memo
+from trace_lib.store.search import store_file
 
 T = TypeVar("T")
 
@@ -424,7 +425,7 @@ class StoreMemo:
         self._lock = threading.Lock()
 
     def _full(self, con: duckdb.DuckDBPyConnection, key: tuple) -> tuple | None:
-        path = file_memo.store_file(con)
+        path = store_file(con)
         return (str(path), version(con), *key) if path else None
 
     def peek(self, con: duckdb.DuckDBPyConnection, key: tuple) -> Any | None:
